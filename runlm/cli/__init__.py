@@ -1,0 +1,57 @@
+"""The ``runlm`` command."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from runlm import __version__
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="answer one prompt, or chat interactively, with a model",
+                       description="Stream a model's answer to PROMPT. With no PROMPT: read it from piped "
+                                   "stdin, or start an interactive chat on a terminal (/bye or Ctrl-D quits).")
+    p.add_argument("model", nargs="?", default=None,
+                   help="built-in name (smollm2, tinycoder), a .gguf file or a model directory (default: smollm2)")
+    p.add_argument("prompt", nargs="*", help="the prompt; several words are joined with spaces")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--system", default=None, help="system message placed before the conversation")
+    p.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from runlm.cli.run import run_command
+
+    return run_command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runlm", description="Run language models locally.")
+    parser.add_argument("--version", action="version", version=f"runlm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

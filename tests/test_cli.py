@@ -1,0 +1,105 @@
+"""`runlm run` as a user runs it: a real process, real models."""
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+from runlm.cli.run import Chat
+from runlm.engine.sampling_params import SamplingParams
+
+RUNLM = [sys.executable, "-m", "runlm.cli"]
+ENV = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+
+
+def runlm(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*RUNLM, *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def test_smollm2_names_paris() -> None:
+    res = runlm("run", "smollm2", "What is the capital of France?", "--temperature", "0", "--max-tokens", "40")
+    assert res.returncode == 0, res.stderr
+    assert "Paris" in res.stdout
+
+
+def test_prompt_from_piped_stdin_and_options() -> None:
+    res = runlm("run", "tinycoder", "--max-tokens", "8", "--seed", "7", "--top-k", "5", "--top-p", "0.9",
+                "--system", "You write code.", stdin="def add(a, b):")
+    assert res.returncode == 0, res.stderr
+    again = runlm("run", "tinycoder", "--max-tokens", "8", "--seed", "7", "--top-k", "5", "--top-p", "0.9",
+                  "--system", "You write code.", stdin="def add(a, b):")
+    assert res.stdout == again.stdout and res.stdout.strip()  # seeded sampling is reproducible
+
+
+def test_unknown_model_lists_models_and_how_to_get_one() -> None:
+    res = runlm("run", "no-such-model", "hi")
+    assert res.returncode != 0
+    assert "no-such-model" in res.stderr
+    assert "smollm2" in res.stderr and "tinycoder" in res.stderr  # the models that exist
+    assert ".gguf" in res.stderr  # and how to use one of your own
+
+
+def test_embedding_model_is_refused_clearly() -> None:
+    res = runlm("run", "minilm", "hi")
+    assert res.returncode != 0
+    assert "embedding model" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_invalid_option_is_named() -> None:
+    res = runlm("run", "tinycoder", "hi", "--top-p", "1.5")
+    assert res.returncode == 2 and "top_p" in res.stderr
+
+
+def _read_until(fd: int, marker: bytes, timeout: float, buf: bytearray) -> None:
+    deadline = time.monotonic() + timeout
+    while marker not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no {marker!r} in {bytes(buf)[-500:]!r}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+
+
+@pytest.mark.parametrize("quit_with", [b"/bye\n", b"\x04"])
+def test_interactive_chat_keeps_history_and_quits(quit_with: bytes) -> None:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*RUNLM, "run", "tinycoder", "--max-tokens", "5", "--temperature", "0"],
+                            stdin=slave, stdout=slave, stderr=slave, env=ENV, close_fds=True)
+    os.close(slave)
+    buf = bytearray()
+    try:
+        _read_until(master, b">>> ", 120, buf)
+        os.write(master, b"first question\n")
+        buf.clear()
+        _read_until(master, b">>> ", 120, buf)
+        os.write(master, b"second question\n")
+        _read_until(master, b">>> ", 120, buf)
+        os.write(master, quit_with)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        os.close(master)
+
+
+def test_chat_history_is_sent_with_each_turn() -> None:
+    import io
+
+    chat = Chat("tinycoder", SamplingParams(temperature=0.0, max_tokens=3), system="Be terse.")
+    chat.reply("first question", io.StringIO())
+    chat.reply("second question", io.StringIO())
+    assert [m["role"] for m in chat.history] == ["system", "user", "assistant", "user", "assistant"]
+    seen = chat.loaded.tokenizer.decode(chat.stream.cached)
+    assert "Be terse." in seen and "first question" in seen and "second question" in seen
