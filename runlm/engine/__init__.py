@@ -1,0 +1,1 @@
+"""The native inference engine: continuous batching over a paged KV cache."""

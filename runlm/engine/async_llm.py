@@ -1,0 +1,196 @@
+"""AsyncLLM: the engine behind a server (vLLM's ``AsyncLLM``).
+
+The engine core runs in its own thread, so the asyncio loop stays responsive while the
+model computes (torch releases the GIL in its kernels). Everything that touches the engine
+runs on that thread: callers submit commands and await their results; outputs come back to
+each request's asyncio queue through ``call_soon_threadsafe``.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Any, AsyncIterator, Callable
+
+from runlm.engine.llm_engine import LLMEngine, PromptType, engine_from_model
+from runlm.engine.output import DELTA
+from runlm.engine.request import RequestOutput
+from runlm.engine.sampling_params import SamplingParams
+from runlm.formats.tokenizer import Tokenizer
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread died; every request fails and check_health() raises."""
+
+
+class AsyncLLM:
+    def __init__(self, model: str | None = None, *, engine: LLMEngine | None = None, **engine_args: Any) -> None:
+        self.engine = engine or engine_from_model(model, **engine_args)
+        self._cond = threading.Condition()
+        self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
+        self._held: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()  # adds while paused
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._paused = False   # the engine thread does not step
+        self._holding = False  # new requests are held (while pausing, and while paused)
+        self._stopping = False
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="runlm-engine", daemon=True)
+        self._thread.start()
+
+    # ---- engine thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._commands and (
+                            self._paused or not self.engine.has_unfinished_requests()):
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                    commands = list(self._commands)
+                    self._commands.clear()
+                for fn, fut in commands:
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as exc:  # the caller gets the error; the engine goes on
+                        fut.set_exception(exc)
+                if not self._paused and self.engine.has_unfinished_requests():
+                    for out in self.engine.step():
+                        self._deliver(out.request_id, out)
+        except BaseException as exc:
+            self._dead = exc
+            for rid in list(self._streams):
+                self._deliver(rid, EngineDeadError(f"the engine died: {exc!r}"))
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        entry = self._streams.get(request_id)
+        if entry is not None:
+            loop, queue = entry
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the caller's loop is closed
+                self._streams.pop(request_id, None)
+
+    async def _call(self, fn: Callable[[], Any], hold_while_paused: bool = False) -> Any:
+        """Run fn on the engine thread and await its result."""
+        self.check_health_now()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            held = hold_while_paused and (self._paused or self._holding)
+            (self._held if held else self._commands).append((fn, fut))
+            self._cond.notify()
+        return await asyncio.wrap_future(fut)
+
+    # ---- requests ---------------------------------------------------------------------------
+    async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None, priority: int = 0,
+                       output_kind: str = DELTA) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs (by default each carries only what is new); aborted if the caller stops."""
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        finished = False
+        try:
+            params = sampling_params or SamplingParams()
+            await self._call(lambda: self.engine.add_request(request_id, prompt, params, priority,
+                                                             time.monotonic(), output_kind), hold_while_paused=True)
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished and self._dead is None:
+                self._abort_soon(request_id)
+
+    def _abort_soon(self, request_id: str) -> None:
+        with self._cond:
+            self._commands.append((lambda: self.engine.abort_request(request_id), concurrent.futures.Future()))
+            self._cond.notify()
+
+    async def abort(self, request_id: str | list[str]) -> None:
+        """Stop requests and free their KV blocks now; their streams end with finish_reason 'abort'."""
+        def run() -> None:
+            for out in self.engine.abort_request(request_id):
+                self._deliver(out.request_id, out)
+        await self._call(run)
+
+    # ---- control plane ----------------------------------------------------------------------
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """Stop scheduling. 'abort': in-flight requests end now; 'wait': they finish first.
+        Requests that arrive while pausing or paused wait for resume_generation()."""
+        if mode not in ("wait", "abort"):
+            raise ValueError("mode must be 'wait' or 'abort'")
+        with self._cond:
+            self._holding = True
+        if mode == "abort":
+            def run() -> None:
+                for out in self.engine.abort_request(list(self.engine.requests)):
+                    self._deliver(out.request_id, out)
+            await self._call(run)
+        else:
+            await self.wait_for_requests_to_drain()
+        with self._cond:
+            self._paused = True
+
+    async def resume_generation(self) -> None:
+        with self._cond:
+            self._paused = self._holding = False
+            self._commands.extend(self._held)
+            self._held.clear()
+            self._cond.notify()
+
+    async def is_paused(self) -> bool:
+        return self._paused
+
+    async def sleep(self, level: int = 1) -> None:
+        await self.pause_generation(mode="wait")
+        await self._call(lambda: self.engine.sleep(level))
+
+    async def wake_up(self) -> None:
+        await self._call(self.engine.wake_up)
+        await self.resume_generation()
+
+    async def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping
+
+    async def reset_prefix_cache(self) -> None:
+        await self._call(self.engine.reset_prefix_cache)
+
+    def check_health_now(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine died: {self._dead!r}")
+        if not self._thread.is_alive() and not self._stopping:
+            raise EngineDeadError("the engine thread is not running")
+
+    async def check_health(self) -> None:
+        self.check_health_now()
+
+    async def wait_for_requests_to_drain(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.engine.has_unfinished_requests() or self._commands:
+            self.check_health_now()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"requests still running after {timeout} s")
+            await asyncio.sleep(0.01)
+
+    async def get_tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout=10)

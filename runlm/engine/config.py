@@ -1,0 +1,79 @@
+"""Engine settings and the KV-cache budget."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def parse_size(value: int | float | str) -> int:
+    """'512MiB', '2g', 1_000_000 -> bytes."""
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {value!r} (examples: 512MiB, 2GiB, 1000000)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def available_memory() -> int:
+    """Bytes the OS can still give us (MemAvailable), or a conservative guess."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    # bytes ('2GiB', 1<<30) or a fraction of currently available memory (0 < x <= 1)
+    kv_cache_memory: int | float | str | None = None
+    enable_prefix_caching: bool = True
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be at least 1")
+        if self.block_size < 1:
+            raise ValueError("block_size must be at least 1")
+
+
+DEFAULT_KV_FRACTION = 0.25
+DEFAULT_KV_CAP = 4 << 30
+
+
+def kv_cache_blocks(config: EngineConfig, bytes_per_token: int, max_model_len: int) -> int:
+    """How many blocks the budget buys. Default: a quarter of free memory, at most 4 GiB, and no more
+    than every sequence at full context would use."""
+    spec = config.kv_cache_memory
+    if spec is None:
+        budget = min(int(available_memory() * DEFAULT_KV_FRACTION), DEFAULT_KV_CAP)
+        budget = min(budget, bytes_per_token * max_model_len * config.max_num_seqs)
+    elif isinstance(spec, float) and 0 < spec <= 1:
+        budget = int(available_memory() * spec)
+    else:
+        budget = parse_size(spec)
+    blocks = budget // (bytes_per_token * config.block_size)
+    if blocks < 1:
+        raise ValueError(f"kv_cache_memory {spec!r} is too small for one block of {config.block_size} tokens "
+                         f"({bytes_per_token * config.block_size} bytes)")
+    return int(blocks)
+
+

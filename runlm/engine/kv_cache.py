@@ -1,0 +1,168 @@
+"""Paged KV cache: fixed-size blocks, per-sequence block tables, automatic prefix caching.
+
+A full block is identified by a chained hash: hash(previous block's hash, its token ids), so
+equal hashes mean equal whole prefixes. Freed blocks keep their contents and hash, and sit
+in an LRU free queue; a later request with the same prefix takes them back (a cache hit)
+instead of recomputing. A block is only overwritten when it leaves the free queue for a new
+use, so memory stays fixed at the budget however many requests pass through.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+
+def block_hash(parent: bytes | None, token_ids: list[int] | tuple[int, ...]) -> bytes:
+    h = hashlib.blake2b(parent or b"", digest_size=16)
+    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return h.digest()
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None  # set once the block is full and registered in the prefix cache
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0     # of those, found cached
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+@dataclass(slots=True)
+class BlockTable:
+    """The blocks one sequence owns, and how many of its tokens were found in the prefix cache."""
+    blocks: list[int] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)  # hashes of its full blocks, in order
+    num_cached_tokens: int = 0
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV cache budget holds no block; raise kv_cache_memory")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # LRU first
+        self.cached: dict[bytes, int] = {}
+        self.stats = PrefixCacheStats()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self.free) / len(self.blocks)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None and self.cached.get(block.hash) == block_id:
+            del self.cached[block.hash]
+        block.hash = None
+        block.ref_count = 1
+        return block_id
+
+    def _reuse(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free[block_id]
+        block.ref_count += 1
+
+    def match_prefix(self, token_ids: list[int]) -> list[int]:
+        """Cached blocks holding the longest full-block prefix of token_ids (the last token excluded,
+        so at least one token is always computed and produces logits)."""
+        if not self.enable_prefix_caching:
+            return []
+        found, parent = [], None
+        for start in range(0, len(token_ids) - 1 - self.block_size + 1, self.block_size):
+            parent = block_hash(parent, token_ids[start:start + self.block_size])
+            block_id = self.cached.get(parent)
+            if block_id is None:
+                break
+            found.append(block_id)
+        return found
+
+    def allocate_prompt(self, table: BlockTable, token_ids: list[int], budget: int,
+                        use_cache: bool = True) -> int | None:
+        """Start a sequence: reuse cached prefix blocks, then room for up to ``budget`` new tokens.
+
+        Returns how many tokens to compute now, or None (nothing taken) if they don't fit.
+        """
+        hits = self.match_prefix(token_ids) if use_cache else []
+        cached = len(hits) * self.block_size
+        n = min(len(token_ids) - cached, budget)
+        need = self.blocks_needed(cached + n) - len(hits)
+        reclaimable = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        if need > len(self.free) - reclaimable:
+            return None
+        self.stats.queries += len(token_ids)
+        self.stats.hits += cached
+        for block_id in hits:
+            self._reuse(block_id)
+            table.hashes.append(self.blocks[block_id].hash)
+        table.blocks = list(hits) + [self._take_free() for _ in range(need)]
+        table.num_cached_tokens = cached
+        return n
+
+    def grow(self, table: BlockTable, num_tokens: int) -> bool:
+        """Make room for num_tokens in total; False (nothing taken) if the cache is full."""
+        need = self.blocks_needed(num_tokens) - len(table.blocks)
+        if need > len(self.free):
+            return False
+        table.blocks += [self._take_free() for _ in range(max(need, 0))]
+        return True
+
+    def commit_full_blocks(self, table: BlockTable, token_ids: list[int], num_computed: int) -> None:
+        """Register blocks whose tokens are all computed, so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        full = num_computed // self.block_size
+        for i in range(len(table.hashes), full):
+            parent = table.hashes[-1] if table.hashes else None
+            h = block_hash(parent, token_ids[i * self.block_size:(i + 1) * self.block_size])
+            table.hashes.append(h)
+            block = self.blocks[table.blocks[i]]
+            block.hash = h
+            self.cached.setdefault(h, block.block_id)
+
+    def release(self, table: BlockTable) -> None:
+        """Drop a sequence's blocks; cached ones stay reusable until evicted (tail first, so prefixes live longest)."""
+        for block_id in reversed(table.blocks):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is None:
+                    self.free[block_id] = None
+                    self.free.move_to_end(block_id, last=False)  # uncached blocks are reused first
+                else:
+                    self.free[block_id] = None
+        table.blocks, table.hashes, table.num_cached_tokens = [], [], 0
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (blocks in use keep their contents; they just stop being shared)."""
+        self.cached.clear()
+        for block in self.blocks:
+            block.hash = None
+        self.stats = PrefixCacheStats()
+
+    def slots(self, table: BlockTable, start: int, end: int) -> torch.Tensor:
+        """Flat cache slots of token positions start..end-1."""
+        pos = torch.arange(start, end)
+        blocks = torch.tensor(table.blocks, dtype=torch.long)
+        return blocks[pos // self.block_size] * self.block_size + pos % self.block_size

@@ -1,0 +1,60 @@
+"""Block manager: chained prefix hashes, sharing, LRU reuse, fixed memory."""
+from __future__ import annotations
+
+import torch
+
+from runlm.engine.kv_cache import BlockManager, BlockTable, block_hash
+
+
+def test_chained_hash_depends_on_the_whole_prefix() -> None:
+    a = block_hash(None, [1, 2, 3, 4])
+    assert block_hash(a, [5, 6, 7, 8]) != block_hash(block_hash(None, [9, 2, 3, 4]), [5, 6, 7, 8])
+    assert block_hash(a, [5, 6, 7, 8]) == block_hash(block_hash(None, [1, 2, 3, 4]), [5, 6, 7, 8])
+
+
+def test_shared_prefix_is_found_and_last_token_always_computed() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    ids = list(range(100, 112))  # 3 full blocks
+    t1 = BlockTable()
+    assert bm.allocate_prompt(t1, ids, budget=100) == 12
+    bm.commit_full_blocks(t1, ids, 12)
+    t2 = BlockTable()
+    # same 12 tokens: only 2 blocks may be reused, the last token must be recomputed for its logits
+    assert bm.allocate_prompt(t2, ids, budget=100) == 4
+    assert t2.blocks[:2] == t1.blocks[:2] and t2.num_cached_tokens == 8
+    assert bm.blocks[t1.blocks[0]].ref_count == 2
+    bm.release(t1)
+    bm.release(t2)
+    assert bm.num_free_blocks == 16
+
+
+def test_freed_cached_blocks_are_reused_until_evicted() -> None:
+    bm = BlockManager(num_blocks=4, block_size=2)
+    ids = [1, 2, 3, 4, 5]
+    t = BlockTable()
+    bm.allocate_prompt(t, ids, budget=10)
+    bm.commit_full_blocks(t, ids, 5)
+    bm.release(t)
+    t = BlockTable()
+    assert bm.allocate_prompt(t, ids, budget=10) == 1 and t.num_cached_tokens == 4
+    bm.release(t)
+    # a different prompt needing every block evicts the cached ones
+    other = BlockTable()
+    assert bm.allocate_prompt(other, [9] * 8, budget=10) == 8
+    assert not bm.match_prefix(ids)
+    assert bm.stats.hits == 4
+
+
+def test_grow_refuses_without_taking_anything_when_full() -> None:
+    bm = BlockManager(num_blocks=2, block_size=2)
+    t = BlockTable()
+    bm.allocate_prompt(t, [1, 2, 3], budget=10)
+    assert bm.num_free_blocks == 0
+    assert not bm.grow(t, 5) and len(t.blocks) == 2
+
+
+def test_slots_map_positions_through_the_block_table() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4)
+    t = BlockTable(blocks=[5, 2])
+    assert bm.slots(t, 0, 6).tolist() == [20, 21, 22, 23, 8, 9]
+    assert torch.equal(bm.slots(t, 3, 5), torch.tensor([23, 8]))
