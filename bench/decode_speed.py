@@ -24,23 +24,23 @@ def measure_runlm(model: str, tokens: int, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
+    from runlm.engine.llm import LLM
+    from runlm.engine.output import DELTA
     from runlm.engine.sampling_params import SamplingParams
-    from runlm.engine.single import SingleStream
-    from runlm.formats.chat_template import render_chat
-    from runlm.models.registry import load_decoder
     from runlm.store.builtin import resolve_model
 
-    loaded = load_decoder(resolve_model(model))
-    tok = loaded.tokenizer
-    ids = tok.encode(render_chat([{"role": "user", "content": PROMPT}], tok.chat_template))
-    stream = SingleStream(loaded)
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    list(stream.generate(ids[:8], SamplingParams(temperature=0.0, max_tokens=4)))  # warm-up
-    stream.cached = []
+    llm = LLM(str(resolve_model(model)), max_num_seqs=1)  # what `runlm run` builds
+    ids = llm.encode_chat([{"role": "user", "content": PROMPT}])
+    llm.generate([{"prompt_token_ids": ids[:8]}], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    llm.reset_prefix_cache()
+    engine = llm.engine
+    engine.add_request("bench", {"prompt_token_ids": ids},
+                       SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True), output_kind=DELTA)
     t0 = time.perf_counter()
     times = []
-    for _ in stream.generate(ids, params):
-        times.append(time.perf_counter())
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            times += [time.perf_counter()] * len(out.outputs[0].token_ids)
     return _result(len(ids), t0, times)
 
 

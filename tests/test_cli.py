@@ -101,5 +101,7 @@ def test_chat_history_is_sent_with_each_turn() -> None:
     chat.reply("first question", io.StringIO())
     chat.reply("second question", io.StringIO())
     assert [m["role"] for m in chat.history] == ["system", "user", "assistant", "user", "assistant"]
-    seen = chat.loaded.tokenizer.decode(chat.stream.cached)
+    # the second turn's prompt carries the whole conversation, and the first turn came from the prefix cache
+    seen = chat.engine.tokenizer.decode(chat.llm.encode_chat(chat.history))
     assert "Be terse." in seen and "first question" in seen and "second question" in seen
+    assert chat.engine.blocks.stats.hits > 0

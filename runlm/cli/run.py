@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import TextIO
 
 from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.formats import ModelFormatError
-from runlm.formats.chat_template import ChatTemplateError, render_chat
-from runlm.formats.tokenizer import IncrementalDetokenizer
+from runlm.engine.output import DELTA
+from runlm.formats.chat_template import ChatTemplateError
 from runlm.store.builtin import DEFAULT_MODEL, UnknownModelError, resolve_model
 
 _BYE = {"/bye", "/exit", "/quit"}
@@ -18,32 +19,34 @@ class Chat:
     """A conversation with one loaded model; keeps the history between turns."""
 
     def __init__(self, model_ref: str, params: SamplingParams, system: str | None) -> None:
-        from runlm.engine.single import SingleStream
-        from runlm.models.registry import load_decoder
+        from runlm.engine.llm import LLM
 
-        self.loaded = load_decoder(resolve_model(model_ref))
-        self.stream = SingleStream(self.loaded)
+        # one conversation at a time; the prefix cache keeps earlier turns, so each turn computes only itself
+        self.llm = LLM(str(resolve_model(model_ref)), max_num_seqs=1)
+        self.engine = self.llm.engine
         self.params = params
         self.history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        self._turn = 0
 
     def reply(self, user_text: str, out: TextIO) -> str:
         """Stream the assistant's answer to ``out`` and return it."""
-        tok = self.loaded.tokenizer
         self.history.append({"role": "user", "content": user_text})
-        prompt = render_chat(self.history, tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token)
-        ids = tok.encode(prompt, add_special_tokens=not _starts_with_bos(prompt, tok.bos_token))
-        detok = IncrementalDetokenizer(tok, prompt_ids=ids, skip_special_tokens=True)
-        for token in self.stream.generate(ids, self.params):
-            out.write(detok.push(token))
-            out.flush()
-        out.write(detok.flush())
-        out.flush()
-        self.history.append({"role": "assistant", "content": detok.text})
-        return detok.text
-
-
-def _starts_with_bos(prompt: str, bos: str | None) -> bool:
-    return bool(bos) and prompt.startswith(bos)
+        ids = self.llm.encode_chat(self.history)
+        self._turn += 1
+        rid = f"turn-{self._turn}"
+        self.engine.add_request(rid, {"prompt_token_ids": ids}, replace(self.params), output_kind=DELTA)
+        text = []
+        try:
+            while self.engine.has_unfinished_requests():
+                for o in self.engine.step():
+                    text.append(o.outputs[0].text)
+                    out.write(o.outputs[0].text)
+                    out.flush()
+        except KeyboardInterrupt:
+            self.engine.abort_request(rid)
+            raise
+        self.history.append({"role": "assistant", "content": "".join(text)})
+        return "".join(text)
 
 
 def _interactive(chat: Chat) -> None:

@@ -38,8 +38,9 @@ class ModelRunner:
     def allocate_kv_cache(self) -> None:
         c = self.loaded.config
         shape = (len(self.blocks.blocks) * self.blocks.block_size, c.num_kv_heads, c.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_layers)]
+        # empty, not zeros: attention reads only slots already written, and untouched pages cost no RAM
+        self.kv_caches = [(torch.empty(shape, dtype=self.dtype, device=self.device),
+                           torch.empty(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_layers)]
 
     def free_kv_cache(self) -> None:
         self.kv_caches = []

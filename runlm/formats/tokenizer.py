@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
@@ -142,6 +142,9 @@ class Tokenizer:
         empty = hf.encode("", add_special_tokens=True).ids
         self.add_bos: bool = self.bos_token_id is not None and empty[:1] == [self.bos_token_id]
         self._clean_up = clean_up_spaces and type(hf.model).__name__ != "BPE"
+        # SentencePiece byte-fallback pieces <0x00>..<0xFF> (empty for byte-level vocabularies)
+        byte_ids = [hf.token_to_id(f"<0x{b:02X}>") for b in range(256)] if getattr(hf.model, "byte_fallback", 0) else []
+        self.byte_token_ids: frozenset[int] = frozenset(i for i in byte_ids if i is not None)
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self.hf.token_to_id(token)
@@ -159,8 +162,8 @@ class Tokenizer:
         if not isinstance(tokens, (list, tuple)) or not tokens:
             raise ModelFormatError(f"{path}: no tokenizer in the metadata (tokenizer.ggml.tokens is missing)")
         kind, arch = md.get("tokenizer.ggml.model"), md.get("general.architecture")
-        types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-        scores = md.get("tokenizer.ggml.scores")
+        types, scores = md.get("tokenizer.ggml.token_type"), md.get("tokenizer.ggml.scores")
+        types = [1] * len(tokens) if types is None else [int(t) for t in types]
         merges_raw = md.get("tokenizer.ggml.merges")
         if len(types) != len(tokens) or (scores is not None and len(scores) != len(tokens)):
             raise ModelFormatError(f"{path}: tokenizer.ggml.token_type/scores do not match the {len(tokens)} tokens")
@@ -169,6 +172,12 @@ class Tokenizer:
             merges = [tuple(m.split(" ")) for m in merges_raw]
             if any(len(m) != 2 for m in merges):
                 raise ModelFormatError(f"{path}: malformed entry in tokenizer.ggml.merges")
+        # transformers builds gemma's and phi3's SentencePiece differently; runlm runs neither
+        if kind not in ("gpt2", "llama") or arch in ("gemma", "gemma2", "gemma3", "phi3"):
+            raise ModelFormatError(f"{path}: tokenizer {kind!r} (architecture {arch!r}) is not supported; "
+                                   f"runlm reads 'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies")
+        if kind == "llama" and merges is None and scores is None:
+            raise ModelFormatError(f"{path}: SentencePiece vocabulary without scores or merges")
         spelled = None
         try:
             if kind == "gpt2":
@@ -181,25 +190,15 @@ class Tokenizer:
                                      end_of_word_suffix="", fuse_unk=False))
                 hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
                 hf.decoder = decoders.ByteLevel()
-            elif kind == "llama" and arch not in ("gemma", "gemma2", "gemma3"):
+            else:
                 vocab = {t: i for i, t in enumerate(tokens)}
                 if merges is None:
-                    if scores is None:
-                        raise ModelFormatError(f"{path}: SentencePiece vocabulary without scores or merges")
                     merges = generate_merges(vocab, dict(zip(tokens, scores)))
                 _check_merges(vocab, merges, path)
                 hf = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
-                if arch == "phi3":  # transformers: prefix space from a normalizer, no Metaspace
-                    hf.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
-                                                          normalizers.Replace(" ", "\u2581")])
-                else:
-                    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first",
-                                                                split=False)
+                hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
                 hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
                                                 decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-            else:
-                raise ModelFormatError(f"{path}: tokenizer {kind!r} (architecture {arch!r}) is not supported; "
-                                       f"runlm reads 'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies")
         except ModelFormatError:
             raise
         except Exception as exc:  # tokenizers raises plain Exceptions on a bad vocabulary/merges
@@ -283,7 +282,8 @@ class Tokenizer:
         return piece
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
-        """Write tokenizer.json and tokenizer_config.json that AutoTokenizer loads identically."""
+        """Write tokenizer.json, tokenizer_config.json (and special_tokens_map.json) that
+        transformers' AutoTokenizer loads with identical behaviour."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.hf.save(str(path / "tokenizer.json"))
@@ -292,10 +292,13 @@ class Tokenizer:
                                "model_max_length": 1 << 60}
         if self.chat_template is not None:
             cfg["chat_template"] = self.chat_template
-        (path / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n",
-                                                    encoding="utf-8")
-        if (path / "chat_template.jinja").is_file():  # it would shadow the config entry
-            (path / "chat_template.jinja").write_text(self.chat_template or "", encoding="utf-8")
+        for name, data in (("tokenizer_config.json", cfg), ("special_tokens_map.json", self.named)):
+            (path / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        jinja = path / "chat_template.jinja"  # a stale one would shadow the config entry
+        if jinja.is_file() and self.chat_template is not None:
+            jinja.write_text(self.chat_template, encoding="utf-8")
+        elif jinja.is_file():
+            jinja.unlink()
 
 
 class IncrementalDetokenizer:
@@ -304,20 +307,26 @@ class IncrementalDetokenizer:
     vLLM-style prefix/read offsets over a short window of recent tokens: decode the window, and emit
     what lies past the already-emitted part unless it ends in U+FFFD (a character still incomplete).
     Skipped special tokens are dropped up front, which is exactly what ``decode`` does with them.
+    SentencePiece's ByteFallback decodes a run of byte tokens as a whole and turns every byte of it
+    into U+FFFD if any is invalid, so text ending in an open byte run is held back too (for at most
+    BYTE_RUN_HOLD tokens). Exact for any valid UTF-8 output; with invalid bytes from the model, only
+    where U+FFFD land can differ (after MAX_PENDING held tokens the text is emitted as it stands).
     """
 
-    CONTEXT = 4        # prompt tokens kept as context for the first generated token
-    MAX_PENDING = 16   # emit anyway after this many held-back tokens (the bytes are really invalid)
+    CONTEXT = 4          # prompt tokens kept as context for the first generated token
+    BYTE_RUN_HOLD = 8    # tokens an open byte-fallback run may be held back
+    MAX_PENDING = 16     # then emit anyway: no valid character takes this many tokens
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] | None = None,
                  skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self._skip = tokenizer.special_ids if skip_special_tokens else frozenset()
+        self._byte_ids = tokenizer.byte_token_ids
         prompt = [i for i in (prompt_ids or ()) if i not in self._skip]
         start = max(len(prompt) - self.CONTEXT, 0)
         # Start on a character boundary: a window opening on a continuation byte decodes as U+FFFD.
-        while 0 < start > len(prompt) - 2 * self.CONTEXT and self._decode(prompt[start:]).startswith("\ufffd"):
+        while start > max(len(prompt) - 2 * self.CONTEXT, 0) and self._decode(prompt[start:]).startswith("\ufffd"):
             start -= 1
         self._ids: list[int] = prompt[start:]
         self._read = len(self._ids)
@@ -329,8 +338,12 @@ class IncrementalDetokenizer:
 
     def _emit(self, force: bool) -> str:
         new = self._decode(self._ids)
-        if not force and (len(new) <= len(self._prefix_text) or new.endswith("\ufffd")):
-            return ""
+        pending = len(self._ids) - self._read
+        if not force and pending <= self.MAX_PENDING:
+            if len(new) <= len(self._prefix_text) or new.endswith("\ufffd"):
+                return ""
+            if self._ids[-1] in self._byte_ids and pending <= self.BYTE_RUN_HOLD:
+                return ""
         delta = new[len(self._prefix_text):]
         self._ids = self._ids[self._read:]
         self._read = len(self._ids)
@@ -343,7 +356,7 @@ class IncrementalDetokenizer:
         if token_id in self._skip:
             return ""
         self._ids.append(token_id)
-        return self._emit(force=len(self._ids) - self._read > self.MAX_PENDING)
+        return self._emit(force=False)
 
     def flush(self) -> str:
         """Whatever is left at the end."""

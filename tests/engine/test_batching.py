@@ -25,14 +25,6 @@ def test_output_is_the_same_alone_or_among_31_others(llm: LLM, params: SamplingP
         assert _tokens(llm.generate([prompts[i]], params))[0] == together[i]
 
 
-def test_matches_the_single_stream_reference(llm: LLM) -> None:
-    from runlm.engine.single import SingleStream
-
-    ids = prompt_ids(40, seed=99)
-    single = list(SingleStream(llm.engine.loaded).generate(ids, GREEDY))
-    assert _tokens(llm.generate([{"prompt_token_ids": ids}], GREEDY))[0] == single
-
-
 def test_long_prompt_is_prefilled_in_chunks_alongside_decodes(tiny_model) -> None:
     chunked = LLM(str(tiny_model("qwen2")), block_size=4, max_num_batched_tokens=16, kv_cache_memory="64MiB")
     whole = LLM(str(tiny_model("qwen2")), block_size=4, max_num_batched_tokens=1024, kv_cache_memory="64MiB")

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from runlm.engine.llm import LLM
 from runlm.engine.sampling_params import SamplingParams
-from runlm.engine.single import SingleStream
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.registry import load_decoder
 from tests.fixtures.models import RECIPES
@@ -50,8 +50,10 @@ def _check(loaded, ref, ids: list[int]) -> None:
     rel = ((ours - theirs).abs().max() / theirs.abs().max()).item()
     assert rel < RTOL, f"logits differ by {rel:.2e} relative"
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
-    stream = SingleStream(loaded)
-    greedy = list(stream.generate(ids, SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True)))
+    # greedy decoding through the engine (paged KV cache, block size 4 to cross many block edges)
+    llm = LLM(str(loaded.path), block_size=4, kv_cache_memory="64MiB", max_model_len=1024)
+    params = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
+    greedy = llm.generate([{"prompt_token_ids": ids}], params)[0].outputs[0].token_ids
     assert greedy == _reference_greedy(ref, ids)
 
 
@@ -78,15 +80,3 @@ def test_smollm2_gguf_matches_transformers(smollm2_gguf: Path) -> None:
     assert loaded.config.tie_word_embeddings and loaded.config.num_kv_heads == 3
     ids = loaded.tokenizer.encode("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     _check(loaded, _gguf_reference(smollm2_gguf), ids)
-
-
-def test_chunked_prefill_and_cache_reuse_match_one_pass(tiny_model) -> None:
-    loaded = load_decoder(tiny_model("qwen3"))
-    ids = _prompt(loaded.config.vocab_size, 150, seed=3)
-    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    whole = list(SingleStream(loaded).generate(ids, params))
-    chunked_stream = SingleStream(loaded, prefill_chunk=16)
-    assert list(chunked_stream.generate(ids, params)) == whole
-    # a second turn that extends the first reuses the cached prefix and still matches a fresh run
-    longer = ids + whole + _prompt(loaded.config.vocab_size, 10, seed=4)
-    assert list(chunked_stream.generate(longer, params)) == list(SingleStream(loaded).generate(longer, params))
