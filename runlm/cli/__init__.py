@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"runlm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(sub)
+    from runlm.cli import daemon, models
+
+    models.add_parsers(sub)
+    daemon.add_parsers(sub)
     return parser
 
 
@@ -46,8 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from runlm.cli.client import CLIError
+
     try:
         return args.func(args)
+    except CLIError as exc:
+        print(f"runlm {args.command}: {exc}", file=sys.stderr)
+        return exc.code
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

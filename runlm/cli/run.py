@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import TextIO
 
 from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
@@ -15,14 +16,25 @@ from runlm.store.builtin import DEFAULT_MODEL, UnknownModelError, resolve_model
 _BYE = {"/bye", "/exit", "/quit"}
 
 
+def local_model_path(ref: str) -> Path:
+    """A model in the store by name, else a built-in name, a .gguf file or a model directory."""
+    from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore
+
+    try:
+        store = ModelStore()
+        return store.model_path(store.get(ref))
+    except (InvalidNameError, ModelNotFoundError):
+        return resolve_model(ref)
+
+
 class Chat:
-    """A conversation with one loaded model; keeps the history between turns."""
+    """A conversation with one model loaded in this process; keeps the history between turns."""
 
     def __init__(self, model_ref: str, params: SamplingParams, system: str | None) -> None:
         from runlm.engine.llm import LLM
 
         # one conversation at a time; the prefix cache keeps earlier turns, so each turn computes only itself
-        self.llm = LLM(str(resolve_model(model_ref)), max_num_seqs=1)
+        self.llm = LLM(str(local_model_path(model_ref)), max_num_seqs=1)
         self.engine = self.llm.engine
         self.params = params
         self.history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
@@ -49,7 +61,7 @@ class Chat:
         return "".join(text)
 
 
-def _interactive(chat: Chat) -> None:
+def _interactive(chat: Chat | DaemonChat) -> None:
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
@@ -85,8 +97,15 @@ def run_command(args: argparse.Namespace) -> int:
         if not prompt:
             print("runlm run: the prompt on stdin is empty", file=sys.stderr)
             return 2
+    from runlm.cli.client import connect
+    from runlm.cli.run_daemon import DaemonChat
+
+    daemon = connect()
     try:
-        chat = Chat(args.model or DEFAULT_MODEL, params, args.system)
+        if daemon is not None:  # the daemon has the model loaded already, or loads it once for everyone
+            chat: Chat | DaemonChat = DaemonChat(daemon, args.model or DEFAULT_MODEL, params, args.system)
+        else:
+            chat = Chat(args.model or DEFAULT_MODEL, params, args.system)
     except UnknownModelError as exc:
         print(f"runlm run: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,56 @@
+"""``runlm run`` through a running daemon: the same chat, streamed from /v1/chat/completions."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from runlm.cli.client import CLIError, Daemon, error_message
+from runlm.engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class DaemonChat:
+    daemon: Daemon
+    model: str
+    params: SamplingParams
+    system: str | None
+    history: list[dict[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.system:
+            self.history.append({"role": "system", "content": self.system})
+
+    def _body(self) -> dict:
+        p = self.params
+        body = {"model": self.model, "messages": self.history, "stream": True, "temperature": p.temperature,
+                "top_p": p.top_p, "top_k": p.top_k, "max_tokens": p.max_tokens}
+        if p.seed is not None:
+            body["seed"] = p.seed
+        return body
+
+    def reply(self, user_text: str, out: TextIO) -> str:
+        self.history.append({"role": "user", "content": user_text})
+        text: list[str] = []
+        try:
+            with self.daemon.http.stream("POST", "/v1/chat/completions", json=self._body()) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise CLIError(error_message(resp))
+                for line in resp.iter_lines():
+                    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                        continue
+                    event = json.loads(line[5:])
+                    if event.get("error"):
+                        err = event["error"]
+                        raise CLIError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+                    for choice in event.get("choices") or []:
+                        piece = (choice.get("delta") or {}).get("content") or ""
+                        text.append(piece)
+                        out.write(piece)
+                        out.flush()
+        except Exception:  # (an interrupted answer is popped by the interactive loop)
+            self.history.pop()
+            raise
+        self.history.append({"role": "assistant", "content": "".join(text)})
+        return "".join(text)

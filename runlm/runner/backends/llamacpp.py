@@ -1,0 +1,116 @@
+"""llama.cpp as a backend: a ``llama-server`` on PATH, or llama-cpp-python's server module."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from runlm.runner.backends.base import (STATUS_INSTALLING, STATUS_NOT_INSTALLED, STATUS_RUNNING, BackendError,
+                                        RequiredMemory, format_status)
+from runlm.runner.backends.flags import is_float, is_int
+from runlm.runner.backends.process import ProcessBackend, log_tail
+from runlm.runner.config import BackendConfig, BackendMode
+
+if TYPE_CHECKING:
+    from runlm.store import StoredModel
+
+DEFAULT_CONTEXT = 4096
+RUNTIME_OVERHEAD = 150 << 20
+
+
+class LlamaCppBackend(ProcessBackend):
+    name = "llamacpp"
+    # flags both servers understand under these names (llama-server's spelling; see _python_argv)
+    allowed_flags = {"--threads": is_int, "--batch-size": is_int, "--n-gpu-layers": is_int,
+                     "--temp": is_float, "--parallel": is_int}
+
+    def __init__(self, log_dir: Path) -> None:
+        super().__init__(log_dir)
+        self._installing = False
+        self._install_error: str | None = None
+
+    @property
+    def uses_tcp(self) -> bool:
+        return True  # llama-cpp-python's server listens on TCP only
+
+    def _binary(self) -> str | None:
+        return shutil.which("llama-server")
+
+    def _python_server(self) -> bool:
+        return importlib.util.find_spec("llama_cpp") is not None and \
+            importlib.util.find_spec("llama_cpp.server") is not None
+
+    def status(self) -> str:
+        if self._installing:
+            return format_status(STATUS_INSTALLING, "pip install llama-cpp-python[server]")
+        if self._binary():
+            return format_status(STATUS_RUNNING, f"llama-server at {self._binary()}")
+        if self._python_server():
+            import importlib.metadata
+
+            return format_status(STATUS_RUNNING, f"llama-cpp-python {importlib.metadata.version('llama_cpp_python')}")
+        if self._install_error:
+            return format_status("Error", self._install_error)
+        return format_status(STATUS_NOT_INSTALLED, "no llama-server on PATH and no llama-cpp-python[server]; "
+                                                   "run: runlm install-backend llamacpp")
+
+    def disk_usage(self) -> int:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or not spec.submodule_search_locations:
+            return 0
+        root = Path(next(iter(spec.submodule_search_locations)))
+        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+    async def install(self) -> None:
+        if self.installed():
+            return
+        self._installing, self._install_error = True, None
+        log = self.log_dir / "install-llamacpp.log"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(log, "wb") as out:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "pip", "install", "llama-cpp-python[server]", stdout=out, stderr=out)
+                code = await proc.wait()
+        finally:
+            self._installing = False
+        if code != 0:
+            self._install_error = f"pip install failed (log: {log})"
+            raise BackendError(f"installing llama-cpp-python failed:\n{log_tail(log)}")
+
+    def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
+        ctx = min(config.context_size or DEFAULT_CONTEXT, model.info.context_length or DEFAULT_CONTEXT)
+        kv = model.info.kv_bytes_per_token(2) * ctx  # f16 KV cache
+        return RequiredMemory(ram=model.size + kv + RUNTIME_OVERHEAD, vram=0)  # weights are mmapped as stored
+
+    def command(self, address: str, model: str, model_ref: str, mode: BackendMode, config: BackendConfig,
+                stored: StoredModel | None) -> list[str]:
+        host, _, port = address.rpartition(":")
+        ctx = str(min(config.context_size or DEFAULT_CONTEXT, stored.info.context_length)) if stored else \
+            str(config.context_size or DEFAULT_CONTEXT)
+        flags = self.check_flags(config.runtime_flags)
+        if self._binary():
+            argv = [self._binary(), "-m", model, "--host", host, "--port", port, "--alias", model_ref, "-c", ctx]
+            if mode is BackendMode.EMBEDDING:
+                argv.append("--embedding")
+            elif mode is BackendMode.RERANKING:
+                argv.append("--reranking")
+            if config.reasoning_budget is not None:
+                argv += ["--reasoning-budget", str(config.reasoning_budget)]
+            return argv + flags
+        argv = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", host, "--port", port,
+                "--model_alias", model_ref, "--n_ctx", ctx]
+        if mode is BackendMode.EMBEDDING:
+            argv += ["--embedding", "true"]
+        renames = {"--threads": "--n_threads", "--batch-size": "--n_batch", "--n-gpu-layers": "--n_gpu_layers"}
+        return argv + [renames.get(f, f) for f in flags if f not in ("--temp", "--parallel")]
+
+    async def run(self, socket: str, model: str, model_ref: str, mode: BackendMode, config: BackendConfig,
+                  stored: StoredModel | None = None) -> None:
+        if not self.installed():
+            raise BackendError(self.status())
+        await self.run_process(self.command(socket, model, model_ref, mode, config, stored), socket,
+                               f"llamacpp-{model_ref.replace('/', '_').replace(':', '_')}-{mode.value}")

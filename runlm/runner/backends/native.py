@@ -1,0 +1,66 @@
+"""runlm's own engine as a backend: ``runlm serve-engine`` in a child process on a Unix socket."""
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from runlm import __version__
+from runlm.runner.backends.base import RequiredMemory, STATUS_RUNNING, format_status
+from runlm.runner.backends.flags import is_int, is_size
+from runlm.runner.backends.process import ProcessBackend
+from runlm.runner.config import BackendConfig, BackendMode
+
+if TYPE_CHECKING:
+    from runlm.store import StoredModel
+
+DEFAULT_CONTEXT = 4096
+# what a Python process with torch, tokenizers and the HTTP server takes before any weights
+RUNTIME_OVERHEAD = 400 << 20
+# KV cache reserved per model: room for this many sequences at the full context
+KV_SEQUENCES = 2
+MIN_KV_BYTES = 16 << 20
+BYTES_PER_WEIGHT = 4  # CPU: weights are dequantized to float32 on load
+
+
+def context_size(model: StoredModel, config: BackendConfig) -> int:
+    return min(config.context_size or DEFAULT_CONTEXT, model.info.context_length or DEFAULT_CONTEXT)
+
+
+def kv_cache_bytes(model: StoredModel, config: BackendConfig) -> int:
+    if "completion" not in model.info.capabilities:
+        return MIN_KV_BYTES
+    return max(model.info.kv_bytes_per_token(4) * context_size(model, config) * KV_SEQUENCES, MIN_KV_BYTES)
+
+
+class NativeBackend(ProcessBackend):
+    name = "native"
+    allowed_flags = {"--max-num-seqs": is_int, "--max-num-batched-tokens": is_int, "--kv-cache-memory": is_size,
+                     "--device": lambda v: v in ("cpu", "cuda") or v.startswith("cuda:") and v[5:].isdigit(),
+                     "--dtype": lambda v: v in ("float32", "bfloat16", "float16")}
+
+    async def install(self) -> None:
+        return None  # it is runlm itself
+
+    def status(self) -> str:
+        return format_status(STATUS_RUNNING, f"runlm {__version__}")
+
+    def disk_usage(self) -> int:
+        return 0
+
+    def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
+        weights = model.info.parameters * BYTES_PER_WEIGHT
+        return RequiredMemory(ram=weights + kv_cache_bytes(model, config) + RUNTIME_OVERHEAD, vram=0)
+
+    def command(self, socket: str, model: str, model_ref: str, stored: StoredModel | None,
+                config: BackendConfig) -> list[str]:
+        argv = [sys.executable, "-m", "runlm.cli", "serve-engine", model, "--uds", socket,
+                "--served-model-name", model_ref]
+        if stored is not None:
+            argv += ["--max-model-len", str(context_size(stored, config)),
+                     "--kv-cache-memory", str(kv_cache_bytes(stored, config))]
+        return argv + self.check_flags(config.runtime_flags)
+
+    async def run(self, socket: str, model: str, model_ref: str, mode: BackendMode, config: BackendConfig,
+                  stored: StoredModel | None = None) -> None:
+        await self.run_process(self.command(socket, model, model_ref, stored, config), socket,
+                               f"native-{model_ref.replace('/', '_').replace(':', '_')}-{mode.value}")

@@ -1,0 +1,124 @@
+"""Docker Model Runner's inference routes (/engines/...), their /v1 aliases, and /metrics."""
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from runlm.runner.config import BackendConfig, ConfigError
+from runlm.runner.errors import BadRequest, NotFound
+from runlm.runner.metrics import aggregate
+from runlm.runner.models_api import body_json
+from runlm.runner.views import unix_time
+from runlm.runner.proxy import forward_openai, require_model
+
+router = APIRouter()
+OPENAI_POST_ROUTES = ("chat/completions", "completions", "embeddings", "rerank", "score")
+
+
+def _check_backend(request: Request, backend: str | None) -> str | None:
+    if backend is not None and backend not in request.app.state.loader.backends:
+        raise NotFound(f"unknown backend {backend!r} (backends: {', '.join(request.app.state.loader.backends)})")
+    return backend
+
+
+async def _openai_post(request: Request, route: str, backend: str | None) -> Response:
+    if route not in OPENAI_POST_ROUTES:
+        raise NotFound(f"no route POST /v1/{route}")
+    body = await body_json(request)
+    return await forward_openai(request.app.state.loader, route, body, dict(request.headers),
+                                _check_backend(request, backend))
+
+
+async def _openai_models(request: Request, name: str | None) -> JSONResponse:
+    store = request.app.state.store
+    models = await asyncio.to_thread(store.list)
+    data = [{"id": str(m.name), "object": "model", "created": unix_time(m.created), "owned_by": "runlm"}
+            for m in models]
+    if name is None:
+        return JSONResponse({"object": "list", "data": data})
+    for d in data:
+        if d["id"] == name or d["id"] == f"{name}:latest":
+            return JSONResponse(d)
+    raise NotFound(f"model {name!r} not found", param="model", code="model_not_found")
+
+
+@router.post("/v1/{route:path}")
+@router.post("/engines/v1/{route:path}")
+async def openai_post(request: Request, route: str) -> Response:
+    return await _openai_post(request, route, None)
+
+
+@router.post("/engines/{backend}/v1/{route:path}")
+async def openai_post_backend(request: Request, backend: str, route: str) -> Response:
+    return await _openai_post(request, route, backend)
+
+
+@router.get("/v1/models")
+@router.get("/engines/v1/models")
+@router.get("/engines/{backend}/v1/models")
+async def openai_models(request: Request, backend: str | None = None) -> JSONResponse:
+    _check_backend(request, backend)
+    return await _openai_models(request, None)
+
+
+@router.get("/v1/models/{name:path}")
+@router.get("/engines/v1/models/{name:path}")
+@router.get("/engines/{backend}/v1/models/{name:path}")
+async def openai_model(request: Request, name: str, backend: str | None = None) -> JSONResponse:
+    _check_backend(request, backend)
+    return await _openai_models(request, name)
+
+
+@router.get("/engines/status")
+async def status(request: Request) -> JSONResponse:
+    return JSONResponse({name: b.status() for name, b in request.app.state.loader.backends.items()})
+
+
+@router.get("/engines/ps")
+async def ps(request: Request) -> JSONResponse:
+    return JSONResponse([r.to_json() for r in request.app.state.loader.runners.values()])
+
+
+@router.get("/engines/df")
+async def df(request: Request) -> JSONResponse:
+    usage = await asyncio.to_thread(request.app.state.store.disk_usage)
+    backends = {n: b.disk_usage() for n, b in request.app.state.loader.backends.items()}
+    return JSONResponse({"models_disk_usage": usage["models"], "partial_downloads": usage["partial"],
+                         "default_backend_disk_usage": backends["native"], "backends_disk_usage": backends})
+
+
+@router.post("/engines/unload")
+async def unload(request: Request) -> JSONResponse:
+    body = await body_json(request)
+    models = body.get("models")
+    if body.get("all"):
+        models = None
+    elif not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise BadRequest("give {'models': [NAME, ...]} or {'all': true}", param="models")
+    count = await request.app.state.loader.unload_models(models, _check_backend(request, body.get("backend")))
+    return JSONResponse({"unloaded_runners": count})
+
+
+@router.post("/engines/_configure")
+@router.post("/engines/{backend}/_configure")
+async def configure(request: Request, backend: str | None = None) -> JSONResponse:
+    body = await body_json(request)
+    name = require_model(body)
+    loader = request.app.state.loader
+    model = await loader.model(name)
+    try:
+        config = BackendConfig.from_json(body)
+        loader.backend(_check_backend(request, backend), model).check_flags(config.runtime_flags)
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from None
+    loader.configure(model, backend, config)
+    return JSONResponse({"model": str(model.name), "backend": backend or loader.backend(None, model).name,
+                         "config": config.to_json()}, status_code=202)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(await aggregate(request.app.state.loader),
+                             media_type="text/plain; version=0.0.4; charset=utf-8")

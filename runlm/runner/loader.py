@@ -1,0 +1,267 @@
+"""Loads models on demand into backend processes and unloads them (keep_alive, memory, death).
+
+Invariants: one load per (backend, model, mode) at a time, shared by every request that waits
+for it; memory decisions are made one at a time under ``_memory_lock``; a runner is evicted
+only while no request uses it; a runner whose process dies leaves ``runners`` at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import AsyncIterator
+
+import httpx
+
+from runlm.runner.backends import DEFAULT_BACKEND, Backend, BackendError
+from runlm.runner.backends.base import RequiredMemory
+from runlm.runner.config import KEEP_ALIVE_DEFAULT, BackendConfig, BackendMode, ConfigError
+from runlm.runner.errors import BackendUnavailable, BadRequest, Busy, Conflict, ModelTooLarge, NotFound
+from runlm.runner.memory import MemoryBudget, human_size
+from runlm.runner.runner import Runner, RunnerKey, backend_client
+from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore, StoredModel
+
+LOAD_TIMEOUT = float(os.environ.get("RUNLM_LOAD_TIMEOUT", "600"))
+ROOM_WAIT_SECONDS = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Loader:
+    def __init__(self, store: ModelStore, backends: dict[str, Backend], budget: MemoryBudget,
+                 default_keep_alive: float = KEEP_ALIVE_DEFAULT) -> None:
+        self.store, self.backends, self.budget = store, backends, budget
+        self.default_keep_alive = default_keep_alive
+        self.runners: dict[RunnerKey, Runner] = {}
+        self.configs: dict[str, tuple[str | None, BackendConfig]] = {}  # model id -> (backend, config)
+        self._loading: dict[RunnerKey, asyncio.Task] = {}
+        self._memory_lock = asyncio.Lock()
+        self._released = asyncio.Condition()
+        # AF_UNIX paths are limited to ~107 bytes: keep sockets in a short private directory
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="runlm-"))
+        self._counter = 0
+        self._janitor: asyncio.Task | None = None
+
+    # --- lookups -------------------------------------------------------------------------------
+    async def model(self, name: str) -> StoredModel:
+        try:
+            return await asyncio.to_thread(self.store.ensure, name)
+        except InvalidNameError as exc:
+            raise BadRequest(str(exc), param="model") from None
+        except ModelNotFoundError as exc:
+            raise NotFound(str(exc), param="model", code="model_not_found") from None
+
+    def backend(self, name: str | None, model: StoredModel | None = None) -> Backend:
+        configured = self.configs.get(model.id, (None, None))[0] if model else None
+        chosen = name or configured or DEFAULT_BACKEND
+        backend = self.backends.get(chosen)
+        if backend is None:
+            raise NotFound(f"unknown backend {chosen!r} (backends: {', '.join(self.backends)})", param="backend")
+        return backend
+
+    def config_for(self, model: StoredModel) -> BackendConfig:
+        return self.configs.get(model.id, (None, BackendConfig()))[1]
+
+    def is_loaded(self, model: StoredModel) -> bool:
+        return any(r.model.id == model.id for r in self.runners.values())
+
+    def used(self) -> RequiredMemory:
+        return sum((r.memory for r in self.runners.values()), RequiredMemory(0, 0))
+
+    # --- using a model -------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def use(self, name: str, backend: str | None = None, mode: BackendMode = BackendMode.COMPLETION,
+                  keep_alive: float | None = None) -> AsyncIterator[Runner]:
+        runner = await self.acquire(name, backend, mode)
+        try:
+            yield runner
+        finally:
+            self.release(runner, keep_alive)
+
+    async def acquire(self, name: str, backend_name: str | None = None,
+                      mode: BackendMode = BackendMode.COMPLETION) -> Runner:
+        model = await self.model(name)
+        backend = self.backend(backend_name, model)
+        if mode is BackendMode.COMPLETION and "completion" not in model.info.capabilities:
+            what = ", ".join(model.info.capabilities)
+            raise BadRequest(f"model {str(model.name)!r} cannot do {mode.value} (it is a {what} model)",
+                             param="model", code="unsupported_mode")
+        key: RunnerKey = (backend.name, model.id, mode)
+        while True:
+            runner = self.runners.get(key)
+            if runner is not None and runner.ready and not runner.dead:
+                runner.in_use += 1
+                runner.expires_at = None
+                return runner
+            task = self._loading.get(key)
+            if task is None:
+                task = asyncio.create_task(self._load(key, backend, model, mode))
+                self._loading[key] = task
+                task.add_done_callback(lambda t, key=key: self._loading.pop(key, None))
+            await asyncio.shield(task)  # a client that gives up does not cancel the shared load
+
+    def release(self, runner: Runner, keep_alive: float | None = None) -> None:
+        runner.in_use = max(0, runner.in_use - 1)
+        runner.last_used = time.monotonic()
+        if keep_alive is not None:
+            runner.keep_alive = keep_alive  # Ollama: a request's keep_alive holds until the next one
+        if runner.in_use == 0 and not runner.dead:
+            if runner.keep_alive == 0:
+                asyncio.get_running_loop().create_task(self.unload(runner))
+            elif runner.keep_alive > 0:
+                runner.expires_at = time.time() + runner.keep_alive
+        asyncio.get_running_loop().create_task(self._notify_released())
+
+    async def _notify_released(self) -> None:
+        async with self._released:
+            self._released.notify_all()
+
+    # --- loading -------------------------------------------------------------------------------
+    async def _load(self, key: RunnerKey, backend: Backend, model: StoredModel, mode: BackendMode) -> Runner:
+        if not backend.installed():
+            raise BackendUnavailable(f"backend {backend.name!r} cannot run models: {backend.status()}")
+        config = await self._resolved_config(model)
+        try:
+            backend.check_flags(config.runtime_flags)
+        except ConfigError as exc:
+            raise BadRequest(str(exc), param="runtime_flags") from None
+        need = backend.required_memory(model, config)
+        if not self.budget.can_ever_fit(need):
+            raise ModelTooLarge(
+                f"model {str(model.name)!r} needs {human_size(need.ram)} of memory with the {backend.name} backend "
+                f"(weights, KV cache for {config.context_size or 'the default'} context, runtime) but the memory "
+                f"budget is {human_size(self.budget.ram)}; use a smaller context size or a larger budget "
+                f"(runlm serve --memory-budget)", code="model_too_large")
+        async with self._memory_lock:
+            await self._make_room(need, model)
+            self._counter += 1
+            address = f"127.0.0.1:{_free_port()}" if backend.uses_tcp else \
+                str(self._socket_dir / f"{backend.name}-{self._counter}.sock")
+            keep_alive = config.keep_alive if config.keep_alive is not None else self.default_keep_alive
+            runner = Runner(backend, model, mode, config, address, need, keep_alive,
+                            backend_client(address, backend.uses_tcp))
+            self.runners[key] = runner
+        path = await asyncio.to_thread(self.store.model_path, model)
+        runner.task = asyncio.create_task(self._run(runner, str(path)))
+        try:
+            await self._wait_ready(runner)
+        except BaseException:
+            await self.unload(runner)
+            raise
+        runner.ready = True
+        return runner
+
+    async def _resolved_config(self, model: StoredModel) -> BackendConfig:
+        config = self.config_for(model)
+        if config.speculative and config.speculative.draft_model_path is None:
+            draft = await self.model(config.speculative.draft_model)
+            path = await asyncio.to_thread(self.store.model_path, draft)
+            config = replace(config, speculative=replace(config.speculative, draft_model_path=str(path)))
+        return config
+
+    async def _make_room(self, need: RequiredMemory, model: StoredModel) -> None:
+        deadline = time.monotonic() + ROOM_WAIT_SECONDS
+        while not self.budget.fits(self.used(), need):
+            idle = [r for r in self.runners.values() if r.ready and r.in_use == 0]
+            if idle:
+                await self.unload(min(idle, key=lambda r: r.last_used))  # least recently used first
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Busy(f"not enough free memory for {str(model.name)!r} and every loaded model is in use; "
+                           f"try again when a request finishes", code="busy")
+            async with self._released:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._released.wait(), left)
+
+    async def _run(self, runner: Runner, path: str) -> None:
+        try:
+            await runner.backend.run(runner.address, path, runner.model_ref, runner.mode, runner.config,
+                                     stored=runner.model)
+        except asyncio.CancelledError:
+            pass
+        except (BackendError, ConfigError, OSError) as exc:
+            runner.error = str(exc)
+        finally:
+            runner.dead = True
+            if self.runners.get(runner.key) is runner:
+                del self.runners[runner.key]
+            await runner.client.aclose()
+            if not runner.backend.uses_tcp:
+                Path(runner.address).unlink(missing_ok=True)
+            await self._notify_released()
+
+    async def _wait_ready(self, runner: Runner) -> None:
+        deadline = time.monotonic() + LOAD_TIMEOUT
+        while time.monotonic() < deadline:
+            if runner.task is not None and runner.task.done():
+                raise BackendUnavailable(f"model {runner.model_ref!r} failed to load: {runner.error or 'stopped'}",
+                                         code="load_failed")
+            try:
+                resp = await runner.client.get("/health", timeout=2.0)
+                if resp.status_code == 200:
+                    return
+            except (httpx.HTTPError, RuntimeError):
+                pass  # not listening yet (RuntimeError: the client closed because the process died)
+            await asyncio.sleep(0.1)
+        raise BackendUnavailable(f"model {runner.model_ref!r} did not become ready within {LOAD_TIMEOUT:.0f}s",
+                                 code="load_timeout")
+
+    # --- unloading -----------------------------------------------------------------------------
+    async def unload(self, runner: Runner) -> None:
+        if self.runners.get(runner.key) is runner:
+            del self.runners[runner.key]
+        if runner.task is not None and not runner.task.done():
+            runner.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner.task
+
+    async def unload_models(self, names: list[str] | None, backend: str | None = None) -> int:
+        """Unload the named models (every model when ``names`` is None); returns how many runners stopped."""
+        ids = None
+        if names is not None:
+            ids = {(await self.model(n)).id for n in names}
+        chosen = [r for r in list(self.runners.values())
+                  if (ids is None or r.model.id in ids) and (backend is None or r.backend.name == backend)]
+        await asyncio.gather(*(self.unload(r) for r in chosen))
+        return len(chosen)
+
+    def configure(self, model: StoredModel, backend: str | None, config: BackendConfig) -> None:
+        busy = [r for r in self.runners.values() if r.model.id == model.id and (r.in_use or not r.ready)]
+        if busy:
+            raise Conflict(f"model {str(model.name)!r} is in use; configure it when its requests are done "
+                           f"(or unload it first)", code="runner_active")
+        if backend is not None:
+            self.backend(backend)
+        self.configs[model.id] = (backend, config)
+
+    async def start(self) -> None:
+        self._janitor = asyncio.create_task(self._expire_loop())
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.time()
+            for r in list(self.runners.values()):
+                if r.ready and r.in_use == 0 and r.expires_at is not None and now >= r.expires_at:
+                    await self.unload(r)
+
+    async def close(self) -> None:
+        if self._janitor:
+            self._janitor.cancel()
+        for task in list(self._loading.values()):
+            task.cancel()
+        await asyncio.gather(*(self.unload(r) for r in list(self.runners.values())), return_exceptions=True)
+        with contextlib.suppress(OSError):
+            for p in self._socket_dir.iterdir():
+                p.unlink()
+            self._socket_dir.rmdir()

@@ -1,0 +1,110 @@
+"""Docker Model Runner's model routes: /models (create = pull, list, inspect, delete, tag)."""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from runlm.runner.errors import BadRequest, Conflict, NotFound
+from runlm.runner.pulling import pull_events
+from runlm.runner.views import group_by_id, model_json
+from runlm.store import InvalidNameError, ModelNotFoundError, StoredModel
+from runlm.store.progress import PullProgress
+
+
+async def get_model(request: Request, name: str) -> StoredModel:
+    try:
+        return await asyncio.to_thread(request.app.state.store.get, name)
+    except InvalidNameError as exc:
+        raise BadRequest(str(exc), param="name") from None
+    except ModelNotFoundError as exc:
+        raise NotFound(str(exc), code="model_not_found") from None
+
+
+async def body_json(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+router = APIRouter()
+
+
+@router.post("/models/create")
+async def create(request: Request) -> Response:
+    body = await body_json(request)
+    source = body.get("from")
+    if not isinstance(source, str) or not source:
+        raise BadRequest("'from' is required: a built-in name, a file, a URL or a Hugging Face repo id", param="from")
+    store = request.app.state.store
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for item in pull_events(store, source, body.get("name")):
+            if isinstance(item, PullProgress):
+                msg = {"type": "progress", "message": item.status, "total": item.total, "pulled": item.completed}
+            elif isinstance(item, Exception):
+                msg = {"type": "error", "message": str(item)}
+            else:
+                msg = {"type": "success", "message": f"pulled {item.name}", "id": item.id}
+            yield (json.dumps(msg) + "\n").encode()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.get("/models")
+async def list_models(request: Request) -> JSONResponse:
+    models = await asyncio.to_thread(request.app.state.store.list)
+    return JSONResponse([model_json(g) for g in group_by_id(models)])
+
+
+@router.post("/models/{name:path}/tag")
+async def tag(request: Request, name: str) -> JSONResponse:
+    body = await body_json(request)
+    target = body.get("target")
+    if target is None and request.query_params.get("repo"):
+        target = f"{request.query_params['repo']}:{request.query_params.get('tag', 'latest')}"
+    if not isinstance(target, str):
+        raise BadRequest("give the new name as ?repo=NAME&tag=TAG or {\"target\": \"name:tag\"}", param="target")
+    await get_model(request, name)
+    try:
+        model = await asyncio.to_thread(request.app.state.store.tag, name, target)
+    except InvalidNameError as exc:
+        raise BadRequest(str(exc), param="target") from None
+    return JSONResponse({"message": f"tagged {name} as {model.name}", "id": model.id}, status_code=201)
+
+
+@router.get("/models/{name:path}")
+async def inspect(request: Request, name: str) -> JSONResponse:
+    model = await get_model(request, name)
+    tags = [m for m in await asyncio.to_thread(request.app.state.store.list) if m.id == model.id]
+    out = model_json(tags)
+    out["config"]["template"] = model.info.template
+    out["config"]["capabilities"] = model.info.capabilities
+    return JSONResponse(out)
+
+
+async def delete_model(request: Request, name: str, force: bool) -> StoredModel:
+    model = await get_model(request, name)
+    loader = request.app.state.loader
+    others = [m for m in await asyncio.to_thread(request.app.state.store.list)
+              if m.id == model.id and m.name != model.name]
+    if loader.is_loaded(model) and not others:
+        if not force:
+            raise Conflict(f"model {str(model.name)!r} is loaded; unload it first (runlm stop {model.name}) "
+                           f"or delete with force", code="model_loaded")
+        await loader.unload_models([str(model.name)])
+    return await asyncio.to_thread(request.app.state.store.remove, str(model.name))
+
+
+@router.delete("/models/{name:path}")
+async def delete(request: Request, name: str) -> JSONResponse:
+    force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
+    model = await delete_model(request, name, force)
+    return JSONResponse({"message": f"deleted {model.name}", "id": model.id})

@@ -1,0 +1,278 @@
+"""Ollama's API (/api/...) translated onto OpenAI requests to the backends, NDJSON streamed back."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from runlm import __version__
+from runlm.runner.config import BackendMode
+from runlm.runner.errors import BackendUnavailable, BadRequest, RunnerError
+from runlm.runner.models_api import body_json, delete_model, get_model
+from runlm.runner.ollama_convert import (backend_error_message, chat_messages, details, now_iso,
+                                         ollama_tool_calls, sampling_fields, tag_entry, timings)
+from runlm.runner.proxy import pop_keep_alive, require_model, send, sse_events
+from runlm.runner.pulling import pull_error_status, pull_events
+from runlm.store.progress import PullProgress
+
+router = APIRouter(prefix="/api")
+NDJSON = "application/x-ndjson"
+
+
+def _line(obj: dict) -> bytes:
+    return (json.dumps(obj) + "\n").encode()
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": __version__})
+
+
+@router.get("/tags")
+async def tags(request: Request) -> JSONResponse:
+    models = await asyncio.to_thread(request.app.state.store.list)
+    return JSONResponse({"models": [tag_entry(m) for m in models]})
+
+
+@router.get("/ps")
+async def ps(request: Request) -> JSONResponse:
+    out = []
+    for r in request.app.state.loader.runners.values():
+        entry = tag_entry(r.model)
+        entry.update(size=r.memory.ram + r.memory.vram, size_vram=r.memory.vram,
+                     context_length=r.config.context_size or r.model.info.context_length,
+                     expires_at=(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.expires_at)) if r.expires_at
+                                 else "2318-01-01T00:00:00Z" if r.keep_alive < 0 or r.in_use else now_iso()))
+        out.append(entry)
+    return JSONResponse({"models": out})
+
+
+@router.post("/show")
+async def show(request: Request) -> JSONResponse:
+    body = await body_json(request)
+    name = body.get("model") or body.get("name")
+    if not isinstance(name, str):
+        raise BadRequest("'model' is required", param="model")
+    model = await get_model(request, name)
+    info = model.info
+    return JSONResponse({
+        "modelfile": f"FROM {model.name}\n", "parameters": "", "template": info.template or "",
+        "details": details(model), "capabilities": info.capabilities, "modified_at": model.created,
+        "model_info": {"general.architecture": info.architecture, "general.parameter_count": info.parameters,
+                       f"{info.architecture}.context_length": info.context_length,
+                       f"{info.architecture}.block_count": info.num_layers}})
+
+
+@router.post("/pull")
+async def pull(request: Request) -> Response:
+    body = await body_json(request)
+    source = body.get("model") or body.get("name")
+    if not isinstance(source, str) or not source:
+        raise BadRequest("'model' is required", param="model")
+    events = pull_events(request.app.state.store, source)
+    if body.get("stream", True) is False:
+        async for item in events:
+            if isinstance(item, Exception):
+                return JSONResponse({"error": str(item)}, status_code=pull_error_status(item))
+        return JSONResponse({"status": "success"})
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for item in events:
+            if isinstance(item, PullProgress):
+                yield _line(item.to_json())
+            elif isinstance(item, Exception):
+                yield _line({"error": str(item)})
+    return StreamingResponse(lines(), media_type=NDJSON)
+
+
+@router.delete("/delete")
+async def delete(request: Request) -> Response:
+    body = await body_json(request)
+    name = body.get("model") or body.get("name")
+    if not isinstance(name, str):
+        raise BadRequest("'model' is required", param="model")
+    await delete_model(request, name, force=bool(body.get("force")))
+    return Response(status_code=200)
+
+
+@router.post("/copy")
+async def copy(request: Request) -> Response:
+    body = await body_json(request)
+    src, dst = body.get("source"), body.get("destination")
+    if not isinstance(src, str) or not isinstance(dst, str):
+        raise BadRequest("'source' and 'destination' are required")
+    await get_model(request, src)
+    try:
+        await asyncio.to_thread(request.app.state.store.tag, src, dst)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="destination") from None
+    return Response(status_code=200)
+
+
+async def _load_or_unload(request: Request, name: str, keep_alive: float | None, chat: bool) -> JSONResponse:
+    """Ollama's way to load (empty prompt) or unload (and keep_alive 0) a model."""
+    loader = request.app.state.loader
+    if keep_alive == 0:
+        model = await loader.model(name)
+        await loader.unload_models([str(model.name)])
+        reason = "unload"
+    else:
+        runner = await loader.acquire(name)
+        loader.release(runner, keep_alive)
+        reason = "load"
+    out: dict[str, Any] = {"model": name, "created_at": now_iso(), "done": True, "done_reason": reason}
+    out.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
+    return JSONResponse(out)
+
+
+async def _generate(request: Request, body: dict, route: str, payload: dict,
+                    shape: Callable[[str, list | None], dict]) -> Response:
+    """Run one generation on the backend, answering as Ollama does (NDJSON stream or one object)."""
+    name = require_model(body)
+    keep_alive = pop_keep_alive(body)
+    loader = request.app.state.loader
+    t0 = time.monotonic()
+    runner = await loader.acquire(name, None, BackendMode.COMPLETION)
+    t_loaded = time.monotonic()
+    payload.update(model=runner.model_ref, stream=True, stream_options={"include_usage": True})
+    try:
+        resp = await send(runner, "POST", f"/v1/{route}", payload, stream=True)
+        if resp.status_code != 200:
+            content = await resp.aread()
+            await resp.aclose()
+            raise RunnerError(backend_error_message(content), status=resp.status_code)
+    except BaseException:
+        loader.release(runner, keep_alive)
+        raise
+
+    async def chunks() -> AsyncIterator[dict]:
+        usage, finish, t_first, tools = None, "stop", None, []
+        try:
+            async for ev in sse_events(runner, resp):
+                if ev.get("error"):
+                    err = ev["error"]
+                    yield {"error": err.get("message", str(err)) if isinstance(err, dict) else str(err)}
+                    return
+                usage = ev.get("usage") or usage
+                for choice in ev.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    text = delta.get("content") if route == "chat/completions" else choice.get("text")
+                    tools += delta.get("tool_calls") or []
+                    finish = choice.get("finish_reason") or finish
+                    if text:
+                        t_first = t_first or time.monotonic()
+                        yield {"model": name, "created_at": now_iso(), **shape(text, None), "done": False}
+            final = {"model": name, "created_at": now_iso(), **shape("", ollama_tool_calls(tools)),
+                     "done": True, "done_reason": finish}
+            yield final | timings(t0, t_loaded, t_first, time.monotonic(), usage)
+        except BackendUnavailable as exc:
+            yield {"error": exc.message}
+        finally:
+            await resp.aclose()
+            loader.release(runner, keep_alive)
+
+    if body.get("stream", True) is not False:
+        async def lines() -> AsyncIterator[bytes]:
+            async for c in chunks():
+                yield _line(c)
+        return StreamingResponse(lines(), media_type=NDJSON)
+    parts: list[str] = []
+    async for c in chunks():
+        if "error" in c:
+            return JSONResponse({"error": c["error"]}, status_code=503)
+        if not c["done"]:
+            parts.append(c.get("response") or c.get("message", {}).get("content", ""))
+        else:
+            final = c
+    key = "message" if "message" in final else "response"
+    if key == "message":
+        final["message"]["content"] = "".join(parts)
+    else:
+        final["response"] = "".join(parts)
+    return JSONResponse(final)
+
+
+def _chat_shape(text: str, tool_calls: list | None) -> dict:
+    msg: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return {"message": msg}
+
+
+@router.post("/chat")
+async def chat(request: Request) -> Response:
+    body = await body_json(request)
+    name = require_model(body)
+    if not body.get("messages"):
+        return await _load_or_unload(request, name, pop_keep_alive(body), chat=True)
+    payload: dict[str, Any] = {"messages": chat_messages(body["messages"]), **sampling_fields(body)}
+    if body.get("tools"):
+        payload["tools"] = body["tools"]
+    return await _generate(request, body, "chat/completions", payload, _chat_shape)
+
+
+@router.post("/generate")
+async def generate(request: Request) -> Response:
+    body = await body_json(request)
+    name = require_model(body)
+    prompt = body.get("prompt")
+    if not prompt:
+        return await _load_or_unload(request, name, pop_keep_alive(body), chat=False)
+    if not isinstance(prompt, str):
+        raise BadRequest("'prompt' must be a string", param="prompt")
+    if body.get("images"):
+        raise BadRequest("images are not supported by runlm's models", param="images")
+    fields = sampling_fields(body)
+    if body.get("raw"):
+        payload: dict[str, Any] = {"prompt": prompt, **fields}
+        route = "completions"
+    else:
+        messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
+        payload = {"messages": messages + [{"role": "user", "content": prompt}], **fields}
+        route = "chat/completions"
+    return await _generate(request, body, route, payload, lambda text, _: {"response": text})
+
+
+async def _embed(request: Request, body: dict, inputs: Any) -> tuple[list, dict, float]:
+    name = require_model(body)
+    keep_alive = pop_keep_alive(body)
+    loader = request.app.state.loader
+    t0 = time.monotonic()
+    runner = await loader.acquire(name, None, BackendMode.EMBEDDING)
+    try:
+        payload: dict[str, Any] = {"model": runner.model_ref, "input": inputs}
+        if body.get("dimensions"):
+            payload["dimensions"] = body["dimensions"]
+        resp = await send(runner, "POST", "/v1/embeddings", payload)
+        if resp.status_code != 200:
+            raise RunnerError(backend_error_message(resp.content), status=resp.status_code)
+        data = resp.json()
+    finally:
+        loader.release(runner, keep_alive)
+    vectors = [d["embedding"] for d in sorted(data["data"], key=lambda d: d["index"])]
+    return vectors, data.get("usage") or {}, t0
+
+
+@router.post("/embed")
+async def embed(request: Request) -> JSONResponse:
+    body = await body_json(request)
+    inputs = body.get("input")
+    if not isinstance(inputs, (str, list)) or not inputs:
+        raise BadRequest("'input' must be a string or a list of strings", param="input")
+    vectors, usage, t0 = await _embed(request, body, inputs)
+    return JSONResponse({"model": body["model"], "embeddings": vectors,
+                         "total_duration": int((time.monotonic() - t0) * 1e9),
+                         "prompt_eval_count": usage.get("prompt_tokens", 0)})
+
+
+@router.post("/embeddings")
+async def embeddings(request: Request) -> JSONResponse:
+    body = await body_json(request)
+    if not isinstance(body.get("prompt"), str):
+        raise BadRequest("'prompt' must be a string", param="prompt")
+    vectors, _, _ = await _embed(request, body, body["prompt"])
+    return JSONResponse({"embedding": vectors[0]})

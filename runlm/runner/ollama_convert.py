@@ -1,0 +1,106 @@
+"""Ollama request/response shapes <-> the OpenAI requests our backends speak."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from runlm.runner.errors import BadRequest
+from runlm.store import StoredModel
+
+# Ollama option -> OpenAI (or vLLM-extension) sampling field
+OPTION_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                 "seed": "seed", "stop": "stop", "num_predict": "max_tokens", "presence_penalty": "presence_penalty",
+                 "frequency_penalty": "frequency_penalty", "repeat_penalty": "repetition_penalty"}
+# options that are about loading or the machine, not sampling: accepted and ignored, as Ollama does when loaded
+IGNORED_OPTIONS = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "use_mlock", "num_thread",
+                   "numa", "num_keep", "typical_p", "repeat_last_n", "penalize_newline", "low_vram", "vocab_only",
+                   "mirostat", "mirostat_tau", "mirostat_eta", "tfs_z"}
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def sampling_fields(body: dict) -> dict[str, Any]:
+    options = body.get("options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("'options' must be an object", param="options")
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in OPTION_FIELDS:
+            if key == "num_predict" and isinstance(value, int) and value < 0:
+                continue  # -1: until the model stops (or the context is full)
+            out[OPTION_FIELDS[key]] = value
+        elif key not in IGNORED_OPTIONS:
+            raise BadRequest(f"unknown option {key!r}", param=f"options.{key}")
+    fmt = body.get("format")
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    elif fmt not in (None, ""):
+        raise BadRequest("'format' must be \"json\" or a JSON schema object", param="format")
+    return out
+
+
+def chat_messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list):
+        raise BadRequest("'messages' must be a list", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest(f"messages[{i}] needs a 'role' and a 'content'", param="messages")
+        if m.get("images"):
+            raise BadRequest(f"messages[{i}] has images, which runlm's models cannot see", param="messages")
+        msg: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = [{"id": f"call_{i}_{j}", "type": "function",
+                                  "function": {"name": c["function"]["name"],
+                                               "arguments": json.dumps(c["function"].get("arguments") or {})}}
+                                 for j, c in enumerate(m["tool_calls"])]
+        out.append(msg)
+    return out
+
+
+def ollama_tool_calls(calls: list[dict] | None) -> list[dict] | None:
+    if not calls:
+        return None
+    out = []
+    for c in calls:
+        fn = c.get("function") or {}
+        args = fn.get("arguments")
+        try:
+            args = json.loads(args) if isinstance(args, str) else (args or {})
+        except json.JSONDecodeError:
+            args = {"_raw": args}
+        out.append({"function": {"name": fn.get("name", ""), "arguments": args}})
+    return out
+
+
+def details(model: StoredModel) -> dict:
+    info = model.info
+    return {"parent_model": "", "format": info.format, "family": info.architecture, "families": [info.architecture],
+            "parameter_size": info.parameter_size, "quantization_level": info.quantization}
+
+
+def tag_entry(model: StoredModel) -> dict:
+    return {"name": str(model.name), "model": str(model.name), "modified_at": model.created, "size": model.size,
+            "digest": model.id.removeprefix("sha256:"), "details": details(model)}
+
+
+def timings(t0: float, t_loaded: float, t_first: float | None, t_end: float, usage: dict | None) -> dict:
+    ns = 1_000_000_000
+    t_first = t_first or t_end
+    usage = usage or {}
+    return {"total_duration": int((t_end - t0) * ns), "load_duration": int((t_loaded - t0) * ns),
+            "prompt_eval_count": usage.get("prompt_tokens", 0), "prompt_eval_duration": int((t_first - t_loaded) * ns),
+            "eval_count": usage.get("completion_tokens", 0), "eval_duration": int((t_end - t_first) * ns)}
+
+
+def backend_error_message(content: bytes) -> str:
+    try:
+        err = json.loads(content).get("error")
+        return err.get("message", str(err)) if isinstance(err, dict) else str(err)
+    except (json.JSONDecodeError, AttributeError):
+        return content.decode(errors="replace")[:500]

@@ -1,0 +1,63 @@
+"""One loaded model: a backend process for one (backend, model, mode) and the client that talks to it."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from runlm.runner.backends.base import Backend, RequiredMemory
+from runlm.runner.config import BackendConfig, BackendMode
+from runlm.store import StoredModel
+
+RunnerKey = tuple[str, str, BackendMode]  # backend name, model id, mode
+
+
+def backend_client(address: str, uses_tcp: bool) -> httpx.AsyncClient:
+    # generation streams can run for minutes: no read timeout, but a prompt connect timeout
+    timeout = httpx.Timeout(None, connect=10.0)
+    if uses_tcp:
+        return httpx.AsyncClient(base_url=f"http://{address}", timeout=timeout)
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=address), base_url="http://backend",
+                             timeout=timeout)
+
+
+@dataclass(slots=True, eq=False)
+class Runner:
+    backend: Backend
+    model: StoredModel
+    mode: BackendMode
+    config: BackendConfig
+    address: str
+    memory: RequiredMemory
+    keep_alive: float
+    client: httpx.AsyncClient
+    task: asyncio.Task | None = None
+    ready: bool = False
+    dead: bool = False
+    error: str | None = None
+    in_use: int = 0
+    loaded_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    expires_at: float | None = None  # time.time() of the planned unload; None while in use or forever
+
+    @property
+    def key(self) -> RunnerKey:
+        return (self.backend.name, self.model.id, self.mode)
+
+    @property
+    def model_ref(self) -> str:
+        """The name the backend serves the model under."""
+        return str(self.model.name)
+
+    @property
+    def pid(self) -> int | None:
+        return self.backend.process_id(self.address)
+
+    def to_json(self) -> dict:
+        return {"backend_name": self.backend.name, "model_name": self.model_ref, "model_id": self.model.id,
+                "mode": self.mode.value, "pid": self.pid, "in_use": self.in_use > 0, "ready": self.ready,
+                "loaded_at": int(self.loaded_at), "expires_at": int(self.expires_at) if self.expires_at else None,
+                "keep_alive": self.keep_alive, "memory": {"ram": self.memory.ram, "vram": self.memory.vram},
+                "context_size": self.config.context_size}

@@ -1,0 +1,90 @@
+"""Content-addressed blobs: each file is stored once, under the sha256 of its bytes."""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+CHUNK = 1 << 20
+
+
+class BlobDigestError(ValueError):
+    """Downloaded bytes whose sha256 is not the one expected."""
+
+
+def check_digest(digest: str) -> str:
+    if not _DIGEST.fullmatch(digest):
+        raise ValueError(f"not a sha256 digest: {digest!r} (expected 'sha256:' and 64 hex digits)")
+    return digest
+
+
+def file_digest(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            if on_bytes:
+                on_bytes(len(chunk))
+    return "sha256:" + h.hexdigest()
+
+
+class BlobStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.tmp = root.parent / "tmp"
+
+    def path(self, digest: str) -> Path:
+        return self.root / check_digest(digest).replace(":", "-")
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def digests(self) -> set[str]:
+        if not self.root.is_dir():
+            return set()
+        return {p.name.replace("-", ":", 1) for p in self.root.iterdir() if _DIGEST.fullmatch(p.name.replace("-", ":", 1))}
+
+    def put_file(self, src: Path, on_bytes: Callable[[int], None] | None = None) -> tuple[str, int]:
+        """Copy ``src`` in, hashing as it goes; returns (digest, size). A blob that exists is not copied twice."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        h = hashlib.sha256()
+        fd, tmp_name = tempfile.mkstemp(dir=self.tmp, prefix="blob-")
+        tmp = Path(tmp_name)
+        try:
+            with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
+                while chunk := fin.read(CHUNK):
+                    h.update(chunk)
+                    fout.write(chunk)
+                    if on_bytes:
+                        on_bytes(len(chunk))
+            digest = "sha256:" + h.hexdigest()
+            return digest, self.adopt(tmp, digest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def adopt(self, tmp: Path, digest: str) -> int:
+        """Move a fully written, verified temp file into place (atomic rename; no-op if present)."""
+        target = self.path(digest)
+        size = tmp.stat().st_size
+        if not target.exists():
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, target)
+        return size
+
+    def remove(self, digest: str) -> int:
+        path = self.path(digest)
+        size = path.stat().st_size if path.exists() else 0
+        path.unlink(missing_ok=True)
+        return size
+
+    def total_size(self) -> int:
+        return sum(p.stat().st_size for p in self.root.iterdir()) if self.root.is_dir() else 0
+
+    def clear(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)

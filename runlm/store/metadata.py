@@ -1,0 +1,138 @@
+"""What a model is, read once at pull time from its files' headers (no weights are loaded).
+
+The runner uses it for ``show`` and for memory estimates, so it records the shapes that size
+the KV cache as well as the user-facing facts.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runlm.formats import ModelFormatError
+
+_EMBEDDING_ARCHS = {"bert", "nomic-bert", "xlm-roberta", "BertModel", "XLMRobertaModel"}
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    format: str                      # "gguf" or "safetensors"
+    architecture: str
+    parameters: int
+    quantization: str
+    context_length: int
+    template: str | None = None
+    capabilities: list[str] = field(default_factory=lambda: ["completion"])
+    num_layers: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+
+    @property
+    def parameter_size(self) -> str:
+        """Ollama's short form: 135M, 1.5B."""
+        n = self.parameters
+        return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+    def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelInfo:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def inspect_gguf(path: Path) -> ModelInfo:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as exc:  # the reader raises ValueError/KeyError/... on bad bytes
+        raise ModelFormatError(f"{path.name}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+    def get(key: str, default: Any = None) -> Any:
+        f = reader.fields.get(key)
+        return f.contents() if f is not None else default
+
+    arch = str(get("general.architecture", "unknown"))
+    ftype = get("general.file_type")
+    try:
+        quant = gguf.LlamaFileType(ftype).name.removeprefix("MOSTLY_") if ftype is not None else None
+    except ValueError:
+        quant = None
+    if quant is None:  # the most common tensor type names the file
+        types = [t.tensor_type.name for t in reader.tensors]
+        quant = max(set(types), key=types.count) if types else "unknown"
+    heads = int(get(f"{arch}.attention.head_count", 1) or 1)
+    kv_heads = get(f"{arch}.attention.head_count_kv", heads)
+    kv_heads = int(kv_heads[0] if isinstance(kv_heads, list) else kv_heads)
+    hidden = int(get(f"{arch}.embedding_length", 0) or 0)
+    return ModelInfo(
+        format="gguf", architecture=arch,
+        parameters=int(sum(int(t.n_elements) for t in reader.tensors)),
+        quantization=quant, context_length=int(get(f"{arch}.context_length", 2048)),
+        template=get("tokenizer.chat_template"),
+        capabilities=["embedding"] if arch in _EMBEDDING_ARCHS else ["completion"],
+        num_layers=int(get(f"{arch}.block_count", 0) or 0), num_kv_heads=kv_heads,
+        head_dim=int(get(f"{arch}.attention.key_length", 0) or (hidden // heads if hidden else 0)))
+
+
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > 100 << 20:
+            raise ModelFormatError(f"{path.name}: safetensors header of {n} bytes is not plausible")
+        return json.loads(f.read(n))
+
+
+def inspect_safetensors_dir(directory: Path) -> ModelInfo:
+    try:
+        cfg = json.loads((directory / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelFormatError(f"{directory.name}: no readable config.json ({exc})") from exc
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelFormatError(f"{directory.name}: no *.safetensors weights next to config.json")
+    params, dtypes = 0, {}
+    for f in files:
+        for name, t in _safetensors_header(f).items():
+            if name != "__metadata__":
+                n = math.prod(t["shape"])
+                params += n
+                dtypes[t["dtype"]] = dtypes.get(t["dtype"], 0) + n
+    arch = (cfg.get("architectures") or [cfg.get("model_type", "unknown")])[0]
+    caps = ["completion"]
+    if arch in _EMBEDDING_ARCHS or (directory / "modules.json").exists() and "CausalLM" not in arch:
+        caps = ["embedding"]
+    elif arch.endswith("ForSequenceClassification"):
+        caps = ["reranking"]
+    template = None
+    if (directory / "chat_template.jinja").exists():
+        template = (directory / "chat_template.jinja").read_text()
+    elif (directory / "tokenizer_config.json").exists():
+        template = json.loads((directory / "tokenizer_config.json").read_text()).get("chat_template")
+    heads = int(cfg.get("num_attention_heads", 1))
+    hidden = int(cfg.get("hidden_size", 0))
+    return ModelInfo(
+        format="safetensors", architecture=arch, parameters=params,
+        quantization=max(dtypes, key=dtypes.get) if dtypes else "unknown",
+        context_length=int(cfg.get("max_position_embeddings", 2048)),
+        template=template if isinstance(template, str) else None, capabilities=caps,
+        num_layers=int(cfg.get("num_hidden_layers", 0)),
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or (hidden // heads if hidden else 0)))
+
+
+def inspect_model(path: Path) -> ModelInfo:
+    """A .gguf file or a safetensors model directory -> its ModelInfo."""
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if ggufs and not (path / "config.json").exists():
+            return inspect_gguf(ggufs[0])
+        return inspect_safetensors_dir(path)
+    return inspect_gguf(path)

