@@ -5,13 +5,16 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.formats import ModelFormatError
 from runlm.engine.output import DELTA
 from runlm.formats.chat_template import ChatTemplateError
 from runlm.store.builtin import DEFAULT_MODEL, UnknownModelError, resolve_model
+
+if TYPE_CHECKING:
+    from runlm.cli.run_daemon import DaemonChat
 
 _BYE = {"/bye", "/exit", "/quit"}
 

@@ -10,8 +10,8 @@ from runlm.runner.config import BackendConfig, ConfigError
 from runlm.runner.errors import BadRequest, NotFound
 from runlm.runner.metrics import aggregate
 from runlm.runner.models_api import body_json
-from runlm.runner.views import unix_time
 from runlm.runner.proxy import forward_openai, require_model
+from runlm.runner.views import unix_time
 
 router = APIRouter()
 OPENAI_POST_ROUTES = ("chat/completions", "completions", "embeddings", "rerank", "score")
@@ -113,7 +113,7 @@ async def configure(request: Request, backend: str | None = None) -> JSONRespons
         loader.backend(_check_backend(request, backend), model).check_flags(config.runtime_flags)
     except ConfigError as exc:
         raise BadRequest(str(exc)) from None
-    loader.configure(model, backend, config)
+    await loader.configure(model, backend, config)
     return JSONResponse({"model": str(model.name), "backend": backend or loader.backend(None, model).name,
                          "config": config.to_json()}, status_code=202)
 

@@ -235,14 +235,16 @@ class Loader:
         await asyncio.gather(*(self.unload(r) for r in chosen))
         return len(chosen)
 
-    def configure(self, model: StoredModel, backend: str | None, config: BackendConfig) -> None:
-        busy = [r for r in self.runners.values() if r.model.id == model.id and (r.in_use or not r.ready)]
-        if busy:
+    async def configure(self, model: StoredModel, backend: str | None, config: BackendConfig) -> None:
+        """Set how ``model`` loads from now on; an idle loaded copy is unloaded so the next request uses it."""
+        mine = [r for r in self.runners.values() if r.model.id == model.id]
+        if any(r.in_use or not r.ready for r in mine):
             raise Conflict(f"model {str(model.name)!r} is in use; configure it when its requests are done "
                            f"(or unload it first)", code="runner_active")
         if backend is not None:
             self.backend(backend)
         self.configs[model.id] = (backend, config)
+        await asyncio.gather(*(self.unload(r) for r in mine))
 
     async def start(self) -> None:
         self._janitor = asyncio.create_task(self._expire_loop())

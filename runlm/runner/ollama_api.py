@@ -13,8 +13,16 @@ from runlm import __version__
 from runlm.runner.config import BackendMode
 from runlm.runner.errors import BackendUnavailable, BadRequest, RunnerError
 from runlm.runner.models_api import body_json, delete_model, get_model
-from runlm.runner.ollama_convert import (backend_error_message, chat_messages, details, now_iso,
-                                         ollama_tool_calls, sampling_fields, tag_entry, timings)
+from runlm.runner.ollama_convert import (
+    backend_error_message,
+    chat_messages,
+    details,
+    now_iso,
+    ollama_tool_calls,
+    sampling_fields,
+    tag_entry,
+    timings,
+)
 from runlm.runner.proxy import pop_keep_alive, require_model, send, sse_events
 from runlm.runner.pulling import pull_error_status, pull_events
 from runlm.store.progress import PullProgress
@@ -44,7 +52,7 @@ async def ps(request: Request) -> JSONResponse:
     for r in request.app.state.loader.runners.values():
         entry = tag_entry(r.model)
         entry.update(size=r.memory.ram + r.memory.vram, size_vram=r.memory.vram,
-                     context_length=r.config.context_size or r.model.info.context_length,
+                     context_length=r.backend.context_size(r.model, r.config),
                      expires_at=(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.expires_at)) if r.expires_at
                                  else "2318-01-01T00:00:00Z" if r.keep_alive < 0 or r.in_use else now_iso()))
         out.append(entry)

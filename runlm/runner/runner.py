@@ -60,4 +60,4 @@ class Runner:
                 "mode": self.mode.value, "pid": self.pid, "in_use": self.in_use > 0, "ready": self.ready,
                 "loaded_at": int(self.loaded_at), "expires_at": int(self.expires_at) if self.expires_at else None,
                 "keep_alive": self.keep_alive, "memory": {"ram": self.memory.ram, "vram": self.memory.vram},
-                "context_size": self.config.context_size}
+                "context_size": self.backend.context_size(self.model, self.config)}

@@ -47,7 +47,8 @@ class BlobStore:
     def digests(self) -> set[str]:
         if not self.root.is_dir():
             return set()
-        return {p.name.replace("-", ":", 1) for p in self.root.iterdir() if _DIGEST.fullmatch(p.name.replace("-", ":", 1))}
+        names = (p.name.replace("-", ":", 1) for p in self.root.iterdir())
+        return {n for n in names if _DIGEST.fullmatch(n)}
 
     def put_file(self, src: Path, on_bytes: Callable[[int], None] | None = None) -> tuple[str, int]:
         """Copy ``src`` in, hashing as it goes; returns (digest, size). A blob that exists is not copied twice."""
@@ -72,7 +73,10 @@ class BlobStore:
         """Move a fully written, verified temp file into place (atomic rename; no-op if present)."""
         target = self.path(digest)
         size = tmp.stat().st_size
-        if not target.exists():
+        self.root.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            tmp.unlink()
+        else:
             os.chmod(tmp, 0o444)
             os.replace(tmp, target)
         return size

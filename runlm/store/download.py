@@ -40,7 +40,7 @@ def download(url: str, partial: Path, expected: str | None, progress: ProgressCa
                 total = have + int(length) if length is not None else 0
                 done = have
                 with open(partial, "ab" if have else "wb") as f:
-                    for chunk in resp.iter_bytes(CHUNK):
+                    for chunk in resp.iter_bytes():  # as received: a break keeps every byte so far
                         f.write(chunk)
                         h.update(chunk)
                         done += len(chunk)

@@ -32,6 +32,9 @@ from runlm.store.progress import ProgressCallback, PullProgress
 from runlm.store.sources import Source, fetch_hf, resolve_source
 
 
+SINGLE_FILE_NAME = "model.gguf"
+
+
 class ModelNotFoundError(LookupError):
     pass
 
@@ -159,12 +162,12 @@ class ModelStore:
             report(PullProgress("verifying sha256 digest", digest))
             info = inspect_model(partial)
             size = self.blobs.adopt(partial, digest)
-            name = Path(source.location.split("?")[0]).name
-            files = [{"path": name if name.endswith(".gguf") else "model.gguf", "digest": digest, "size": size}]
+            files = [{"path": SINGLE_FILE_NAME, "digest": digest, "size": size}]
             return self._manifest(files, "file", info, source)
         path = fetch_hf(source.location, source.tag) if source.kind == "hf" else Path(source.location)
         info = inspect_model(path)  # refuse what is not a model before copying anything
-        entries = [(path.name, path)] if path.is_file() else [
+        # a single file's name is not part of its identity: the same bytes are the same model
+        entries = [(SINGLE_FILE_NAME, path)] if path.is_file() else [
             (str(p.relative_to(path)), p) for p in sorted(path.rglob("*"))
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)]
         files = []

@@ -15,6 +15,7 @@ from runlm.runner.config import BackendConfig, BackendMode
 if TYPE_CHECKING:
     from runlm.store import StoredModel
 
+DEFAULT_CONTEXT = 4096  # Docker Model Runner's default context size
 STATUS_RUNNING = "Running"
 STATUS_ERROR = "Error"
 STATUS_NOT_INSTALLED = "Not Installed"
@@ -86,6 +87,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
         """Memory a process serving ``model`` with ``config`` will need: weights + KV cache + runtime."""
+
+    def context_size(self, model: StoredModel, config: BackendConfig) -> int:
+        """The context length the backend will run ``model`` with."""
+        return min(config.context_size or DEFAULT_CONTEXT, model.info.context_length or DEFAULT_CONTEXT)
 
     def check_flags(self, flags: list[str]) -> list[str]:
         """The runtime flags this backend accepts, validated; raises ConfigError for any other."""

@@ -8,8 +8,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runlm.runner.backends.base import (STATUS_INSTALLING, STATUS_NOT_INSTALLED, STATUS_RUNNING, BackendError,
-                                        RequiredMemory, format_status)
+from runlm.runner.backends.base import (
+    DEFAULT_CONTEXT,
+    STATUS_INSTALLING,
+    STATUS_NOT_INSTALLED,
+    STATUS_RUNNING,
+    BackendError,
+    RequiredMemory,
+    format_status,
+)
 from runlm.runner.backends.flags import is_float, is_int
 from runlm.runner.backends.process import ProcessBackend, log_tail
 from runlm.runner.config import BackendConfig, BackendMode
@@ -17,7 +24,6 @@ from runlm.runner.config import BackendConfig, BackendMode
 if TYPE_CHECKING:
     from runlm.store import StoredModel
 
-DEFAULT_CONTEXT = 4096
 RUNTIME_OVERHEAD = 150 << 20
 
 
@@ -82,15 +88,13 @@ class LlamaCppBackend(ProcessBackend):
             raise BackendError(f"installing llama-cpp-python failed:\n{log_tail(log)}")
 
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
-        ctx = min(config.context_size or DEFAULT_CONTEXT, model.info.context_length or DEFAULT_CONTEXT)
-        kv = model.info.kv_bytes_per_token(2) * ctx  # f16 KV cache
+        kv = model.info.kv_bytes_per_token(2) * self.context_size(model, config)  # f16 KV cache
         return RequiredMemory(ram=model.size + kv + RUNTIME_OVERHEAD, vram=0)  # weights are mmapped as stored
 
     def command(self, address: str, model: str, model_ref: str, mode: BackendMode, config: BackendConfig,
                 stored: StoredModel | None) -> list[str]:
         host, _, port = address.rpartition(":")
-        ctx = str(min(config.context_size or DEFAULT_CONTEXT, stored.info.context_length)) if stored else \
-            str(config.context_size or DEFAULT_CONTEXT)
+        ctx = str(self.context_size(stored, config) if stored else config.context_size or DEFAULT_CONTEXT)
         flags = self.check_flags(config.runtime_flags)
         if self._binary():
             argv = [self._binary(), "-m", model, "--host", host, "--port", port, "--alias", model_ref, "-c", ctx]

@@ -5,7 +5,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from runlm import __version__
-from runlm.runner.backends.base import RequiredMemory, STATUS_RUNNING, format_status
+from runlm.runner.backends.base import STATUS_RUNNING, RequiredMemory, format_status
 from runlm.runner.backends.flags import is_int, is_size
 from runlm.runner.backends.process import ProcessBackend
 from runlm.runner.config import BackendConfig, BackendMode
@@ -13,7 +13,6 @@ from runlm.runner.config import BackendConfig, BackendMode
 if TYPE_CHECKING:
     from runlm.store import StoredModel
 
-DEFAULT_CONTEXT = 4096
 # what a Python process with torch, tokenizers and the HTTP server takes before any weights
 RUNTIME_OVERHEAD = 400 << 20
 # KV cache reserved per model: room for this many sequences at the full context
@@ -22,14 +21,10 @@ MIN_KV_BYTES = 16 << 20
 BYTES_PER_WEIGHT = 4  # CPU: weights are dequantized to float32 on load
 
 
-def context_size(model: StoredModel, config: BackendConfig) -> int:
-    return min(config.context_size or DEFAULT_CONTEXT, model.info.context_length or DEFAULT_CONTEXT)
-
-
-def kv_cache_bytes(model: StoredModel, config: BackendConfig) -> int:
+def kv_cache_bytes(model: StoredModel, context: int) -> int:
     if "completion" not in model.info.capabilities:
         return MIN_KV_BYTES
-    return max(model.info.kv_bytes_per_token(4) * context_size(model, config) * KV_SEQUENCES, MIN_KV_BYTES)
+    return max(model.info.kv_bytes_per_token(4) * context * KV_SEQUENCES, MIN_KV_BYTES)
 
 
 class NativeBackend(ProcessBackend):
@@ -49,15 +44,16 @@ class NativeBackend(ProcessBackend):
 
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
         weights = model.info.parameters * BYTES_PER_WEIGHT
-        return RequiredMemory(ram=weights + kv_cache_bytes(model, config) + RUNTIME_OVERHEAD, vram=0)
+        kv = kv_cache_bytes(model, self.context_size(model, config))
+        return RequiredMemory(ram=weights + kv + RUNTIME_OVERHEAD, vram=0)
 
     def command(self, socket: str, model: str, model_ref: str, stored: StoredModel | None,
                 config: BackendConfig) -> list[str]:
         argv = [sys.executable, "-m", "runlm.cli", "serve-engine", model, "--uds", socket,
                 "--served-model-name", model_ref]
         if stored is not None:
-            argv += ["--max-model-len", str(context_size(stored, config)),
-                     "--kv-cache-memory", str(kv_cache_bytes(stored, config))]
+            context = self.context_size(stored, config)
+            argv += ["--max-model-len", str(context), "--kv-cache-memory", str(kv_cache_bytes(stored, context))]
         return argv + self.check_flags(config.runtime_flags)
 
     async def run(self, socket: str, model: str, model_ref: str, mode: BackendMode, config: BackendConfig,

@@ -7,8 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from runlm.runner.backends.base import (STATUS_NOT_INSTALLED, STATUS_RUNNING, BackendError, RequiredMemory,
-                                        format_status)
+from runlm.runner.backends.base import STATUS_NOT_INSTALLED, STATUS_RUNNING, BackendError, RequiredMemory, format_status
 from runlm.runner.backends.flags import is_int
 from runlm.runner.backends.process import ProcessBackend
 from runlm.runner.config import BackendConfig, BackendMode
