@@ -98,6 +98,9 @@ class Loader:
         key: RunnerKey = (backend.name, model.id, mode)
         while True:
             runner = self.runners.get(key)
+            if runner is not None and runner.stopping and runner.task is not None:
+                await asyncio.wait({runner.task})  # let the old process go before starting a new one
+                continue
             if runner is not None and runner.ready and not runner.dead:
                 runner.in_use += 1
                 runner.expires_at = None
@@ -141,6 +144,7 @@ class Loader:
                 f"(weights, KV cache for {config.context_size or 'the default'} context, runtime) but the memory "
                 f"budget is {human_size(self.budget.ram)}; use a smaller context size or a larger budget "
                 f"(runlm serve --memory-budget)", code="model_too_large")
+        path = await asyncio.to_thread(self.store.model_path, model)
         async with self._memory_lock:
             await self._make_room(need, model)
             self._counter += 1
@@ -150,7 +154,6 @@ class Loader:
             runner = Runner(backend, model, mode, config, address, need, keep_alive,
                             backend_client(address, backend.uses_tcp))
             self.runners[key] = runner
-        path = await asyncio.to_thread(self.store.model_path, model)
         runner.task = asyncio.create_task(self._run(runner, str(path)))
         try:
             await self._wait_ready(runner)
@@ -171,7 +174,7 @@ class Loader:
     async def _make_room(self, need: RequiredMemory, model: StoredModel) -> None:
         deadline = time.monotonic() + ROOM_WAIT_SECONDS
         while not self.budget.fits(self.used(), need):
-            idle = [r for r in self.runners.values() if r.ready and r.in_use == 0]
+            idle = [r for r in self.runners.values() if r.ready and r.in_use == 0 and not r.stopping]
             if idle:
                 await self.unload(min(idle, key=lambda r: r.last_used))  # least recently used first
                 continue
@@ -218,12 +221,14 @@ class Loader:
 
     # --- unloading -----------------------------------------------------------------------------
     async def unload(self, runner: Runner) -> None:
-        if self.runners.get(runner.key) is runner:
-            del self.runners[runner.key]
-        if runner.task is not None and not runner.task.done():
-            runner.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await runner.task
+        """Stop the runner's process; it leaves ``runners`` (and frees its memory) once the process has exited."""
+        runner.stopping = True
+        if runner.task is None or runner.task.done():
+            if self.runners.get(runner.key) is runner:
+                del self.runners[runner.key]
+            return
+        runner.task.cancel()
+        await asyncio.wait({runner.task})
 
     async def unload_models(self, names: list[str] | None, backend: str | None = None) -> int:
         """Unload the named models (every model when ``names`` is None); returns how many runners stopped."""
@@ -254,7 +259,7 @@ class Loader:
             await asyncio.sleep(0.25)
             now = time.time()
             for r in list(self.runners.values()):
-                if r.ready and r.in_use == 0 and r.expires_at is not None and now >= r.expires_at:
+                if r.ready and not r.stopping and r.in_use == 0 and r.expires_at is not None and now >= r.expires_at:
                     await self.unload(r)
 
     async def close(self) -> None:

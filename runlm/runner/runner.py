@@ -36,6 +36,7 @@ class Runner:
     task: asyncio.Task | None = None
     ready: bool = False
     dead: bool = False
+    stopping: bool = False  # being unloaded: counted in memory until its process has exited
     error: str | None = None
     in_use: int = 0
     loaded_at: float = field(default_factory=time.time)
@@ -58,6 +59,7 @@ class Runner:
     def to_json(self) -> dict:
         return {"backend_name": self.backend.name, "model_name": self.model_ref, "model_id": self.model.id,
                 "mode": self.mode.value, "pid": self.pid, "in_use": self.in_use > 0, "ready": self.ready,
+                "stopping": self.stopping,
                 "loaded_at": int(self.loaded_at), "expires_at": int(self.expires_at) if self.expires_at else None,
                 "keep_alive": self.keep_alive, "memory": {"ram": self.memory.ram, "vram": self.memory.vram},
                 "context_size": self.backend.context_size(self.model, self.config)}

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from runlm.store import ModelStore
+from tests.runner.daemon import Daemon
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One daemon for the API tests, with tinycoder in its store."""
+    home = tmp_path_factory.mktemp("runlm-home")
+    ModelStore(home).pull("tinycoder")
+    d = Daemon(home).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(tiny_model) -> Path:
+    return tiny_model("qwen2")
