@@ -210,7 +210,7 @@ class Loader:
                 raise BackendUnavailable(f"model {runner.model_ref!r} failed to load: {runner.error or 'stopped'}",
                                          code="load_failed")
             try:
-                resp = await runner.client.get("/health", timeout=2.0)
+                resp = await runner.client.get(runner.backend.health_path, timeout=2.0)
                 if resp.status_code == 200:
                     return
             except (httpx.HTTPError, RuntimeError):

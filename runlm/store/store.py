@@ -31,7 +31,6 @@ from runlm.store.names import ModelName
 from runlm.store.progress import ProgressCallback, PullProgress
 from runlm.store.sources import Source, fetch_hf, resolve_source
 
-
 SINGLE_FILE_NAME = "model.gguf"
 
 

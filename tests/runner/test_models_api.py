@@ -30,7 +30,8 @@ def test_create_list_inspect_tag(daemon: Daemon) -> None:
 
 def test_delete_refused_while_loaded_unless_forced(daemon: Daemon, qwen2_dir: Path) -> None:
     daemon.http.post("/models/create", json={"from": str(qwen2_dir), "name": "solo"}).read()
-    assert daemon.http.post("/v1/completions", json={"model": "solo", "prompt": "a", "max_tokens": 1}).status_code == 200
+    r = daemon.http.post("/v1/completions", json={"model": "solo", "prompt": "a", "max_tokens": 1})
+    assert r.status_code == 200
     r = daemon.http.delete("/models/solo")
     assert r.status_code == 409 and "loaded" in r.json()["error"]["message"]
     r = daemon.http.delete("/models/solo", params={"force": "true"})

@@ -49,8 +49,8 @@ def test_errors_have_the_openai_shape(daemon: Daemon) -> None:
     r = daemon.http.post("/engines/vllm/v1/chat/completions", json={"model": "tinycoder", "messages": []})
     assert r.status_code == 503 and "Not Installed" in r.json()["error"]["message"]
     # the backend's own validation errors come through unchanged
-    r = daemon.http.post("/v1/chat/completions", json={"model": "tinycoder", "messages": [{"role": "user", "content": "x"}],
-                                                       "temperature": -3})
+    r = daemon.http.post("/v1/chat/completions", json={"model": "tinycoder", "temperature": -3,
+                                                       "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
 
 
@@ -73,3 +73,22 @@ def test_concurrent_first_requests_share_one_load(daemon: Daemon) -> None:
     assert results == [200, 200, 200]
     assert log.read_text().count("--- ") == starts + 1  # one backend process started for all three
     assert len([r for r in daemon.ps() if r["model_name"] == "tinycoder:latest"]) == 1
+
+
+def _llamacpp_installed() -> bool:
+    import importlib.util
+    import shutil
+
+    return bool(shutil.which("llama-server") or importlib.util.find_spec("llama_cpp"))
+
+
+@pytest.mark.skipif(not _llamacpp_installed(),
+                    reason="llama.cpp is not installed here (runlm install-backend llamacpp)")
+def test_llamacpp_backend_through_the_gateway(daemon: Daemon) -> None:
+    c = client(daemon, "/engines/llamacpp/v1")
+    resp = c.completions.create(model="tinycoder", prompt="def add(a, b):", max_tokens=3, temperature=0)
+    assert resp.choices[0].text
+    runners = [r for r in daemon.ps() if r["backend_name"] == "llamacpp"]
+    assert [r["model_name"] for r in runners] == ["tinycoder:latest"]  # a TCP backend, beside the native one
+    assert daemon.http.post("/engines/unload", json={"models": ["tinycoder"], "backend": "llamacpp"}).json() == \
+        {"unloaded_runners": 1}

@@ -14,7 +14,7 @@ from runlm.store.blobs import BlobDigestError
 from runlm.store.download import DownloadError
 from runlm.store.progress import ProgressBar, PullProgress
 from runlm.store.sources import SourceError, resolve_source
-from tests.store.file_server import FileServer, Served
+from tests.store.file_server import Served
 
 
 def test_url_pull_checks_digest_and_names_from_file(store: ModelStore, tinycoder_gguf: Path, file_server) -> None:

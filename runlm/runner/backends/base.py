@@ -56,6 +56,11 @@ class Backend(abc.ABC):
         return False
 
     @property
+    def health_path(self) -> str:
+        """GET path that answers 200 once the model is loaded (the loader polls it)."""
+        return "/health"
+
+    @property
     def uses_tcp(self) -> bool:
         """True when ``run`` gets a 'host:port' address instead of a Unix socket path."""
         return False

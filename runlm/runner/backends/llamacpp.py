@@ -42,6 +42,11 @@ class LlamaCppBackend(ProcessBackend):
     def uses_tcp(self) -> bool:
         return True  # llama-cpp-python's server listens on TCP only
 
+    @property
+    def health_path(self) -> str:
+        # llama-server has /health; llama-cpp-python's server answers /v1/models once the model is loaded
+        return "/health" if self._binary() else "/v1/models"
+
     def _binary(self) -> str | None:
         return shutil.which("llama-server")
 

@@ -1,0 +1,116 @@
+"""Backend protocol: statuses, memory estimates, the command lines they would run."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+
+from runlm.runner.backends import all_backends
+from runlm.runner.backends.base import BackendError
+from runlm.runner.config import BackendConfig, BackendMode, ConfigError
+from runlm.store import ModelStore
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory):
+    store = ModelStore(tmp_path_factory.mktemp("home"))
+    return store, store.pull("smollm2")
+
+
+def test_statuses_follow_the_protocol(tmp_path: Path) -> None:
+    backends = all_backends(tmp_path)
+    assert set(backends) == {"native", "llamacpp", "vllm"}
+    assert backends["native"].status().startswith("Running: runlm")
+    for b in backends.values():
+        assert b.status().split(":")[0] in ("Running", "Error", "Not Installed", "Installing")
+        assert b.name == b.name.lower() and b.disk_usage() >= 0
+    has_llamacpp = shutil.which("llama-server") or importlib.util.find_spec("llama_cpp")
+    assert backends["llamacpp"].status().startswith("Running" if has_llamacpp else "Not Installed")
+    assert backends["vllm"].status().startswith("Not Installed" if not importlib.util.find_spec("vllm") else "Running")
+
+
+def test_absent_backends_refuse_to_run_clearly(tmp_path: Path) -> None:
+    vllm = all_backends(tmp_path)["vllm"]
+    if vllm.installed():
+        pytest.skip("vllm is installed here")
+    with pytest.raises(BackendError, match="Not Installed"):
+        asyncio.run(vllm.run("/tmp/x.sock", "/m", "m", BackendMode.COMPLETION, BackendConfig()))
+    with pytest.raises(BackendError, match="pip install vllm"):
+        asyncio.run(vllm.install())
+
+
+def test_native_memory_grows_with_context(stored, tmp_path: Path) -> None:
+    store, model = stored
+    native = all_backends(tmp_path)["native"]
+    small = native.required_memory(model, BackendConfig(context_size=512))
+    big = native.required_memory(model, BackendConfig(context_size=8192))
+    per_token = model.info.kv_bytes_per_token(4)
+    assert big.ram - small.ram == per_token * (8192 - 512) * 2  # two full-context sequences of fp32 KV
+    assert small.ram > model.info.parameters * 4  # weights are float32 once loaded
+    assert native.context_size(model, BackendConfig(context_size=100_000)) == 8192  # capped by the model
+
+
+def test_native_command_line(stored, tmp_path: Path) -> None:
+    store, model = stored
+    native = all_backends(tmp_path)["native"]
+    argv = native.command("/s.sock", "/m.gguf", "smollm2:latest", model,
+                          BackendConfig(context_size=1024, runtime_flags=["--max-num-seqs", "8"]))
+    assert argv[argv.index("serve-engine") + 1] == "/m.gguf" and argv[argv.index("--uds") + 1] == "/s.sock"
+    assert argv[argv.index("--max-model-len") + 1] == "1024" and argv[-2:] == ["--max-num-seqs", "8"]
+    with pytest.raises(ConfigError, match="not allowed"):
+        native.command("/s.sock", "/m.gguf", "x", model, BackendConfig(runtime_flags=["--api-key", "k"]))
+
+
+def test_llamacpp_and_vllm_command_lines(stored, tmp_path: Path) -> None:
+    store, model = stored
+    b = all_backends(tmp_path)
+    assert b["llamacpp"].uses_tcp and not b["vllm"].uses_tcp and not b["native"].uses_tcp
+    cfg = BackendConfig(context_size=2048, gpu_memory_utilization=0.5, hf_overrides={"rope_theta": 1.0})
+    argv = b["vllm"].command("/s.sock", "/m", "m:latest", BackendMode.EMBEDDING, cfg)
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.5" and "--hf-overrides" in argv
+    assert argv[argv.index("--task") + 1] == "embed"
+    llama = b["llamacpp"].command("127.0.0.1:9999", "/m.gguf", "m", BackendMode.COMPLETION,
+                                  BackendConfig(runtime_flags=["--threads", "2"]), model)
+    assert "9999" in llama and "/m.gguf" in llama
+    assert b["llamacpp"].required_memory(model, BackendConfig()).ram < \
+        b["native"].required_memory(model, BackendConfig()).ram  # llama.cpp keeps the Q4 weights as stored
+
+
+@pytest.mark.skipif(not (shutil.which("llama-server") or importlib.util.find_spec("llama_cpp")),
+                    reason="llama.cpp is not installed here (runlm install-backend llamacpp)")
+def test_llamacpp_serves_a_model(stored, tmp_path: Path) -> None:
+    import httpx
+
+    store, model = stored
+    backend = all_backends(tmp_path)["llamacpp"]
+
+    async def scenario() -> str:
+        from runlm.runner.loader import _free_port
+
+        address = f"127.0.0.1:{_free_port()}"
+        task = asyncio.create_task(backend.run(address, str(store.model_path(model)), "smollm2:latest",
+                                               BackendMode.COMPLETION, BackendConfig(context_size=512)))
+        try:
+            async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as c:
+                for _ in range(600):
+                    try:
+                        if (await c.get(backend.health_path)).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    await asyncio.sleep(0.2)
+                else:
+                    raise TimeoutError("llama.cpp did not become ready")
+                r = await c.post("/v1/completions", json={"model": "smollm2:latest", "max_tokens": 5,
+                                                          "prompt": "The capital of France is", "temperature": 0})
+                return r.json()["choices"][0]["text"]
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    assert asyncio.run(scenario()).strip()
