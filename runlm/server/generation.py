@@ -42,6 +42,9 @@ class Ticket:
 def admit(state: ServerState, engine: AsyncLLM, seqs: int) -> Ticket:
     """Take ``seqs`` places, or answer 503 with Retry-After when the waiting queue is full."""
     capacity = engine.engine.config.max_num_seqs + state.settings.max_waiting
+    if seqs > capacity:
+        raise bad_request(f"this request asks for {seqs} sequences (n x prompts), more than the server holds "
+                          f"at once ({capacity})", "n")
     if state.in_flight_seqs + seqs > capacity:
         state.metrics.rejected.inc()
         raise APIError(503, f"the server is busy: {state.in_flight_seqs} sequences are running or waiting "
@@ -95,7 +98,8 @@ class Generation:
                                                       request_id=f"{self.request_id}-{i}", priority=self.priority):
                     timer.on_output(out)
                     queue.put_nowait((i, out))
-            except asyncio.CancelledError:
+            except asyncio.CancelledError:  # the client went away: the engine request is aborted
+                timer.on_abort()
                 raise
             except BaseException as exc:
                 queue.put_nowait((i, exc))

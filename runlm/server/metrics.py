@@ -112,3 +112,7 @@ class RequestTimer:
                     m.e2e.observe(rm.finished_time - rm.arrival_time)
                 if rm.first_scheduled_time is not None:
                     m.queue_time.observe(rm.first_scheduled_time - rm.arrival_time)
+
+    def on_abort(self) -> None:
+        m = self.metrics
+        m.finished.labels(m.model_name, "abort").inc()
