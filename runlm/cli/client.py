@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Iterator
 
@@ -29,7 +30,9 @@ class Daemon:
         import httpx
 
         self.url = url
-        self.http = httpx.Client(base_url=url, timeout=httpx.Timeout(None, connect=5.0))
+        key = os.environ.get("RUNLM_API_KEY")
+        self.http = httpx.Client(base_url=url, timeout=httpx.Timeout(None, connect=5.0),
+                                 headers={"Authorization": f"Bearer {key}"} if key else None)
 
     def call(self, method: str, path: str, body: dict | None = None, **params: Any) -> Any:
         resp = self.http.request(method, path, json=body, params=params or None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import time
 
@@ -136,7 +137,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="memory for loaded models, e.g. 8GiB (default: 75%% of RAM)")
     p.add_argument("--keep-alive", default=None, metavar="DURATION",
                    help="how long an idle model stays loaded (default 5m; 0 = unload at once; -1 = forever)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--api-key", default=os.environ.get("RUNLM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every request (default: $RUNLM_API_KEY)")
     p.add_argument("--force", action="store_true", help="start even if daemon.json names a live daemon")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("ps", help="list loaded models")

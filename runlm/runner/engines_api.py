@@ -110,7 +110,7 @@ async def configure(request: Request, backend: str | None = None) -> JSONRespons
     model = await loader.model(name)
     try:
         config = BackendConfig.from_json(body)
-        loader.backend(_check_backend(request, backend), model).check_flags(config.runtime_flags)
+        loader.backend(_check_backend(request, backend), model).check_config(config)
     except ConfigError as exc:
         raise BadRequest(str(exc)) from None
     await loader.configure(model, backend, config)

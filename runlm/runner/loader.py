@@ -134,9 +134,9 @@ class Loader:
             raise BackendUnavailable(f"backend {backend.name!r} cannot run models: {backend.status()}")
         config = await self._resolved_config(model)
         try:
-            backend.check_flags(config.runtime_flags)
+            backend.check_config(config)
         except ConfigError as exc:
-            raise BadRequest(str(exc), param="runtime_flags") from None
+            raise BadRequest(str(exc)) from None
         need = backend.required_memory(model, config)
         if not self.budget.can_ever_fit(need):
             raise ModelTooLarge(

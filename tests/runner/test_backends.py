@@ -114,3 +114,14 @@ def test_llamacpp_serves_a_model(stored, tmp_path: Path) -> None:
             await asyncio.gather(task, return_exceptions=True)
 
     assert asyncio.run(scenario()).strip()
+
+
+def test_settings_a_backend_cannot_honour_are_refused(tmp_path: Path) -> None:
+    b = all_backends(tmp_path)
+    spec = BackendConfig.from_json({"speculative": {"draft_model": "tinycoder", "num_tokens": 4}})
+    with pytest.raises(ConfigError, match="draft model"):
+        b["native"].check_config(spec)
+    b["vllm"].check_config(spec)  # vLLM takes a draft model
+    spec.speculative.draft_model_path = "/d"
+    argv = b["vllm"].command("/s", "/m", "m", BackendMode.COMPLETION, spec)
+    assert '"num_speculative_tokens": 4' in argv[argv.index("--speculative-config") + 1]

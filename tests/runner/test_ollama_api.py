@@ -79,3 +79,24 @@ def test_load_and_unload_with_empty_requests(daemon: Daemon) -> None:
     assert unloaded.done_reason == "unload" and daemon.wait_unloaded("tinycoder:latest", timeout=2)
     with pytest.raises(ollama.ResponseError, match="keep_alive"):
         c.generate(model="tinycoder", prompt="x", keep_alive="soon")
+
+
+def test_embed_translates_to_the_backends_embeddings(daemon: Daemon) -> None:
+    c = client(daemon)
+    c.pull("minilm")
+    try:
+        out = c.embed(model="minilm", input=["The cat sat.", "A cat was sitting.", "Stock prices fell."])
+    except ollama.ResponseError as exc:
+        if "embed" in exc.error.lower() or "failed to load" in exc.error:
+            pytest.skip(f"this serve-engine cannot serve embeddings yet: {exc.error[:120]}")
+        raise
+    vecs = out.embeddings
+    assert len(vecs) == 3 and len(vecs[0]) == 384
+
+    def cos(a: list[float], b: list[float]) -> float:
+        dot = sum(x * y for x, y in zip(a, b))
+        return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
+
+    assert cos(vecs[0], vecs[1]) > cos(vecs[0], vecs[2])  # a real sentence-embedding model
+    legacy = daemon.http.post("/api/embeddings", json={"model": "minilm", "prompt": "The cat sat."}).json()
+    assert len(legacy["embedding"]) == 384

@@ -97,6 +97,16 @@ class Backend(abc.ABC):
         """The context length the backend will run ``model`` with."""
         return min(config.context_size or DEFAULT_CONTEXT, model.info.context_length or DEFAULT_CONTEXT)
 
+    supports_speculative = False
+
+    def check_config(self, config: BackendConfig) -> None:
+        """Raise ConfigError for settings this backend cannot honour (rather than silently ignoring them)."""
+        from runlm.runner.config import ConfigError
+
+        self.check_flags(config.runtime_flags)
+        if config.speculative is not None and not self.supports_speculative:
+            raise ConfigError(f"speculative: the {self.name} backend does not support a draft model")
+
     def check_flags(self, flags: list[str]) -> list[str]:
         """The runtime flags this backend accepts, validated; raises ConfigError for any other."""
         from runlm.runner.backends.flags import validate_flags

@@ -43,6 +43,10 @@ class LlamaCppBackend(ProcessBackend):
         return True  # llama-cpp-python's server listens on TCP only
 
     @property
+    def supports_speculative(self) -> bool:  # type: ignore[override]
+        return self._binary() is not None  # llama-server takes a draft model; llama-cpp-python's server does not
+
+    @property
     def health_path(self) -> str:
         # llama-server has /health; llama-cpp-python's server answers /v1/models once the model is loaded
         return "/health" if self._binary() else "/v1/models"
@@ -109,6 +113,10 @@ class LlamaCppBackend(ProcessBackend):
                 argv.append("--reranking")
             if config.reasoning_budget is not None:
                 argv += ["--reasoning-budget", str(config.reasoning_budget)]
+            spec = config.speculative
+            if spec is not None and spec.draft_model_path:
+                argv += ["--model-draft", spec.draft_model_path, "--draft-max", str(spec.num_tokens),
+                         "--draft-p-min", str(spec.min_acceptance_rate)]
             return argv + flags
         argv = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", host, "--port", port,
                 "--model_alias", model_ref, "--n_ctx", ctx]

@@ -30,6 +30,7 @@ def _version() -> str | None:
 
 class VLLMBackend(ProcessBackend):
     name = "vllm"
+    supports_speculative = True
     allowed_flags = {"--max-num-seqs": is_int, "--tensor-parallel-size": is_int, "--enforce-eager": None,
                      "--max-num-batched-tokens": is_int}
 
@@ -61,6 +62,10 @@ class VLLMBackend(ProcessBackend):
             argv += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
         if config.hf_overrides:
             argv += ["--hf-overrides", json.dumps(config.hf_overrides)]
+        spec = config.speculative
+        if spec is not None and spec.draft_model_path:
+            argv += ["--speculative-config", json.dumps({"model": spec.draft_model_path,
+                                                         "num_speculative_tokens": spec.num_tokens})]
         if mode is BackendMode.EMBEDDING:
             argv += ["--task", "embed"]
         elif mode is BackendMode.RERANKING:

@@ -1,0 +1,23 @@
+"""An API key on the daemon: every route but the liveness ones needs it; the CLI sends $RUNLM_API_KEY."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from runlm.store import ModelStore
+from tests.runner.daemon import Daemon, runlm
+
+
+def test_api_key_is_required_and_the_cli_sends_it(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "home")
+    store.pull("tinycoder")
+    d = Daemon(store.home, ("--api-key", "s3cret")).start()
+    try:
+        r = d.http.get("/v1/models")
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert d.http.get("/api/tags").status_code == 401
+        assert d.http.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert runlm(store.home, "ls").returncode == 1
+        ok = runlm(store.home, "ls", RUNLM_API_KEY="s3cret")
+        assert ok.returncode == 0 and "tinycoder:latest" in ok.stdout
+    finally:
+        d.stop()
