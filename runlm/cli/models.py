@@ -37,9 +37,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
                 if msg["type"] == "progress":
                     bar(PullProgress(msg["message"], None, msg.get("total", 0), msg.get("pulled", 0)))
                 elif msg["type"] == "error":
-                    raise CLIError(msg["message"])
-                else:
-                    bar(PullProgress("success"))
+                    raise CLIError(msg["message"])  # (the progress stream already ended with "success")
         else:
             try:
                 ModelStore().pull(args.source, args.name, progress=bar)
