@@ -161,6 +161,8 @@ class Loader:
             await self.unload(runner)
             raise
         runner.ready = True
+        # until a request takes it: a load whose clients all hung up must still expire
+        runner.expires_at = time.time() + runner.keep_alive if runner.keep_alive >= 0 else None
         return runner
 
     async def _resolved_config(self, model: StoredModel) -> BackendConfig:
