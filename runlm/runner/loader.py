@@ -28,6 +28,7 @@ from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore, Stored
 
 LOAD_TIMEOUT = float(os.environ.get("RUNLM_LOAD_TIMEOUT", "600"))
 ROOM_WAIT_SECONDS = 30.0
+FRESH_RUNNER_GRACE_SECONDS = 5.0
 
 
 def _free_port() -> int:
@@ -161,8 +162,10 @@ class Loader:
             await self.unload(runner)
             raise
         runner.ready = True
-        # until a request takes it: a load whose clients all hung up must still expire
-        runner.expires_at = time.time() + runner.keep_alive if runner.keep_alive >= 0 else None
+        # until a request takes it (a load whose clients all hung up must still expire); the grace
+        # keeps the janitor off a fresh runner before its waiting requests have resumed
+        grace = max(runner.keep_alive, FRESH_RUNNER_GRACE_SECONDS)
+        runner.expires_at = time.time() + grace if runner.keep_alive >= 0 else None
         return runner
 
     async def _resolved_config(self, model: StoredModel) -> BackendConfig:
