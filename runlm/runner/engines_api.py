@@ -113,9 +113,9 @@ async def configure(request: Request, backend: str | None = None) -> JSONRespons
         loader.backend(_check_backend(request, backend), model).check_config(config)
     except ConfigError as exc:
         raise BadRequest(str(exc)) from None
-    await loader.configure(model, backend, config)
-    return JSONResponse({"model": str(model.name), "backend": backend or loader.backend(None, model).name,
-                         "config": config.to_json()}, status_code=202)
+    chosen = await loader.configure(model, backend, config)
+    return JSONResponse({"model": str(model.name), "backend": chosen.name, "config": config.to_json()},
+                        status_code=202)
 
 
 @router.get("/metrics")

@@ -43,7 +43,9 @@ class Loader:
         self.store, self.backends, self.budget = store, backends, budget
         self.default_keep_alive = default_keep_alive
         self.runners: dict[RunnerKey, Runner] = {}
-        self.configs: dict[str, tuple[str | None, BackendConfig]] = {}  # model id -> (backend, config)
+        # settings from _configure, per (model id, backend): runtime flags mean something to one backend only
+        self.configs: dict[tuple[str, str], BackendConfig] = {}
+        self.preferred_backend: dict[str, str] = {}  # model id -> backend named in its _configure
         self._loading: dict[RunnerKey, asyncio.Task] = {}
         self._memory_lock = asyncio.Lock()
         self._released = asyncio.Condition()
@@ -62,15 +64,15 @@ class Loader:
             raise NotFound(str(exc), param="model", code="model_not_found") from None
 
     def backend(self, name: str | None, model: StoredModel | None = None) -> Backend:
-        configured = self.configs.get(model.id, (None, None))[0] if model else None
+        configured = self.preferred_backend.get(model.id) if model else None
         chosen = name or configured or DEFAULT_BACKEND
         backend = self.backends.get(chosen)
         if backend is None:
             raise NotFound(f"unknown backend {chosen!r} (backends: {', '.join(self.backends)})", param="backend")
         return backend
 
-    def config_for(self, model: StoredModel) -> BackendConfig:
-        return self.configs.get(model.id, (None, BackendConfig()))[1]
+    def config_for(self, model: StoredModel, backend: str) -> BackendConfig:
+        return self.configs.get((model.id, backend), BackendConfig())
 
     def is_loaded(self, model: StoredModel) -> bool:
         return any(r.model.id == model.id for r in self.runners.values())
@@ -133,7 +135,7 @@ class Loader:
     async def _load(self, key: RunnerKey, backend: Backend, model: StoredModel, mode: BackendMode) -> Runner:
         if not backend.installed():
             raise BackendUnavailable(f"backend {backend.name!r} cannot run models: {backend.status()}")
-        config = await self._resolved_config(model)
+        config = await self._resolved_config(model, backend.name)
         try:
             backend.check_config(config)
         except ConfigError as exc:
@@ -168,8 +170,8 @@ class Loader:
         runner.expires_at = time.time() + grace if runner.keep_alive >= 0 else None
         return runner
 
-    async def _resolved_config(self, model: StoredModel) -> BackendConfig:
-        config = self.config_for(model)
+    async def _resolved_config(self, model: StoredModel, backend: str) -> BackendConfig:
+        config = self.config_for(model, backend)
         if config.speculative and config.speculative.draft_model_path is None:
             draft = await self.model(config.speculative.draft_model)
             path = await asyncio.to_thread(self.store.model_path, draft)
@@ -245,16 +247,19 @@ class Loader:
         await asyncio.gather(*(self.unload(r) for r in chosen))
         return len(chosen)
 
-    async def configure(self, model: StoredModel, backend: str | None, config: BackendConfig) -> None:
-        """Set how ``model`` loads from now on; an idle loaded copy is unloaded so the next request uses it."""
-        mine = [r for r in self.runners.values() if r.model.id == model.id]
+    async def configure(self, model: StoredModel, backend_name: str | None, config: BackendConfig) -> Backend:
+        """Set how ``model`` loads on a backend from now on (naming the backend also makes it the model's
+        default); an idle loaded copy is unloaded so the next request uses the new settings."""
+        backend = self.backend(backend_name, model)
+        mine = [r for r in self.runners.values() if r.model.id == model.id and r.backend is backend]
         if any(r.in_use or not r.ready for r in mine):
             raise Conflict(f"model {str(model.name)!r} is in use; configure it when its requests are done "
                            f"(or unload it first)", code="runner_active")
-        if backend is not None:
-            self.backend(backend)
-        self.configs[model.id] = (backend, config)
+        self.configs[(model.id, backend.name)] = config
+        if backend_name is not None:
+            self.preferred_backend[model.id] = backend_name
         await asyncio.gather(*(self.unload(r) for r in mine))
+        return backend
 
     async def start(self) -> None:
         self._janitor = asyncio.create_task(self._expire_loop())

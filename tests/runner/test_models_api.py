@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -84,7 +85,14 @@ def test_configure_validates_and_is_refused_while_busy(daemon: Daemon) -> None:
     finished.set()
     t.join()
     assert r.status_code == 409 and r.json()["error"]["code"] == "runner_active"
-    daemon.http.post("/engines/_configure", json={"model": "tinycoder"})  # back to defaults
+    # settings belong to one backend: llama.cpp does not get the native flags
+    r = daemon.http.post("/engines/llamacpp/_configure",
+                         json={"model": "tinycoder", "runtime-flags": ["--max-num-seqs", "4"]})
+    assert r.status_code == 400 and "llamacpp" in r.json()["error"]["message"]
+    deadline = time.monotonic() + 60
+    while daemon.http.post("/engines/_configure", json={"model": "tinycoder"}).status_code != 202:  # back to defaults
+        assert time.monotonic() < deadline, "the hung-up stream never released the model"
+        time.sleep(0.2)
 
 
 def test_metrics_are_labelled_by_model(daemon: Daemon) -> None:
