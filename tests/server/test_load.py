@@ -119,6 +119,16 @@ def test_disconnect_aborts_at_once(server) -> None:
     assert after["runlm:kv_cache_usage_perc"] == 0
 
 
+def test_disconnect_aborts_a_whole_answer_too(server) -> None:
+    wait_idle(server)
+    aborted = metrics(server).get(ABORTED, 0)
+    body = {"prompt": "a story", "max_tokens": 480, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(f"{server.base_url}/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
+    after = wait_idle(server, timeout=10)
+    assert after[ABORTED] == aborted + 1 and after["runlm:kv_cache_usage_perc"] == 0
+
+
 def test_full_queue_is_503_with_retry_after(server) -> None:
     wait_idle(server)
     hold = {"prompt": "hold", "n": 60, "max_tokens": 400, "stream": True, "ignore_eos": True}
