@@ -156,6 +156,7 @@ def test_metrics_exposition(server) -> None:
         assert f"\n{name}" in text, name
     m = metrics(server)
     assert m["runlm:time_to_first_token_seconds_count"] >= 1 and m["runlm:prefix_cache_queries_total"] > 0
+    assert m["runlm:request_queue_time_seconds_count"] >= 1 and m["runlm:e2e_request_latency_seconds_count"] >= 1
 
 
 def test_cors_for_allowed_origins_only(server) -> None:
