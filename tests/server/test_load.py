@@ -31,7 +31,7 @@ def metrics(server) -> dict[str, float]:
     text = httpx.get(f"{server.url}/metrics").text
     out = {}
     for line in text.splitlines():
-        m = re.match(r'^(runlm:[a-z_]+)(?:\{([^}]*)\})? (\S+)$', line)
+        m = re.match(r'^(runlm:[a-z0-9_]+)(?:\{([^}]*)\})? (\S+)$', line)
         if m and 'le="' not in (m.group(2) or ""):
             key = m.group(1) + (f"{{{m.group(2)}}}" if "finished_reason" in (m.group(2) or "") else "")
             out[key] = float(m.group(3))
@@ -147,6 +147,8 @@ def test_full_queue_is_503_with_retry_after(server) -> None:
 
 
 def test_metrics_exposition(server) -> None:
+    r = httpx.post(f"{server.base_url}/completions", json={"prompt": "metrics", "max_tokens": 3}, timeout=60)
+    assert r.status_code == 200
     text = httpx.get(f"{server.url}/metrics").text
     for name in ("runlm:num_requests_running", "runlm:num_requests_waiting", "runlm:kv_cache_usage_perc",
                  "runlm:prefix_cache_queries_total", "runlm:prefix_cache_hits_total", "runlm:prompt_tokens_total",
