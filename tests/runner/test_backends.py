@@ -51,8 +51,19 @@ def test_native_memory_grows_with_context(stored, tmp_path: Path) -> None:
     big = native.required_memory(model, BackendConfig(context_size=8192))
     per_token = model.info.kv_bytes_per_token(4)
     assert big.ram - small.ram == per_token * (8192 - 512) * 2  # two full-context sequences of fp32 KV
-    assert small.ram > model.info.parameters * 4  # weights are float32 once loaded
     assert native.context_size(model, BackendConfig(context_size=100_000)) == 8192  # capped by the model
+
+
+def test_native_weight_estimate_is_what_the_engine_allocates(stored) -> None:
+    from runlm.models.registry import load_decoder
+    from runlm.runner.backends.native import weight_bytes
+
+    store, model = stored
+    loaded = load_decoder(store.model_path(model)).model  # Q4_1 matrices stay int8 blocks, the rest float32
+    tensors = {t.data_ptr(): t.numel() * t.element_size() for t in [*loaded.parameters(), *loaded.buffers()]
+               if t.device.type != "meta"}
+    assert weight_bytes(model) == sum(tensors.values())
+    assert weight_bytes(model) < model.info.parameters * 2.2  # far below float32's 4 bytes per weight
 
 
 def test_native_command_line(stored, tmp_path: Path) -> None:

@@ -18,7 +18,17 @@ RUNTIME_OVERHEAD = 400 << 20
 # KV cache reserved per model: room for this many sequences at the full context
 KV_SEQUENCES = 2
 MIN_KV_BYTES = 16 << 20
-BYTES_PER_WEIGHT = 4  # CPU: weights are dequantized to float32 on load
+BYTES_PER_WEIGHT = 4  # float32: what weights are dequantized to on load, unless kept as int8 blocks
+BYTES_PER_BLOCK32_WEIGHT = 1.25  # int8 value + a float scale and offset per 32 values
+
+
+def weight_bytes(model: StoredModel) -> int:
+    """Weights in memory: int8 blocks for matrices stored Q4_0..Q8_0 (and the tied output layer's copy of
+    block-quantized embeddings), float32 for the rest."""
+    info = model.info
+    dense = info.parameters - info.block32_matrix_params
+    tied_copy = info.block32_embedding_params if info.tied_embeddings else 0
+    return int(dense * BYTES_PER_WEIGHT + (info.block32_matrix_params + tied_copy) * BYTES_PER_BLOCK32_WEIGHT)
 
 
 def kv_cache_bytes(model: StoredModel, context: int) -> int:
@@ -43,7 +53,7 @@ class NativeBackend(ProcessBackend):
         return 0
 
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
-        weights = model.info.parameters * BYTES_PER_WEIGHT
+        weights = weight_bytes(model)
         kv = kv_cache_bytes(model, self.context_size(model, config))
         return RequiredMemory(ram=weights + kv + RUNTIME_OVERHEAD, vram=0)
 
