@@ -1,8 +1,8 @@
 """BERT encoders: BertModel (sentence embeddings) and BertForSequenceClassification (cross-encoders).
 
 The batch arrives flattened like the decoder's ([T] tokens, sequences back to back, lengths in the
-forward context); every linear layer runs on the flat batch and only attention pads it to
-[B, L_max] with a key mask, because BERT attends both ways within each sequence. Q/K/V are fused
+forward context); every linear layer runs on the flat batch and only attention pads it, in groups
+of similar length with a key mask, because BERT attends both ways within each sequence. Q/K/V are fused
 into one matmul as in the decoder; parameter names otherwise follow Hugging Face's.
 """
 from __future__ import annotations
@@ -55,29 +55,55 @@ class BertConfig:
                    float(cfg.get("layer_norm_eps", 1e-12)), act, labels if classifier else 0)
 
 
-class _Padding:
-    """Where each flat token sits in a padded [B, L_max] batch, and which keys are real."""
+class _Groups:
+    """The batch cut into groups of similar length, each padded to [B_g, L_g] for one attention call.
+
+    Padding every sequence to the batch's longest would make one long prompt cost a short one
+    hundreds of wasted query rows; sorting by length and cutting where padding would exceed about a
+    quarter of the real tokens keeps the waste small with few calls. Padding rows repeat a real
+    token (masked out as keys, dropped as queries), so gathering needs no zero row.
+    """
 
     def __init__(self, query_lens: list[int], device: torch.device) -> None:
-        self.batch, self.max_len = len(query_lens), max(query_lens)
-        lens = torch.tensor(query_lens, device=device)
-        starts = torch.arange(self.batch, device=device) * self.max_len
-        offsets = torch.arange(int(lens.sum()), device=device) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-        self.index = torch.repeat_interleave(starts, lens) + offsets
-        keys = torch.arange(self.max_len, device=device)[None, :] < lens[:, None]
-        self.mask = None if self.batch == 1 else keys[:, None, None, :]  # [B, 1, 1, L]
+        starts = [0]
+        for n in query_lens[:-1]:
+            starts.append(starts[-1] + n)
+        order = sorted(range(len(query_lens)), key=query_lens.__getitem__)
+        self.groups: list[tuple[torch.Tensor, torch.Tensor | None, int, int]] = []  # gather, mask, B, L
+        inverse = [0] * (starts[-1] + query_lens[-1])  # flat token -> row of the groups' outputs, stacked
+        members: list[int] = []
+        rows = 0
+        for i in order + [-1]:
+            if members and (i < 0 or (len(members) + 1) * query_lens[i]
+                            > 1.25 * (sum(query_lens[m] for m in members) + query_lens[i]) + 32):
+                rows = self._add(members, query_lens, starts, inverse, rows, device)
+                members = []
+            members.append(i)
+        self.inverse = torch.tensor(inverse, device=device)
 
-    def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, H, D] -> [B, H, L, D]"""
-        if self.batch == 1:
-            return x.transpose(0, 1)[None]
-        out = x.new_zeros(self.batch * self.max_len, *x.shape[1:]).index_copy_(0, self.index, x)
-        return out.view(self.batch, self.max_len, *x.shape[1:]).transpose(1, 2)
+    def _add(self, members: list[int], lens: list[int], starts: list[int], inverse: list[int], rows: int,
+             device: torch.device) -> int:
+        width = max(lens[m] for m in members)
+        gather: list[int] = []
+        for row, m in enumerate(members):
+            gather += range(starts[m], starts[m] + lens[m])
+            gather += [starts[m]] * (width - lens[m])
+            inverse[starts[m]:starts[m] + lens[m]] = range(rows + row * width, rows + row * width + lens[m])
+        mask = None
+        if any(lens[m] != width for m in members):
+            key_lens = torch.tensor([lens[m] for m in members], device=device)
+            mask = (torch.arange(width, device=device)[None, :] < key_lens[:, None])[:, None, None, :]
+        self.groups.append((torch.tensor(gather, device=device), mask, len(members), width))
+        return rows + len(members) * width
 
-    def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, H, L, D] -> [T, H * D]"""
-        b, h, length, d = x.shape
-        return x.transpose(1, 2).reshape(b * length, h * d)[self.index]
+    def attend(self, qkv: torch.Tensor, heads: int, head_dim: int, scale: float) -> torch.Tensor:
+        """qkv [T, 3 * H * D] -> attention output [T, H * D], each sequence attending only to itself."""
+        outs = []
+        for gather, mask, batch, width in self.groups:
+            g = qkv.index_select(0, gather).view(batch, width, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+            o = F.scaled_dot_product_attention(g[0], g[1], g[2], attn_mask=mask, scale=scale)  # [B, H, L, D]
+            outs.append(o.transpose(1, 2).reshape(batch * width, heads * head_dim))
+        return (outs[0] if len(outs) == 1 else torch.cat(outs)).index_select(0, self.inverse)
 
 
 class BertLayer(nn.Module):
@@ -93,11 +119,9 @@ class BertLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
         self.act = _ACTIVATIONS[cfg.hidden_act]
 
-    def forward(self, x: torch.Tensor, padding: _Padding) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = (padding.pad(y.view(t, self.heads, self.head_dim)) for y in self.qkv(x).chunk(3, dim=-1))
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=padding.mask, scale=1 / math.sqrt(self.head_dim))
-        x = self.attn_norm(x + self.attn_out(padding.unpad(o)))
+    def forward(self, x: torch.Tensor, groups: _Groups) -> torch.Tensor:
+        o = groups.attend(self.qkv(x), self.heads, self.head_dim, 1 / math.sqrt(self.head_dim))
+        x = self.attn_norm(x + self.attn_out(o))
         return self.ffn_norm(x + self.ffn_out(self.act(self.ffn_in(x))))
 
 
@@ -129,9 +153,9 @@ class BertModel(nn.Module):
         types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(types)
         x = self.embed_norm(x)
-        padding = _Padding(get_forward_context().query_lens, input_ids.device)
+        groups = _Groups(get_forward_context().query_lens, input_ids.device)
         for layer in self.layers:
-            x = layer(x, padding)
+            x = layer(x, groups)
         return x
 
     def pooled(self, hidden: torch.Tensor, query_lens: list[int]) -> torch.Tensor:

@@ -88,9 +88,7 @@ def pool(hidden: torch.Tensor, query_lens: list[int], mode: str) -> torch.Tensor
     elif mode == "last":
         out = hidden[ends - 1]
     else:
-        seg = torch.repeat_interleave(torch.arange(len(query_lens), device=hidden.device), lens)
-        sums = torch.zeros(len(query_lens), hidden.shape[1], dtype=torch.float32, device=hidden.device)
-        out = sums.index_add_(0, seg, hidden.float()) / lens[:, None]
+        out = torch.stack([chunk.float().mean(0) for chunk in hidden.split(query_lens)])
     return out.float()
 
 
