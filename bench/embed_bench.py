@@ -16,6 +16,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,12 +53,15 @@ def start_server(model: str, batched_tokens: int) -> tuple[subprocess.Popen, str
     proc = subprocess.Popen([sys.executable, "-m", "runlm.cli", "serve-engine", model, "--port", "0",
                              "--max-num-batched-tokens", str(batched_tokens), "--log-level", "warning"],
                             env=env, stderr=subprocess.PIPE, text=True)
-    line = proc.stderr.readline()
-    m = re.search(r"on (http://\S+)", line)
-    if not m:
-        proc.kill()
-        raise RuntimeError(f"the server did not start: {line}")
-    return proc, m.group(1)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        m = re.search(r" on (http://\S+)", line)
+        if m:
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # keep draining
+            return proc, m.group(1)
+    proc.kill()
+    raise RuntimeError("the server did not start:\n" + "".join(seen))
 
 
 def run_api(base_url: str, model: str, texts: list[str], batch: int, concurrency: int):
