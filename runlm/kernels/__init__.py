@@ -1,0 +1,4 @@
+"""Native CPU kernels, compiled on first use (torch.utils.cpp_extension)."""
+from runlm.kernels.linear import available, linear
+
+__all__ = ["available", "linear"]
