@@ -72,13 +72,14 @@ class _Groups:
         self.groups: list[tuple[torch.Tensor, torch.Tensor | None, int, int]] = []  # gather, mask, B, L
         inverse = [0] * (starts[-1] + query_lens[-1])  # flat token -> row of the groups' outputs, stacked
         members: list[int] = []
-        rows = 0
+        rows = real = 0
         for i in order + [-1]:
-            if members and (i < 0 or (len(members) + 1) * query_lens[i]
-                            > 1.25 * (sum(query_lens[m] for m in members) + query_lens[i]) + 32):
+            # sorted ascending, so the newcomer is the longest: would the group's padding grow too much?
+            if members and (i < 0 or (len(members) + 1) * query_lens[i] > 1.25 * (real + query_lens[i]) + 32):
                 rows = self._add(members, query_lens, starts, inverse, rows, device)
-                members = []
+                members, real = [], 0
             members.append(i)
+            real += query_lens[i]
         self.inverse = torch.tensor(inverse, device=device)
 
     def _add(self, members: list[int], lens: list[int], starts: list[int], inverse: list[int], rows: int,

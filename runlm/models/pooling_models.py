@@ -92,7 +92,8 @@ def load_pooling_model(path: str | Path, task: str = "auto", dtype: torch.dtype 
     hf = read_hf_config(path)
     source = str(path / "config.json")
     archs = hf.get("architectures") or []
-    classifier = any(a.endswith("ForSequenceClassification") for a in archs)
+    from_tokens = hf.get("classifier_from_token")  # a causal LM scored by its "yes"/"no" logits (vLLM's key)
+    classifier = any(a.endswith("ForSequenceClassification") for a in archs) or bool(from_tokens)
     if task == "auto":
         task = "score" if classifier else "embed"
     if task == "score" and not classifier:
@@ -110,16 +111,41 @@ def load_pooling_model(path: str | Path, task: str = "auto", dtype: torch.dtype 
     else:
         dcfg = ModelConfig.from_hf(hf, source)
         num_labels = (len(hf.get("id2label") or {}) or int(hf.get("num_labels", 2))) if task == "score" else 0
+        num_labels = 1 if from_tokens and task == "score" else num_labels
         with torch.device("meta"):  # no random init: load_weights fills every parameter
             model = DecoderPoolingModel(dcfg, pooler.mode, num_labels)
         model = model.to_empty(device="cpu")
         hidden, vocab, max_len = dcfg.hidden_size, dcfg.vocab_size, dcfg.max_position_embeddings
+    tokenizer = Tokenizer.from_dir(path)
+    weights = safetensors_weights(path)
+    if from_tokens and task == "score" and not is_bert:
+        weights = _score_from_token_logits(weights, _token_ids(tokenizer, from_tokens, source),
+                                           bool(hf.get("tie_word_embeddings", False)))
     try:
-        model.load_weights(safetensors_weights(path))
+        model.load_weights(weights)
     except (KeyError, RuntimeError) as exc:
         raise ModelFormatError(f"{path}: weights do not fit the config: {exc}") from None
     if pooler.max_seq_length is not None:
         max_len = min(max_len, pooler.max_seq_length)
     model = model.to(device=device, dtype=dtype).eval()
-    return LoadedPoolingModel(model, Tokenizer.from_dir(path), task, pooler, max_len, vocab, hidden,
+    return LoadedPoolingModel(model, tokenizer, task, pooler, max_len, vocab, hidden,
                               num_labels, _activation(hf, num_labels), path)
+
+
+def _token_ids(tokenizer: Tokenizer, tokens: object, source: str) -> list[int]:
+    ids = [tokenizer.hf.token_to_id(t) for t in tokens] if isinstance(tokens, list) else []
+    if len(ids) not in (1, 2) or None in ids:
+        raise ModelFormatError(f"{source}: classifier_from_token must name one or two tokens of the vocabulary "
+                               f"(such as [\"no\", \"yes\"]), not {tokens!r}")
+    return ids
+
+
+def _score_from_token_logits(weights: Iterable[tuple[str, torch.Tensor]], ids: list[int],
+                             tied: bool) -> Iterable[tuple[str, torch.Tensor]]:
+    """A one-label head from LM-head rows: logit(yes) - logit(no), whose sigmoid is P(yes) of the two."""
+    head = "embed_tokens.weight" if tied else "lm_head.weight"
+    for name, tensor in weights:
+        if name.removeprefix("model.") == head:
+            rows = tensor[ids]
+            yield "score.weight", (rows[-1] - rows[0] if len(ids) == 2 else rows[0])[None]
+        yield name, tensor

@@ -38,7 +38,7 @@ def model_task(path: Path) -> str:
         return "embed" if GGUFFile(path).architecture in _ENCODER_GGUF_ARCHS else "generate"
     cfg = read_hf_config(path)
     archs = cfg.get("architectures") or []
-    if any(a.endswith("ForSequenceClassification") for a in archs):
+    if any(a.endswith("ForSequenceClassification") for a in archs) or cfg.get("classifier_from_token"):
         return "score"
     is_encoder = any(a in _ENCODER_HF_ARCHS for a in archs) or cfg.get("model_type") in ("bert", "roberta")
     # a bare decoder body (Qwen3Model) or one shipped with a sentence-transformers pooler embeds

@@ -182,3 +182,19 @@ def test_async_encode_batches_concurrent_requests(tiny_model) -> None:
     for g, e in zip(got, expected):
         assert torch.allclose(g, e, atol=1e-5)
     assert steps == 1  # twelve requests, one batch
+
+
+def test_yes_no_reranker_matches_transformers(tiny_model) -> None:
+    """A causal LM with classifier_from_token: score = sigmoid(logit("yes") - logit("no")) at the last token."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tiny_model("qwen3-yes-no-reranker")
+    llm = LLM(str(path))
+    assert llm.get_supported_tasks() == ("classify", "score")
+    query, docs = "is a fox quick", TEXTS[:3]
+    ours = torch.tensor([o.outputs.score for o in llm.score(query, docs, use_tqdm=False)])
+    tok, model = AutoTokenizer.from_pretrained(str(path)), AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    no, yes = tok.convert_tokens_to_ids(["no", "yes"])
+    with torch.no_grad():
+        logits = torch.stack([model(**tok(query, d, return_tensors="pt")).logits[0, -1] for d in docs])
+    assert torch.allclose(ours, torch.sigmoid(logits[:, yes] - logits[:, no]), atol=1e-5)
