@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from runlm import kernels
 
 linear_mod = importlib.import_module("runlm.kernels.linear")  # the module; the package exports the function
+build_mod = importlib.import_module("runlm.kernels.build")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -158,9 +159,10 @@ def test_build_failure_falls_back(monkeypatch, caplog):
         raise RuntimeError("Error building extension 'runlm_linear_v1'\nno compiler")
 
     monkeypatch.setattr(cpp, "load", broken)
+    monkeypatch.setattr(build_mod, "_loaded", {})
     monkeypatch.setattr(linear_mod, "_state", None)
     monkeypatch.setattr(linear_mod, "_ext", None)
-    with caplog.at_level(logging.WARNING, logger="runlm.kernels.linear"):
+    with caplog.at_level(logging.WARNING, logger="runlm.kernels.build"):
         assert kernels.available() is False
         assert kernels.available() is False  # cached: no second attempt, no second warning
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
@@ -169,10 +171,11 @@ def test_build_failure_falls_back(monkeypatch, caplog):
 
 
 def test_cpu_without_avx2_falls_back(monkeypatch, caplog):
-    monkeypatch.setattr(linear_mod, "_cpu_has_avx2_fma", lambda: False)
+    monkeypatch.setattr(build_mod, "cpu_has_avx2_fma", lambda: False)
+    monkeypatch.setattr(build_mod, "_loaded", {})
     monkeypatch.setattr(linear_mod, "_state", None)
     monkeypatch.setattr(linear_mod, "_ext", None)
-    with caplog.at_level(logging.WARNING, logger="runlm.kernels.linear"):
+    with caplog.at_level(logging.WARNING, logger="runlm.kernels.build"):
         assert kernels.available() is False
     assert not caplog.records  # an old CPU is not a problem worth a warning
     x, w, _ = _data(2, 3, 8)
