@@ -111,10 +111,9 @@ class LLM:
                                use_tqdm)
         if "embed" not in self.get_supported_tasks():
             raise TaskError("scores need a reranking (cross-encoder) or embedding model")
-        params = PoolingParams(task="embed", normalize=True)
-        firsts = self.encode([a for a, _ in pairs], params, use_tqdm)
-        seconds = self.encode([b for _, b in pairs], params, use_tqdm)
-        return [cosine_output(a, b) for a, b in zip(firsts, seconds)]
+        texts = list(dict.fromkeys(t for pair in pairs for t in pair))  # each distinct text embedded once
+        outs = dict(zip(texts, self.encode(texts, PoolingParams(task="embed", normalize=True), use_tqdm)))
+        return [cosine_output(outs[a], outs[b]) for a, b in pairs]
 
 
 def _as_list(prompts: Any) -> list:
