@@ -156,7 +156,7 @@ def test_build_failure_falls_back(monkeypatch, caplog):
     import torch.utils.cpp_extension as cpp
 
     def broken(*args, **kwargs):
-        raise RuntimeError("Error building extension 'runlm_linear_v1'\nno compiler")
+        raise RuntimeError("Error building extension 'runlm_linear_v2'\nno compiler")
 
     monkeypatch.setattr(cpp, "load", broken)
     monkeypatch.setattr(build_mod, "_loaded", {})
@@ -180,3 +180,23 @@ def test_cpu_without_avx2_falls_back(monkeypatch, caplog):
     assert not caplog.records  # an old CPU is not a problem worth a warning
     x, w, _ = _data(2, 3, 8)
     assert torch.equal(kernels.linear(x, w), F.linear(x, w))
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 4, 32), (3, 7, 64), (4, 13, 96), (1, 1536, 576), (37, 576, 1536)])
+def test_q8_is_bitwise_the_fp32_kernel_on_dequantized_weights(m, n, k):
+    from runlm.kernels.linear import dequantize_blocks
+
+    g = torch.Generator().manual_seed(m * n + k)
+    q = torch.randint(-16, 16, (n, k), dtype=torch.int8, generator=g)
+    d, off = torch.rand(n, k // 32, generator=g), torch.randn(n, k // 32, generator=g)
+    x, bias = torch.randn(m, k, generator=g), torch.randn(n, generator=g)
+    w = dequantize_blocks(q, d, off)
+    assert torch.equal(kernels.linear_q8(x, q, d, off, bias), kernels.linear(x, w, bias))
+    # a row alone gives the same bits as inside the batch
+    assert torch.equal(kernels.linear_q8(x[-1:], q, d, off, bias)[0], kernels.linear_q8(x, q, d, off, bias)[-1])
+
+
+def test_q8_rejects_bad_shapes():
+    q = torch.zeros(4, 40, dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernels.linear_q8(torch.randn(1, 40), q, torch.ones(4, 1), torch.zeros(4, 1))

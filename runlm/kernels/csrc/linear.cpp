@@ -29,6 +29,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <utility>
 #include <cstdint>
 #include <vector>
 
@@ -69,6 +71,35 @@ struct Args {
   int64_t M, N, K;
   int64_t kfull;      // K rounded down to a multiple of 8
   __m256i tail;       // lanes of the last partial 8-block of K
+  // Block-quantized weights instead of w (linear_q8): w[n, k] = q[n, k] * d[n, k/32] + m[n, k/32],
+  // computed in registers as multiply-then-add, exactly as the GGUF dequantizer computes it, so
+  // the result is bitwise that of the fp32 path on the dequantized weights. K % 32 == 0.
+  const int8_t* qw = nullptr;  // [N, K]
+  const float* qd = nullptr;   // [N, K/32]
+  const float* qm = nullptr;   // [N, K/32]
+};
+
+// The W rows of one tile: fp32 rows (Q = false) or block-quantized rows (Q = true).
+template <bool Q>
+struct WRows {
+  const float* w;
+  const int8_t* q;
+  const float* d;
+  const float* m;
+  int64_t K, nb;
+  WRows(const Args& a, int64_t n0)
+      : w(Q ? nullptr : a.w + n0 * a.K), q(Q ? a.qw + n0 * a.K : nullptr), d(Q ? a.qd + n0 * (a.K / 32) : nullptr),
+        m(Q ? a.qm + n0 * (a.K / 32) : nullptr), K(a.K), nb(a.K / 32) {}
+  inline __m256 load(int j, int64_t k) const {
+    if constexpr (Q) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + j * K + k));
+      const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+      const int64_t blk = j * nb + (k >> 5);
+      return _mm256_add_ps(_mm256_mul_ps(v, _mm256_set1_ps(d[blk])), _mm256_set1_ps(m[blk]));
+    } else {
+      return _mm256_loadu_ps(w + j * K + k);
+    }
+  }
 };
 
 // Software prefetch of W: while a W block is in use, a cursor walks the next block (blocks
@@ -84,12 +115,12 @@ struct Prefetch {
 };
 
 // Adds x[i, k:k+8] * w[j, k:k+8] into acc[i][j] for the tile; the one step of the reduction.
-template <int mr, int nr>
-inline void fma_step(__m256 (&acc)[mr][nr], const float* x, const float* w, int64_t K, int64_t k) {
+template <int mr, int nr, bool Q>
+inline void fma_step(__m256 (&acc)[mr][nr], const float* x, const WRows<Q>& w, int64_t K, int64_t k) {
   __m256 xv[mr];
   for (int i = 0; i < mr; ++i) xv[i] = _mm256_loadu_ps(x + i * K + k);
   for (int j = 0; j < nr; ++j) {
-    const __m256 wv = _mm256_loadu_ps(w + j * K + k);
+    const __m256 wv = w.load(j, k);
     for (int i = 0; i < mr; ++i) acc[i][j] = _mm256_fmadd_ps(xv[i], wv, acc[i][j]);
   }
 }
@@ -97,11 +128,11 @@ inline void fma_step(__m256 (&acc)[mr][nr], const float* x, const float* w, int6
 // y[m0:m0+mr, n0:n0+nr] for one tile, over k in [k0, k1). When the tile covers only part of
 // K (k1 < K, or k0 > 0), its 8-lane accumulators are parked in `part` between the calls; the
 // chunk borders are multiples of 16, so every FMA step and the order are exactly as unchunked.
-template <int mr, int nr>
+template <int mr, int nr, bool Q>
 void tile(const Args& a, int64_t m0, int64_t n0, int64_t k0, int64_t k1, float* part, Prefetch& pf) {
   const int64_t K = a.K;
   const float* x = a.x + m0 * K;
-  const float* w = a.w + n0 * K;
+  const WRows<Q> w(a, n0);
   __m256 acc[mr][nr];
   for (int i = 0; i < mr; ++i)
     for (int j = 0; j < nr; ++j)
@@ -111,20 +142,20 @@ void tile(const Args& a, int64_t m0, int64_t n0, int64_t k0, int64_t k1, float* 
   int64_t k = k0;
   for (; k + 16 <= kend; k += 16) {  // unrolled by one cache line; same order as 8 at a time
     pf.step();
-    fma_step<mr, nr>(acc, x, w, K, k);
-    fma_step<mr, nr>(acc, x, w, K, k + 8);
+    fma_step<mr, nr, Q>(acc, x, w, K, k);
+    fma_step<mr, nr, Q>(acc, x, w, K, k + 8);
   }
-  if (k < kend) fma_step<mr, nr>(acc, x, w, K, k);
+  if (k < kend) fma_step<mr, nr, Q>(acc, x, w, K, k);
   if (k1 < K) {  // more chunks of K to come
     for (int i = 0; i < mr; ++i)
       for (int j = 0; j < nr; ++j) _mm256_storeu_ps(part + (i * nr + j) * 8, acc[i][j]);
     return;
   }
-  if (a.kfull < K) {  // K tail: masked loads read zeros past the end, so 0*0 adds nothing
+  if (!Q && a.kfull < K) {  // K tail: masked loads read zeros past the end, so 0*0 adds nothing
     __m256 xv[mr];
     for (int i = 0; i < mr; ++i) xv[i] = _mm256_maskload_ps(x + i * K + a.kfull, a.tail);
     for (int j = 0; j < nr; ++j) {
-      const __m256 wv = _mm256_maskload_ps(w + j * K + a.kfull, a.tail);
+      const __m256 wv = _mm256_maskload_ps(w.w + j * K + a.kfull, a.tail);
       for (int i = 0; i < mr; ++i) acc[i][j] = _mm256_fmadd_ps(xv[i], wv, acc[i][j]);
     }
   }
@@ -139,16 +170,21 @@ void tile(const Args& a, int64_t m0, int64_t n0, int64_t k0, int64_t k1, float* 
 
 using TileFn = void (*)(const Args&, int64_t, int64_t, int64_t, int64_t, float*, Prefetch&);
 
-// kTiles[mr-1][nr-1]: one instantiation per partial tile shape at the M and N edges.
+// kTiles<Q>[mr-1][nr-1]: one instantiation per partial tile shape at the M and N edges.
+template <bool Q>
 constexpr TileFn kTiles[MR][NR] = {
-    {tile<1, 1>, tile<1, 2>, tile<1, 3>, tile<1, 4>},
-    {tile<2, 1>, tile<2, 2>, tile<2, 3>, tile<2, 4>},
-    {tile<3, 1>, tile<3, 2>, tile<3, 3>, tile<3, 4>},
+    {tile<1, 1, Q>, tile<1, 2, Q>, tile<1, 3, Q>, tile<1, 4, Q>},
+    {tile<2, 1, Q>, tile<2, 2, Q>, tile<2, 3, Q>, tile<2, 4, Q>},
+    {tile<3, 1, Q>, tile<3, 2, Q>, tile<3, 3, Q>, tile<3, 4, Q>},
 };
 
 // Rows [b0*NR, b1*NR) of W (clipped to N) against all M rows of x.
+template <bool Q>
 void run_blocks(const Args& a, int64_t b0, int64_t b1) {
   const int64_t K = a.K;
+  // W as bytes, for the prefetcher: fp32 rows of 4K bytes or int8 rows of K bytes
+  const char* wbytes = Q ? reinterpret_cast<const char*>(a.qw) : reinterpret_cast<const char*>(a.w);
+  const int64_t row_bytes = Q ? K : 4 * K;
   // Long rows are cut into K-chunks when several tiles reuse a W block, so that the block's
   // chunk (and the tile's x rows) stay in L1 instead of being re-read from L2 by every tile.
   const bool split_k = a.M > MR && K >= kSplitK;
@@ -161,23 +197,53 @@ void run_blocks(const Args& a, int64_t b0, int64_t b1) {
     const int64_t tiles = (mend - mc + MR - 1) / MR;
     // Spread the prefetch of the next block over all tiles of the current one: at least NR
     // lines per 16-float step in total, i.e. at least one block per block.
-    Prefetch pf{reinterpret_cast<const char*>(a.w), nullptr, static_cast<int>((NR + tiles - 1) / tiles)};
+    Prefetch pf{wbytes, nullptr, static_cast<int>((NR + tiles - 1) / tiles)};
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n0 = b * NR;
       const int nr = static_cast<int>(std::min<int64_t>(NR, a.N - n0));
-      const char* next = reinterpret_cast<const char*>(a.w + std::min(n_end, n0 + NR) * K);
+      const char* next = wbytes + std::min(n_end, n0 + NR) * row_bytes;
       pf.cur = std::max(pf.cur, next);  // never lag into the block being read anyway
-      pf.limit = reinterpret_cast<const char*>(a.w + std::min(n_end, n0 + 2 * NR) * K);
+      pf.limit = wbytes + std::min(n_end, n0 + 2 * NR) * row_bytes;
       for (int64_t k0 = 0; k0 < std::max<int64_t>(K, 1); k0 += kc) {  // once when K == 0: writes bias
         const int64_t k1 = std::min(K, k0 + kc);
         for (int64_t m = mc; m < mend; m += MR) {
           const int mr = static_cast<int>(std::min<int64_t>(MR, mend - m));
           float* p = split_k ? part.data() + (m - mc) * NR * 8 : nullptr;
-          kTiles[mr - 1][nr - 1](a, m, n0, k0, k1, p, pf);
+          kTiles<Q>[mr - 1][nr - 1](a, m, n0, k0, k1, p, pf);
         }
       }
     }
   }
+}
+
+// Splits the W blocks over threads; each output is computed whole by one thread.
+template <bool Q>
+void launch(const Args& a) {
+  const int64_t blocks = (a.N + NR - 1) / NR;
+  const int64_t work_per_block = NR * std::max<int64_t>(a.K, 1) * a.M;
+  const int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / work_per_block);
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) { run_blocks<Q>(a, b0, b1); });
+}
+
+inline bool covered(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
+
+inline bool cpu_ok() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+// x as [M, K] (a contiguous view or copy) and the output tensor shaped [..., N].
+std::pair<at::Tensor, at::Tensor> rows_and_output(const at::Tensor& x, int64_t N, int64_t K) {
+  TORCH_CHECK(x.size(-1) == K, "runlm linear: x has ", x.size(-1), " features, weight expects ", K);
+  int64_t M = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
+  out_shape.push_back(N);
+  return {x.reshape({M, K}).contiguous(), at::empty(out_shape, x.options())};
+}
+
+bool wants_graph(std::initializer_list<const at::Tensor*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : ts)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
 }
 
 // y[..., N] = x[..., K] @ weight[N, K]^T (+ bias[N]), or None for inputs this kernel does not
@@ -185,34 +251,44 @@ void run_blocks(const Args& a, int64_t b0, int64_t b1) {
 // here rather than in Python because they cost ~1 us there, per call.
 c10::optional<at::Tensor> linear(const at::Tensor& x, const at::Tensor& weight,
                                  const c10::optional<at::Tensor>& bias) {
-  const bool has_bias = bias.has_value() && bias->defined();
-  const auto covered = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
-  if (!covered(x) || !covered(weight) || (has_bias && !covered(*bias)) || weight.dim() != 2 || x.dim() < 1 ||
-      !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+  const at::Tensor b = bias.has_value() && bias->defined() ? *bias : at::Tensor();
+  if (!covered(x) || !covered(weight) || (b.defined() && !covered(b)) || weight.dim() != 2 || x.dim() < 1 ||
+      !cpu_ok() || wants_graph({&x, &weight, &b}))
     return c10::nullopt;
-  const bool wants_grad = x.requires_grad() || weight.requires_grad() || (has_bias && bias->requires_grad());
-  if (wants_grad && at::GradMode::is_enabled()) return c10::nullopt;
   const int64_t N = weight.size(0), K = weight.size(1);
-  TORCH_CHECK(x.size(-1) == K, "runlm linear: x has ", x.size(-1), " features, weight expects ", K);
-  TORCH_CHECK(!has_bias || (bias->dim() == 1 && bias->numel() == N), "runlm linear: bias must be [N]");
-
-  int64_t M = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
-  const at::Tensor x2 = x.reshape({M, K}).contiguous();
+  TORCH_CHECK(!b.defined() || (b.dim() == 1 && b.numel() == N), "runlm linear: bias must be [N]");
+  auto [x2, y] = rows_and_output(x, N, K);
+  if (x2.size(0) == 0 || N == 0) return y;
   const at::Tensor w = weight.contiguous();
-  const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
-  out_shape.push_back(N);
-  at::Tensor y = at::empty(out_shape, x.options());
-  if (M == 0 || N == 0) return y;
+  const at::Tensor bc = b.defined() ? b.contiguous() : b;
+  Args a{x2.data_ptr<float>(), w.data_ptr<float>(), bc.defined() ? bc.data_ptr<float>() : nullptr,
+         y.data_ptr<float>(), x2.size(0), N, K, K / 8 * 8, first_lanes(K % 8)};
+  launch<false>(a);
+  return y;
+}
 
-  Args a{x2.data_ptr<float>(), w.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
-         y.data_ptr<float>(), M, N, K, K / 8 * 8, first_lanes(K % 8)};
-  const int64_t blocks = (N + NR - 1) / NR;
-  const int64_t work_per_block = NR * std::max<int64_t>(K, 1) * M;
-  const int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / work_per_block);
-  // Threads take contiguous ranges of W blocks; each output is computed whole by one thread.
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) { run_blocks(a, b0, b1); });
+// The same product with W block-quantized: qweight int8 [N, K], scales and offsets fp32
+// [N, K/32] (w = q * scale + offset per block of 32 along K). None where not covered.
+c10::optional<at::Tensor> linear_q8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                                    const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
+  const at::Tensor b = bias.has_value() && bias->defined() ? *bias : at::Tensor();
+  if (!covered(x) || !covered(scales) || !covered(offsets) || (b.defined() && !covered(b)) ||
+      qweight.scalar_type() != at::kChar || !qweight.device().is_cpu() || qweight.dim() != 2 || x.dim() < 1 ||
+      !cpu_ok() || wants_graph({&x, &b}))
+    return c10::nullopt;
+  const int64_t N = qweight.size(0), K = qweight.size(1);
+  TORCH_CHECK(K % 32 == 0, "runlm linear_q8: K must be a multiple of 32, got ", K);
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == K / 32 &&
+                  offsets.sizes() == scales.sizes(),
+              "runlm linear_q8: scales and offsets must be [N, K/32]");
+  TORCH_CHECK(!b.defined() || (b.dim() == 1 && b.numel() == N), "runlm linear: bias must be [N]");
+  auto [x2, y] = rows_and_output(x, N, K);
+  if (x2.size(0) == 0 || N == 0) return y;
+  const at::Tensor q = qweight.contiguous(), d = scales.contiguous(), m = offsets.contiguous();
+  const at::Tensor bc = b.defined() ? b.contiguous() : b;
+  Args a{x2.data_ptr<float>(), nullptr, bc.defined() ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
+         x2.size(0), N, K, K, first_lanes(0), q.data_ptr<int8_t>(), d.data_ptr<float>(), m.data_ptr<float>()};
+  launch<true>(a);
   return y;
 }
 
@@ -221,4 +297,7 @@ c10::optional<at::Tensor> linear(const at::Tensor& x, const at::Tensor& weight,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "y = x @ weight^T + bias, batch-invariant AVX2 fp32; None if not covered",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none());
+  m.def("linear_q8", &linear_q8, "linear with int8 weights and per-32 scales/offsets; None if not covered",
+        pybind11::arg("x"), pybind11::arg("qweight"), pybind11::arg("scales"), pybind11::arg("offsets"),
+        pybind11::arg("bias") = pybind11::none());
 }
