@@ -3,7 +3,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "PoolingParams", "RequestOutput", "CompletionOutput",
+           "PoolingRequestOutput", "__version__"]
 
 
 def __getattr__(name: str):
@@ -17,6 +18,9 @@ def __getattr__(name: str):
     if name == "SamplingParams":
         from runlm.engine.sampling_params import SamplingParams
         return SamplingParams
+    if name in ("PoolingParams", "PoolingRequestOutput"):
+        from runlm.engine import pooling_params
+        return getattr(pooling_params, name)
     if name in ("RequestOutput", "CompletionOutput"):
         from runlm.engine import request
         return getattr(request, name)

@@ -31,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="name(s) clients use for the model (default: MODEL as given); others get 421")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--task", default="auto", choices=("auto", "generate", "embed", "score"),
+                   help="what to serve the model for (default: from its files; 'embed' makes a decoder an "
+                        "embedder with last-token pooling)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences run together (default 64)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per engine step (default 512)")
     p.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
@@ -114,7 +117,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
     except (UnknownModelError, ValueError, OSError) as exc:
         print(f"runlm serve-engine: {exc}", file=sys.stderr)
         return 1
-    engine_args = dict(max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+    engine_args = dict(task=args.task, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        kv_cache_memory=_kv_cache_memory(args.kv_cache_memory), device=args.device)
     if args.dtype or args.device.startswith("cuda"):

@@ -16,7 +16,9 @@ from collections import deque
 from typing import Any, AsyncIterator, Callable
 
 from runlm.engine.llm_engine import LLMEngine, PromptType, engine_from_model
-from runlm.engine.output import DELTA
+from runlm.engine.output import DELTA, FINAL_ONLY
+from runlm.engine.pooling_engine import PoolingEngine, PoolingPromptType
+from runlm.engine.pooling_params import PoolingParams, PoolingRequestOutput
 from runlm.engine.request import RequestOutput
 from runlm.engine.sampling_params import SamplingParams
 from runlm.formats.tokenizer import Tokenizer
@@ -27,7 +29,8 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncLLM:
-    def __init__(self, model: str | None = None, *, engine: LLMEngine | None = None, **engine_args: Any) -> None:
+    def __init__(self, model: str | None = None, *, engine: LLMEngine | PoolingEngine | None = None,
+                 **engine_args: Any) -> None:
         self.engine = engine or engine_from_model(model, **engine_args)
         self._cond = threading.Condition()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
@@ -112,6 +115,14 @@ class AsyncLLM:
             if not finished and self._dead is None:
                 self._abort_soon(request_id)
 
+    def encode(self, prompt: PoolingPromptType, pooling_params: PoolingParams | None = None,
+               request_id: str | None = None, priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:
+        """An embedding or score, batched with other requests by the same scheduler: a stream that
+        yields one finished PoolingRequestOutput (the request is aborted if the caller stops waiting)."""
+        params = pooling_params or PoolingParams(task="embed" if "embed" in self.get_supported_tasks() else "score")
+        # the engine dispatches on the params' type, so generate()'s stream machinery serves both
+        return self.generate(prompt, params, request_id, priority, FINAL_ONLY)  # type: ignore[arg-type]
+
     def _abort_soon(self, request_id: str) -> None:
         with self._cond:
             self._commands.append((lambda: self.engine.abort_request(request_id), concurrent.futures.Future()))
@@ -187,7 +198,7 @@ class AsyncLLM:
         return self.engine.tokenizer
 
     def get_supported_tasks(self) -> tuple[str, ...]:
-        return ("generate",)
+        return self.engine.supported_tasks
 
     def shutdown(self) -> None:
         with self._cond:

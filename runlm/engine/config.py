@@ -45,8 +45,12 @@ class EngineConfig:
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
     seed: int = 0
+    # what the model is run for: "auto" (from its files), "generate", "embed" or "score" (vLLM's runner/convert)
+    task: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.task not in ("auto", "generate", "embed", "score"):
+            raise ValueError(f"task must be auto, generate, embed or score, not {self.task!r}")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be at least 1")
         if self.max_num_batched_tokens < 1:

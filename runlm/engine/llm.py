@@ -7,6 +7,9 @@ from typing import Any, Mapping, Sequence
 from tqdm import tqdm
 
 from runlm.engine.llm_engine import LLMEngine, PromptType, engine_from_model
+from runlm.engine.pooling_engine import PoolingEngine, PoolingPromptType
+from runlm.engine.pooling_params import PoolingParams, PoolingRequestOutput, TaskError
+from runlm.engine.scoring import cosine_output, score_pairs
 from runlm.engine.request import RequestOutput
 from runlm.engine.sampling_params import SamplingParams
 from runlm.formats.chat_template import render_chat
@@ -19,7 +22,7 @@ class LLM:
     """``LLM(model).generate(prompts, params)`` -> one RequestOutput per prompt, in order."""
 
     def __init__(self, model: str, **engine_args: Any) -> None:
-        self.engine: LLMEngine = engine_from_model(model, **engine_args)
+        self.engine: LLMEngine | PoolingEngine = engine_from_model(model, **engine_args)
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:
@@ -28,10 +31,7 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
-        if isinstance(prompts, (str, Mapping)) or (isinstance(prompts, list) and prompts
-                                                   and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _as_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
         else:
@@ -59,8 +59,8 @@ class LLM:
                     add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
         return encode_chat(self.engine.tokenizer, messages, chat_template, add_generation_prompt, tools)
 
-    def _run(self, order: dict[str, int], progress: bool) -> list[RequestOutput]:
-        results: list[RequestOutput | None] = [None] * len(order)
+    def _run(self, order: dict[str, int], progress: bool) -> list:
+        results: list[RequestOutput | PoolingRequestOutput | None] = [None] * len(order)
         bar = tqdm(total=len(order), desc="Processed prompts", disable=not progress, dynamic_ncols=True)
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
@@ -72,6 +72,54 @@ class LLM:
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
+
+    # ---- pooling models (embeddings, scores) ------------------------------------------------
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return self.engine.supported_tasks
+
+    def encode(self, prompts: PoolingPromptType | Sequence[PoolingPromptType],
+               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+               use_tqdm: bool = True) -> list[PoolingRequestOutput]:
+        """One PoolingRequestOutput per prompt, in order, batched by the engine's scheduler."""
+        prompts = _as_list(prompts)
+        params = pooling_params if isinstance(pooling_params, Sequence) else [pooling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} pooling params for {len(prompts)} prompts")
+        order: dict[str, int] = {}
+        try:
+            for prompt, p in zip(prompts, params):
+                rid = str(next(self._ids))
+                self.engine.add_request(rid, prompt, p)
+                order[rid] = len(order)
+        except Exception:
+            self.engine.abort_request(list(order))  # all or nothing: a bad prompt leaves no strays behind
+            raise
+        return self._run(order, use_tqdm and len(prompts) >= _PROGRESS_MIN)
+
+    def embed(self, prompts: PoolingPromptType | Sequence[PoolingPromptType],
+              pooling_params: PoolingParams | None = None, use_tqdm: bool = True) -> list[PoolingRequestOutput]:
+        """Embeddings: ``out.outputs.embedding`` (a list) or ``out.outputs.data`` (a tensor)."""
+        return self.encode(prompts, pooling_params or PoolingParams(task="embed"), use_tqdm)
+
+    def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str],
+              use_tqdm: bool = True) -> list[PoolingRequestOutput]:
+        """Relevance of each pair (text_1 against one or each of text_2): a cross-encoder's score, or the
+        cosine similarity of the two embeddings for an embedding model. ``out.outputs.score``."""
+        pairs = score_pairs(text_1, text_2)
+        if "score" in self.get_supported_tasks():
+            return self.encode([{"text": a, "text_pair": b} for a, b in pairs], PoolingParams(task="score"),
+                               use_tqdm)
+        if "embed" not in self.get_supported_tasks():
+            raise TaskError("scores need a reranking (cross-encoder) or embedding model")
+        texts = list(dict.fromkeys(t for pair in pairs for t in pair))  # each distinct text embedded once
+        outs = dict(zip(texts, self.encode(texts, PoolingParams(task="embed", normalize=True), use_tqdm)))
+        return [cosine_output(outs[a], outs[b]) for a, b in pairs]
+
+
+def _as_list(prompts: Any) -> list:
+    single = isinstance(prompts, (str, Mapping)) or (isinstance(prompts, list) and prompts
+                                                       and isinstance(prompts[0], int))
+    return [prompts] if single else list(prompts)
 
 
 def encode_chat(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
@@ -19,8 +19,12 @@ from runlm.engine.request import RequestOutput, Sequence
 from runlm.engine.sampler import make_generator
 from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.engine.scheduler import Scheduler, SchedulerConfig
-from runlm.models.registry import LoadedModel, load_decoder
+from runlm.engine.pooling_params import TaskError
+from runlm.models.registry import LoadedModel, load_decoder, model_task
 from runlm.store.builtin import resolve_model
+
+if TYPE_CHECKING:
+    from runlm.engine.pooling_engine import PoolingEngine
 
 PromptType = str | Mapping[str, Any] | list[int]
 
@@ -44,6 +48,8 @@ class EngineStats:
 
 
 class LLMEngine:
+    supported_tasks: tuple[str, ...] = ("generate",)
+
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.device = torch.device(config.device)
@@ -98,6 +104,9 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TaskError("this model generates text; embeddings and scores need an embedding or reranking "
+                            "model")
         text, ids = self.tokenize_prompt(prompt)
         self.check_prompt(ids, params)
         if params.max_tokens is None:
@@ -209,10 +218,17 @@ class LLMEngine:
                            self.blocks.stats.queries, self.blocks.stats.hits, self.num_preemptions)
 
 
-def engine_from_model(model: str | Path, **kwargs: Any) -> LLMEngine:
+def engine_from_model(model: str | Path, **kwargs: Any) -> LLMEngine | PoolingEngine:
+    """An LLMEngine for a model that generates; a PoolingEngine for one that embeds or scores."""
     if isinstance(kwargs.get("dtype"), str):
         kwargs["dtype"] = getattr(torch, kwargs["dtype"])
-    return LLMEngine(EngineConfig(model=str(model), **kwargs))
+    config = EngineConfig(model=str(model), **kwargs)
+    if config.task in ("embed", "score") or (
+            config.task == "auto" and model_task(resolve_model(config.model)) != "generate"):
+        from runlm.engine.pooling_engine import PoolingEngine
+
+        return PoolingEngine(config)
+    return LLMEngine(config)
 
 
 __all__ = ["LLMEngine", "PromptError", "SamplingParamsError", "engine_from_model"]

@@ -5,11 +5,15 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from runlm.engine.kv_cache import BlockTable
 from runlm.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from runlm.engine.pooling_params import PoolingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -55,6 +59,7 @@ class Sequence:
     num_preemptions: int = 0
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission
     first_token_time: float | None = None
+    pooling_params: PoolingParams | None = None  # set for embedding/scoring: the whole prompt runs in one step
 
     @property
     def num_tokens(self) -> int:

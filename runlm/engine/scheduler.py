@@ -91,9 +91,12 @@ class Scheduler:
         self.waiting.sort(key=Sequence.sort_key)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            # prompt logprobs need every prompt position computed, so such requests skip the cache
+            if seq.pooling_params is not None and seq.num_tokens > budget:
+                break  # a pooling prompt is pooled whole in one step: it waits for a step with room
+            # prompt logprobs (and pooling) need every prompt position computed, so they skip the cache
             n = self.blocks.allocate_prompt(seq.table, seq.token_ids, budget,
-                                            use_cache=seq.params.prompt_logprobs is None)
+                                            use_cache=seq.params.prompt_logprobs is None
+                                            and seq.pooling_params is None)
             if n is None:
                 victim = self.running[-1] if self.running else None
                 if victim is None or victim.sort_key() <= seq.sort_key():

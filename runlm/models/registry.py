@@ -13,10 +13,12 @@ from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
 from runlm.models.llama import LlamaForCausalLM
 from runlm.models.loader import gguf_weights, read_hf_config, rope_freq_factors, safetensors_weights
+from runlm.models.pooling import has_sentence_transformers_pooling
 
 _ENCODER_GGUF_ARCHS = {"bert", "nomic-bert", "jina-bert-v2"}
 _ENCODER_HF_ARCHS = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "XLMRobertaModel",
                      "RobertaModel", "NomicBertModel")
+_DECODER_BODY_ARCHS = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
 
 
 class NotAGeneratorError(ModelFormatError):
@@ -32,13 +34,17 @@ class LoadedModel:
 
 
 def model_task(path: Path) -> str:
-    """'generate' or 'embed', from the file's own metadata (no weights read)."""
+    """'generate', 'embed' or 'score', from the file's own metadata (no weights read)."""
     if path.is_file():
         return "embed" if GGUFFile(path).architecture in _ENCODER_GGUF_ARCHS else "generate"
     cfg = read_hf_config(path)
     archs = cfg.get("architectures") or []
+    if any(a.endswith("ForSequenceClassification") for a in archs) or cfg.get("classifier_from_token"):
+        return "score"
     is_encoder = any(a in _ENCODER_HF_ARCHS for a in archs) or cfg.get("model_type") in ("bert", "roberta")
-    return "embed" if is_encoder else "generate"
+    # a bare decoder body (Qwen3Model) or one shipped with a sentence-transformers pooler embeds
+    is_embedder = any(a in _DECODER_BODY_ARCHS for a in archs) or has_sentence_transformers_pooling(path)
+    return "embed" if is_encoder or is_embedder else "generate"
 
 
 def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> LlamaForCausalLM:
@@ -52,8 +58,8 @@ def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     """Build a Llama-family decoder from a .gguf file or a safetensors directory."""
     path = Path(path)
     if model_task(path) != "generate":
-        raise NotAGeneratorError(f"{path}: this is an embedding model; it cannot generate text "
-                                 f"(use it for embeddings instead)")
+        raise NotAGeneratorError(f"{path}: this is an embedding model (or a reranker); it cannot "
+                                 f"generate text (use it for embeddings or scores instead)")
     if path.is_file():
         gguf = GGUFFile(path)
         gguf.check_architecture()

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from runlm.engine.async_llm import AsyncLLM
-from runlm.server import chat, completions, meta, tokenize
+from runlm.server import chat, completions, meta, pooling, tokenize
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import ServerMetrics
 from runlm.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
@@ -44,7 +44,7 @@ def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
     state = ServerState(settings, ServerMetrics(settings.served_model_names[0], lambda: state.engine), engine)
     app.state.server = state
     install_error_handlers(app)
-    for router in (chat.router, completions.router, tokenize.router, meta.router,
+    for router in (chat.router, completions.router, tokenize.router, meta.router, pooling.router,
                    meta.fallback_router):  # the fallback last: a pooling router goes before it
         app.include_router(router)
     # added innermost first: CORS outermost so preflights and error answers carry its headers

@@ -131,7 +131,8 @@ def test_disconnect_aborts_a_whole_answer_too(server) -> None:
 
 def test_full_queue_is_503_with_retry_after(server) -> None:
     wait_idle(server)
-    hold = {"prompt": "hold", "n": 60, "max_tokens": 400, "stream": True, "ignore_eos": True}
+    # long enough (60 x 500 tokens) that it is still in flight when the next request lands, even on a busy machine
+    hold = {"prompt": "hold", "n": 60, "max_tokens": 500, "stream": True, "ignore_eos": True}
     with httpx.Client(base_url=server.url, timeout=60) as http:
         with http.stream("POST", "/v1/completions", json=hold) as r:
             assert r.status_code == 200

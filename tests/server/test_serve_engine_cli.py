@@ -56,8 +56,9 @@ def test_unknown_model_exits_1_with_the_list() -> None:
 
 
 def test_model_that_cannot_generate_exits_1(minilm_dir) -> None:
-    res = subprocess.run([*RUNLM, str(minilm_dir), "--port", "0"], env=ENV, capture_output=True, text=True,
-                         timeout=120)
+    # minilm is served for embeddings by default; asked to generate, it fails to load
+    res = subprocess.run([*RUNLM, str(minilm_dir), "--port", "0", "--task", "generate"], env=ENV,
+                         capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and "failed to load" in res.stderr and "embedding" in res.stderr
 
 

@@ -1,0 +1,198 @@
+"""The engine core for pooling models (embedders, cross-encoders): same surface and loop as LLMEngine.
+
+A request is one sequence whose whole (truncated) prompt the Scheduler admits in one step under
+the same token budget and sequence limit as generation, so concurrent requests are batched
+together; the runner pools it and the request finishes in that step. Nothing stays cached
+between steps, so the block manager here is admission bookkeeping only (no tensors behind it),
+sized for one full step.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+
+from runlm.engine.config import EngineConfig
+from runlm.engine.kv_cache import BlockManager
+from runlm.engine.llm_engine import EngineStats, PromptError
+from runlm.engine.pooling_params import PoolingOutput, PoolingParams, PoolingParamsError, PoolingRequestOutput, \
+    TaskError
+from runlm.engine.pooling_runner import PoolingRunner
+from runlm.engine.request import RequestMetrics, Sequence
+from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.scheduler import Scheduler, SchedulerConfig
+from runlm.models.pooling_models import LoadedPoolingModel, load_pooling_model
+from runlm.store.builtin import resolve_model
+
+PoolingPromptType = str | list[int] | Mapping[str, Any]  # also {"text": query, "text_pair": document}
+
+
+@dataclass(slots=True)
+class PooledPrompt:
+    token_ids: list[int]
+    token_type_ids: list[int] | None
+    num_truncated_tokens: int
+
+
+@dataclass(slots=True)
+class _Request:
+    seq: Sequence
+    prompt: PooledPrompt
+    metrics: RequestMetrics
+
+
+class PoolingEngine:
+    def __init__(self, config: EngineConfig, loaded: LoadedPoolingModel | None = None) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        task = config.task if config.task in ("embed", "score") else "auto"
+        self.loaded = loaded or load_pooling_model(resolve_model(str(config.model)), task, config.dtype,
+                                                   config.device)
+        self.tokenizer = self.loaded.tokenizer
+        self.max_model_len = min(config.max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
+        # a prompt is pooled whole in one step, so one step must hold the longest prompt
+        budget = max(config.max_num_batched_tokens, self.max_model_len)
+        self.blocks = BlockManager(-(-budget // config.block_size) + config.max_num_seqs, config.block_size,
+                                   enable_prefix_caching=False)
+        self.scheduler = Scheduler(SchedulerConfig(self.max_model_len, config.max_num_seqs, budget), self.blocks)
+        self.runner = PoolingRunner(self.loaded, self.device)
+        self.requests: dict[str, _Request] = {}
+        # truncation keeps the special tokens ([CLS] ... [SEP]) and drops text, as sentence-transformers does
+        self._truncating = HFTokenizer.from_str(self.tokenizer.hf.to_str())
+        self._truncating.enable_truncation(self.max_model_len)
+        self.sleep_level = 0
+
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:
+        return self.loaded.supported_tasks
+
+    # ---- requests -------------------------------------------------------------------------
+    def tokenize_prompt(self, prompt: PoolingPromptType, params: PoolingParams) -> PooledPrompt:
+        if isinstance(prompt, Mapping) and "prompt_token_ids" in prompt:
+            prompt = [int(t) for t in prompt["prompt_token_ids"]]
+        elif isinstance(prompt, Mapping) and "prompt" in prompt:
+            prompt = prompt["prompt"]
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = prompt[-params.truncate_prompt_tokens:] if params.truncate_prompt_tokens else list(prompt)
+            if len(ids) > self.max_model_len:
+                raise PromptError(f"the input has {len(ids)} tokens, but this model takes at most "
+                                  f"{self.max_model_len}; shorten it or set truncate_prompt_tokens")
+            return PooledPrompt(ids, None, len(prompt) - len(ids))
+        if isinstance(prompt, str):
+            text, pair = prompt, None
+        elif isinstance(prompt, Mapping) and isinstance(prompt.get("text"), str):
+            text, pair = prompt["text"], prompt.get("text_pair")
+            if pair is not None and not isinstance(pair, str):
+                raise PromptError("text_pair must be a string")
+        else:
+            raise PromptError("an input is a string, a list of token ids, {'prompt_token_ids': [...]} "
+                              "or {'text': ..., 'text_pair': ...}")
+        if not text and not pair:
+            raise PromptError("the input is empty")
+        full = self.tokenizer.hf.encode(text, pair)
+        enc = self._truncating.encode(text, pair) if len(full.ids) > self.max_model_len else full
+        ids = enc.ids
+        if params.truncate_prompt_tokens and len(ids) > params.truncate_prompt_tokens:
+            ids = ids[-params.truncate_prompt_tokens:]
+        types = enc.type_ids[-len(ids):] if pair is not None else None
+        return PooledPrompt(ids, types, len(full.ids) - len(ids))
+
+    def check_params(self, params: PoolingParams) -> None:
+        loaded = self.loaded
+        if params.task not in loaded.supported_tasks:
+            raise TaskError(f"this model supports {', '.join(loaded.supported_tasks)}, not {params.task!r}")
+        if params.dimensions is not None:
+            if not loaded.pooler.matryoshka and params.dimensions != loaded.hidden_size:
+                raise PoolingParamsError("dimensions", f"this model does not support shortened embeddings; its "
+                                         f"embeddings have {loaded.hidden_size} dimensions")
+            if params.dimensions > loaded.hidden_size:
+                raise PoolingParamsError("dimensions", f"{params.dimensions} is more than the model's "
+                                         f"{loaded.hidden_size} dimensions")
+
+    def add_request(self, request_id: str, prompt: PoolingPromptType, params: PoolingParams | None = None,
+                    priority: int = 0, arrival_time: float | None = None, output_kind: str = "") -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if isinstance(params, SamplingParams):
+            raise TaskError(f"{self.loaded.path.name} is an {'embedding' if self.loaded.task == 'embed' else 'scoring'}"
+                            f" model; it cannot generate text")
+        params = params or PoolingParams(task="embed" if self.loaded.task == "embed" else "score")
+        self.check_params(params)
+        pooled = self.tokenize_prompt(prompt, params)
+        if not pooled.token_ids:
+            raise PromptError("the input is empty")
+        vocab = self.loaded.vocab_size
+        bad = next((t for t in pooled.token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise PromptError(f"token id {bad} in the input is outside the vocabulary (size {vocab})")
+        arrival = arrival_time if arrival_time is not None else time.monotonic()
+        seq = Sequence(request_id, 0, pooled.token_ids, len(pooled.token_ids), SamplingParams(max_tokens=1),
+                       priority, arrival, pooling_params=params)
+        self.requests[request_id] = _Request(seq, pooled, RequestMetrics(arrival))
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_ids: str | list[str]) -> list[PoolingRequestOutput]:
+        outs = []
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            req = self.requests.pop(rid, None)
+            if req is not None:
+                self.scheduler.finish(req.seq)
+                outs.append(PoolingRequestOutput(rid, PoolingOutput(torch.empty(0)), req.seq.token_ids,
+                                                 True, req.prompt.num_truncated_tokens, True, req.metrics))
+        return outs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the loop -------------------------------------------------------------------------
+    def step(self) -> list[PoolingRequestOutput]:
+        if self.sleep_level:
+            raise RuntimeError("the engine is asleep; call wake_up() first")
+        sched = self.scheduler.schedule()
+        if not sched.seqs:
+            return []
+        reqs = [self.requests[s.request_id] for s in sched.seqs]
+        now = time.monotonic()
+        try:
+            vectors = self.runner.execute(sched.seqs, [r.prompt.token_type_ids for r in reqs])
+        finally:
+            for seq in sched.seqs:
+                self.scheduler.finish(seq)
+        outputs = []
+        for req, vec in zip(reqs, vectors):
+            del self.requests[req.seq.request_id]
+            req.metrics.first_scheduled_time = now
+            req.metrics.finished_time = time.monotonic()
+            outputs.append(PoolingRequestOutput(req.seq.request_id, PoolingOutput(vec), req.seq.token_ids, True,
+                                                req.prompt.num_truncated_tokens, False, req.metrics))
+        return outputs
+
+    # ---- control --------------------------------------------------------------------------
+    def reset_prefix_cache(self) -> None:
+        """Nothing is cached between steps."""
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.sleep_level > 0
+
+    def sleep(self, level: int = 1) -> None:
+        """1: nothing to drop (no KV cache); 2: drop the weights (reloaded on wake)."""
+        if level not in (1, 2):
+            raise ValueError("sleep level must be 1 or 2")
+        if self.has_unfinished_requests():
+            raise RuntimeError("cannot sleep with requests in flight; pause or drain first")
+        if level == 2:
+            self.loaded.model.to_empty(device="meta")
+        self.sleep_level = max(self.sleep_level, level)
+
+    def wake_up(self) -> None:
+        if self.sleep_level == 2:
+            fresh = load_pooling_model(self.loaded.path, self.loaded.task, self.config.dtype, self.config.device)
+            self.loaded.model = fresh.model
+        self.sleep_level = 0
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), 0.0, 0, 0, 0)
