@@ -38,6 +38,7 @@ $(VENV)/.bench-installed: $(VENV)/.test-installed
 
 bench: $(VENV)/.bench-installed
 	$(VENV)/bin/python bench/decode_speed.py
+	$(VENV)/bin/python bench/engine_bench.py
 
 clean:
 	rm -rf $(VENV) .cache

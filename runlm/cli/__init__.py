@@ -31,11 +31,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def _add_serve_engine(sub: argparse._SubParsersAction) -> None:
+    from runlm.cli.serve_engine import add_parser
+
+    add_parser(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runlm", description="Run language models locally.")
     parser.add_argument("--version", action="version", version=f"runlm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(sub)
+    _add_serve_engine(sub)
     return parser
 
 

@@ -57,10 +57,7 @@ class LLM:
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
                     add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
-        tok = self.engine.tokenizer
-        text = render_chat(messages, chat_template or tok.chat_template, add_generation_prompt=add_generation_prompt,
-                           bos_token=tok.bos_token, eos_token=tok.eos_token, tools=tools)
-        return tok.encode(text, add_special_tokens=not (tok.bos_token and text.startswith(tok.bos_token)))
+        return encode_chat(self.engine.tokenizer, messages, chat_template, add_generation_prompt, tools)
 
     def _run(self, order: dict[str, int], progress: bool) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(order)
@@ -75,6 +72,14 @@ class LLM:
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
+
+
+def encode_chat(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
+                add_generation_prompt: bool = True, tools: list[dict] | None = None, **template_kwargs: Any) -> list[int]:
+    """A conversation -> prompt token ids, through the model's chat template (LLM.chat and the server)."""
+    text = render_chat(messages, chat_template or tok.chat_template, add_generation_prompt=add_generation_prompt,
+                       bos_token=tok.bos_token, eos_token=tok.eos_token, tools=tools, **template_kwargs)
+    return tok.encode(text, add_special_tokens=not (tok.bos_token and text.startswith(tok.bos_token)))
 
 
 def _copy(p: SamplingParams) -> SamplingParams:

@@ -39,6 +39,10 @@ class EngineStats:
     prefix_cache_hits: int
     num_preemptions: int
 
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
@@ -148,6 +152,11 @@ class LLMEngine:
         self.num_preemptions += len(sched.preempted)
         if not sched.seqs:
             return []
+        now = time.monotonic()
+        for seq in sched.seqs:
+            metrics = self.requests[seq.request_id].metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
         sampled = self.runner.execute(sched, self._stop_ids)
         self.scheduler.update(sched)
         touched: dict[str, RequestState] = {}

@@ -52,26 +52,43 @@ def _high_bits(qh: np.ndarray) -> np.ndarray:
     return np.unpackbits(qh, axis=1, bitorder="little") << 4
 
 
-def _q4_0(b: np.ndarray) -> np.ndarray:
-    return (_nibbles(b["qs"]).view(np.int8) - 8) * _f16(b["d"])
+# The 32-value block types are affine: value = q * d (+ m) with a small integer q. Their parts
+# (q as int8, d, m or None) are exposed so that a kernel can keep q in memory and compute the
+# same floats itself (runlm.kernels.linear_q8); dequantizing goes through the same parts.
+BlockParts = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
 
 
-def _q4_1(b: np.ndarray) -> np.ndarray:
-    return _nibbles(b["qs"]) * _f16(b["d"]) + _f16(b["m"])
+def _parts_q4_0(b: np.ndarray) -> BlockParts:
+    return _nibbles(b["qs"]).view(np.int8) - 8, _f16(b["d"]), None
 
 
-def _q5_0(b: np.ndarray) -> np.ndarray:
-    q = _nibbles(b["qs"]) | _high_bits(b["qh"])
-    return (q.view(np.int8) - 16) * _f16(b["d"])
+def _parts_q4_1(b: np.ndarray) -> BlockParts:
+    return _nibbles(b["qs"]).view(np.int8), _f16(b["d"]), _f16(b["m"])
 
 
-def _q5_1(b: np.ndarray) -> np.ndarray:
-    q = _nibbles(b["qs"]) | _high_bits(b["qh"])
-    return q * _f16(b["d"]) + _f16(b["m"])
+def _parts_q5_0(b: np.ndarray) -> BlockParts:
+    return (_nibbles(b["qs"]) | _high_bits(b["qh"])).view(np.int8) - 16, _f16(b["d"]), None
 
 
-def _q8_0(b: np.ndarray) -> np.ndarray:
-    return b["qs"] * _f16(b["d"])
+def _parts_q5_1(b: np.ndarray) -> BlockParts:
+    return (_nibbles(b["qs"]) | _high_bits(b["qh"])).view(np.int8), _f16(b["d"]), _f16(b["m"])
+
+
+def _parts_q8_0(b: np.ndarray) -> BlockParts:
+    return b["qs"], _f16(b["d"]), None
+
+
+def _affine(parts: Callable[[np.ndarray], BlockParts]) -> Callable[[np.ndarray], np.ndarray]:
+    def kernel(b: np.ndarray) -> np.ndarray:
+        q, d, m = parts(b)
+        return q * d if m is None else q * d + m
+    return kernel
+
+
+_BLOCK_PARTS: dict[str, Callable[[np.ndarray], BlockParts]] = {
+    "Q4_0": _parts_q4_0, "Q4_1": _parts_q4_1, "Q5_0": _parts_q5_0, "Q5_1": _parts_q5_1, "Q8_0": _parts_q8_0,
+}
+_q4_0, _q4_1, _q5_0, _q5_1, _q8_0 = (_affine(_BLOCK_PARTS[t]) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"))
 
 
 def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -171,6 +188,22 @@ def dequantize(data: np.ndarray, qtype: str, shape: tuple[int, ...]) -> np.ndarr
     return out.reshape(shape)
 
 
+def block_parts(data: np.ndarray, qtype: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Raw bytes of a 32-value block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) of 2-D ``shape`` [N, K] ->
+    q int8 [N, K], d float32 [N, K/32], m float32 [N, K/32] (zeros for types without m), such that
+    ``dequantize(...) == q * d[:, k // 32] + m[:, k // 32]`` bit for bit (multiply, then add)."""
+    if qtype not in _BLOCK_PARTS or len(shape) != 2:
+        raise ValueError(f"{qtype} tensor of shape {shape} is not a 2-D 32-value block type")
+    n, k = shape
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if raw.nbytes != _nbytes(qtype, n * k):
+        raise ValueError(f"{qtype} tensor of shape {shape} needs {_nbytes(qtype, n * k)} bytes, got {raw.nbytes}")
+    q, d, m = _BLOCK_PARTS[qtype](raw.view(_QUANTS[qtype][1]))
+    d = d.reshape(n, k // 32).astype(np.float32)
+    m = np.zeros_like(d) if m is None else m.reshape(n, k // 32).astype(np.float32)
+    return np.ascontiguousarray(q.reshape(n, k), dtype=np.int8), d, m
+
+
 # --- the file ------------------------------------------------------------------------------
 
 class _Reader(gguf.GGUFReader):
@@ -267,6 +300,17 @@ class GGUFFile:
         except ValueError as e:
             raise ModelFormatError(f"{self.path}: tensor {name!r}: {e}") from e
         return torch.from_numpy(values).to(dtype)
+
+    def load_block_parts(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(q int8 [N, K], d, m fp32 [N, K/32]) of a 2-D tensor stored in a 32-value block type, else None.
+        Dequantizing them (q * d + m, multiply then add) gives exactly ``load(name)``."""
+        info = self._info(name)
+        if info.qtype not in _BLOCK_PARTS or len(info.shape) != 2:
+            return None
+        try:
+            return tuple(torch.from_numpy(a) for a in block_parts(self.raw(name), info.qtype, info.shape))
+        except ValueError as e:
+            raise ModelFormatError(f"{self.path}: tensor {name!r}: {e}") from e
 
     def check_architecture(self) -> None:
         """Raise ModelFormatError unless runlm can build this file's architecture."""

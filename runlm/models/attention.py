@@ -15,6 +15,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from runlm import kernels
+
 
 @dataclass(slots=True)
 class ForwardContext:
@@ -23,6 +25,7 @@ class ForwardContext:
     slot_mapping: torch.Tensor | None  # [T] cache slot for each new token
     context_slots: list[torch.Tensor] | None  # per sequence: slots of positions 0..context_len-1
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None  # per layer: (k, v), each [slots, kv_heads, head_dim]
+    flat_context_slots: torch.Tensor | None = None  # context_slots concatenated; built once per step
 
     @classmethod
     def no_cache(cls, query_lens: list[int]) -> ForwardContext:
@@ -69,6 +72,12 @@ def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         k_cache, v_cache = ctx.kv_caches[layer]
         k_cache.index_copy_(0, ctx.slot_mapping, k.to(k_cache.dtype))
         v_cache.index_copy_(0, ctx.slot_mapping, v.to(v_cache.dtype))
+        if ctx.flat_context_slots is None:
+            ctx.flat_context_slots = torch.cat(ctx.context_slots)
+        out = kernels.paged_attention(q, k_cache, v_cache, ctx.flat_context_slots, ctx.query_lens,
+                                      ctx.context_lens, scale, window)
+        if out is not None:
+            return out
     out = torch.empty_like(q)
     start = 0
     for i, (q_len, kv_len) in enumerate(zip(ctx.query_lens, ctx.context_lens)):

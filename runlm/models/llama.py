@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runlm.kernels import linear
 from runlm.models.attention import paged_attention
 from runlm.models.config import ModelConfig
+from runlm.models.linear import BlockQuantized, Linear
 from runlm.models.rope import RotaryEmbedding
 
 
@@ -35,9 +37,9 @@ class Attention(nn.Module):
         self.layer, self.rope = layer, rope
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         # Llama/Mistral's attention_bias also covers o_proj; Qwen2's bias is on q/k/v only.
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias and cfg.family != "qwen2")
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias and cfg.family != "qwen2")
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -61,8 +63,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -113,14 +115,19 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg, rope_freq_factors)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # tied embeddings stored quantized: the lookup keeps fp32 rows, the logits read the int8 copy
+        self.tied_head: Linear | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        if self.tied_head is not None:
+            return self.tied_head(hidden)
+        return linear(hidden, self.model.embed_tokens.weight)
 
     def _shard_sizes(self, fused: str) -> list[int]:
         c = self.config
@@ -133,11 +140,16 @@ class LlamaForCausalLM(nn.Module):
         """Copy HF-named tensors into the (fused) parameters; every parameter must be filled."""
         params = dict(self.named_parameters())
         filled: set[str] = set()
+        quantized: dict[str, dict[int, BlockQuantized]] = {}  # parameter -> shard -> its int8 parts
         for name, tensor in weights:
             if "rotary_emb" in name:
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied checkpoints sometimes carry a copy
+            if isinstance(tensor, BlockQuantized):
+                block, tensor = tensor, tensor.dense
+            else:
+                block = None
             for frag, (fused, shard) in _STACKED.items():
                 if frag in name:
                     target = name.replace(frag, fused)
@@ -147,10 +159,13 @@ class LlamaForCausalLM(nn.Module):
                     filled.add(f"{target}#{shard}")
                     break
             else:
+                target, shard = name, 0
                 if name not in params:
                     raise KeyError(f"unexpected weight {name!r}")
                 params[name].data.copy_(tensor.reshape(params[name].shape))
                 filled.add(name)
+            if block is not None:
+                quantized.setdefault(target, {})[shard] = block
         missing = []
         for name, p in params.items():
             fused = next((f for f in (".qkv_proj.", ".gate_up_proj.") if f in name), None)
@@ -160,3 +175,20 @@ class LlamaForCausalLM(nn.Module):
                 missing.append(name)
         if missing:
             raise KeyError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
+        self._keep_quantized(quantized)
+
+    def _keep_quantized(self, quantized: dict[str, dict[int, BlockQuantized]]) -> None:
+        """Layers whose every shard came block-quantized serve from int8 (the fused ones need all shards)."""
+        for name, shards in quantized.items():
+            fused = next((f for f in (".qkv_proj.", ".gate_up_proj.") if f in name), None)
+            if len(shards) != (len(self._shard_sizes(fused)) if fused else 1):
+                continue
+            parts = BlockQuantized.cat([shards[i] for i in sorted(shards)])
+            if name == "model.embed_tokens.weight":
+                if self.lm_head is None:
+                    self.tied_head = Linear(parts.dense.shape[1], parts.dense.shape[0], bias=False, device="meta")
+                    self.tied_head.keep_quantized(parts)
+                continue
+            module = self.get_submodule(name.rsplit(".", 1)[0])
+            if isinstance(module, Linear):
+                module.keep_quantized(parts)

@@ -13,6 +13,7 @@ import torch
 
 from runlm.formats import ModelFormatError
 from runlm.models.config import ModelConfig
+from runlm.models.linear import BlockQuantized
 
 if TYPE_CHECKING:
     from runlm.formats.gguf import GGUFFile
@@ -45,7 +46,10 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def gguf_weights(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def gguf_weights(gguf: GGUFFile, cfg: ModelConfig,
+                 keep_quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | BlockQuantized]]:
+    """HF-named weights, dequantized; with keep_quantized, matrices stored in a 32-value block type
+    come as BlockQuantized (their int8 parts plus the same dequantized tensor)."""
     permute = gguf.architecture in _INTERLEAVED_ROPE_ARCHS
     for name in gguf.tensors:
         if name == "rope_freqs.weight":
@@ -53,12 +57,13 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.
         hf = hf_name_for_gguf(name)
         if hf is None:
             raise ModelFormatError(f"{gguf.path}: tensor {name!r} is not part of a {gguf.architecture} decoder")
-        tensor = gguf.load(name)
-        if permute and ".q_proj." in hf:
-            tensor = _unpermute(tensor, cfg.num_heads)
-        elif permute and ".k_proj." in hf:
-            tensor = _unpermute(tensor, cfg.num_kv_heads)
-        yield hf, tensor
+        parts = [gguf.load(name)]
+        if keep_quantized and hf.endswith(".weight") and (blocks := gguf.load_block_parts(name)) is not None:
+            parts = [*blocks, parts[0]]  # q, d, m: rows line up with the dense tensor's
+        heads = cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads if ".k_proj." in hf else 0
+        if permute and heads:
+            parts = [_unpermute(t, heads) for t in parts]
+        yield hf, parts[0] if len(parts) == 1 else BlockQuantized(*parts)
 
 
 def read_hf_config(directory: Path) -> dict:

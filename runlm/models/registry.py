@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from runlm import kernels
 from runlm.formats import ModelFormatError
 from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
@@ -59,7 +60,9 @@ def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: s
         cfg = ModelConfig.from_gguf(gguf)
         tokenizer = Tokenizer.from_gguf(gguf)
         model = _empty_model(cfg, rope_freq_factors(gguf))
-        weights = gguf_weights(gguf, cfg)
+        # int8 block weights where the fp32 CPU kernels run; elsewhere everything is dequantized
+        keep_quantized = torch.device(device).type == "cpu" and dtype == torch.float32 and kernels.available()
+        weights = gguf_weights(gguf, cfg, keep_quantized)
     else:
         cfg = ModelConfig.from_hf(read_hf_config(path), source=str(path / "config.json"))
         tokenizer = Tokenizer.from_dir(path)

@@ -80,3 +80,24 @@ def test_smollm2_gguf_matches_transformers(smollm2_gguf: Path) -> None:
     assert loaded.config.tie_word_embeddings and loaded.config.num_kv_heads == 3
     ids = loaded.tokenizer.encode("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     _check(loaded, _gguf_reference(smollm2_gguf), ids)
+
+
+def test_smollm2_int8_block_weights_give_the_dense_logits(smollm2_gguf: Path, monkeypatch) -> None:
+    """Q4_1/Q8_0 layers kept as int8 blocks compute exactly the fp32 dequantized model's logits."""
+    import runlm.models.registry as registry
+
+    quantized = load_decoder(smollm2_gguf)
+    modules = [m for m in quantized.model.modules() if getattr(m, "qweight", None) is not None]
+    if not modules:
+        pytest.skip("the linear kernels are unavailable here, so nothing is kept quantized")
+    assert len(modules) == 4 * quantized.config.num_layers + 1  # qkv, o, gate_up, down per layer + tied head
+    monkeypatch.setattr(registry.kernels, "available", lambda: False)
+    dense = load_decoder(smollm2_gguf)
+    assert not [m for m in dense.model.modules() if getattr(m, "qweight", None) is not None]
+    ids = torch.tensor(quantized.tokenizer.encode("The capital of France is"))
+
+    def logits(loaded):
+        with torch.inference_mode(), forward_context(ForwardContext.no_cache([len(ids)])):
+            return loaded.model.compute_logits(loaded.model(ids, torch.arange(len(ids))))
+
+    assert torch.equal(logits(quantized), logits(dense))

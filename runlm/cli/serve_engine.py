@@ -1,0 +1,141 @@
+"""``runlm serve-engine MODEL``: the OpenAI-compatible server over one engine (like ``vllm serve``).
+
+The socket is opened first and the model loads behind it: ``/liveness`` answers at once,
+``/health`` and ``/readiness`` answer 503 until the model is ready. If loading fails the process
+exits with status 1, so a supervisor (the runner) sees the failure.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+from runlm.store.builtin import UnknownModelError, resolve_model
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve-engine", help="serve one model over an OpenAI-compatible HTTP API",
+                       description="Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, "
+                                   "/v1/models, ...) on 127.0.0.1:8000, or on a Unix socket with --uds.")
+    p.add_argument("model", help="built-in name (smollm2, tinycoder), a .gguf file or a model directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    where.add_argument("--uds", default=None, metavar="PATH", help="listen on this Unix socket instead (mode 0600)")
+    p.add_argument("--api-key", default=os.environ.get("RUNLM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $RUNLM_API_KEY; none: no key needed)")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="name(s) clients use for the model (default: MODEL as given); others get 421")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences run together (default 64)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per engine step (default 512)")
+    p.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
+                   help="KV-cache size: bytes such as 2GiB, or a fraction of free memory such as 0.3")
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="sequences that may wait beyond --max-num-seqs before requests get 503 (default 256)")
+    p.add_argument("--max-body-size", default="16MiB", metavar="SIZE", help="largest request body (default 16MiB)")
+    p.add_argument("--cors-origins", nargs="*", default=[], metavar="ORIGIN",
+                   help="origins browsers may call from (default: none)")
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="compute dtype (default float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=run_serve_engine)
+
+
+def _kv_cache_memory(value: str | None) -> str | float | None:
+    if value is None:
+        return None
+    try:
+        fraction = float(value)
+    except ValueError:
+        return value
+    return fraction if 0 < fraction <= 1 else value
+
+
+def open_socket(host: str, port: int, uds: str | None) -> tuple[socket.socket, str]:
+    """The listening socket and how to reach it. A Unix socket is private to this user (0600)."""
+    if uds is not None:
+        path = Path(uds)
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise OSError(f"{path} exists and is not a socket; refusing to replace it")
+            path.unlink()  # a stale socket from an earlier run
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o077)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        return sock, f"unix:{path}"
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(addr)
+    bound = sock.getsockname()
+    shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
+    return sock, f"http://{shown}:{bound[1]}"
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal after a graceful shutdown; a requested stop is a clean exit
+            # (status 0, the Unix socket removed), not death by signal
+            getattr(self, "_captured_signals", []).clear()
+
+    return Server
+
+
+def run_serve_engine(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from runlm.engine.async_llm import AsyncLLM
+    from runlm.engine.config import parse_size
+    from runlm.server import ServerSettings, build_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        resolve_model(args.model)
+        settings = ServerSettings(served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
+                                  cors_origins=list(args.cors_origins), max_body_bytes=parse_size(args.max_body_size),
+                                  max_waiting=args.max_waiting)
+        if args.max_waiting < 0:
+            raise ValueError("--max-waiting must be 0 or more")
+        sock, where = open_socket(args.host, args.port, args.uds)
+    except (UnknownModelError, ValueError, OSError) as exc:
+        print(f"runlm serve-engine: {exc}", file=sys.stderr)
+        return 1
+    engine_args = dict(max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                       max_num_batched_tokens=args.max_num_batched_tokens,
+                       kv_cache_memory=_kv_cache_memory(args.kv_cache_memory), device=args.device)
+    if args.dtype or args.device.startswith("cuda"):
+        engine_args["dtype"] = args.dtype or "bfloat16"
+    failed: list[BaseException] = []
+
+    def on_load_error(exc: BaseException) -> None:
+        failed.append(exc)
+        server.should_exit = True
+
+    app = build_app(settings, load_engine=lambda: AsyncLLM(args.model, **engine_args), on_load_error=on_load_error)
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_level == "debug",
+                            timeout_graceful_shutdown=5, lifespan="on")
+    server = _server_class()(config)
+    print(f"runlm serve-engine: serving {settings.served_model_names[0]!r} on {where}", file=sys.stderr, flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if args.uds:
+            Path(args.uds).unlink(missing_ok=True)
+    if failed:
+        print(f"runlm serve-engine: the model failed to load: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,35 @@
+"""Causal attention over the paged KV cache (AVX2 + FMA C++ kernel, compiled on first use).
+
+``paged_attention`` serves a whole step's query rows in one call per layer, reading K/V rows
+through each sequence's slot list; a row's result is bitwise the same whatever else is in
+the step or how its prompt was chunked (see csrc/attention.cpp). Returns None for inputs it
+does not cover (not fp32 on CPU, no kernel): the caller then uses torch's SDPA.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from runlm.kernels.build import load_kernel
+
+_ext: ModuleType | None = None
+_state: bool | None = None
+
+
+def available() -> bool:
+    global _ext, _state
+    if _state is None:
+        _ext = load_kernel("runlm_attention_v1", "attention.cpp")
+        _state = _ext is not None
+    return _state
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                    query_lens: list[int], context_lens: list[int], scale: float,
+                    window: int | None = None) -> torch.Tensor | None:
+    """q [T, H, D]; caches [S, KVH, D]; slots: every sequence's context slots, concatenated.
+    -> [T, H, D], or None when the kernel does not apply."""
+    if not (_state or (_state is None and available())):
+        return None
+    return _ext.paged_attention(q, k_cache, v_cache, slots, query_lens, context_lens, scale, window or 0)

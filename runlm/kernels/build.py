@@ -1,0 +1,106 @@
+"""Compiles runlm's C++ CPU kernels on first use (torch.utils.cpp_extension) and loads them.
+
+Each kernel is one source file in csrc/, built into its own extension module under the torch
+extensions cache, one folder per Python and torch version (venvs with different torch builds
+never share a .so). A kernel that cannot be built (no compiler, no ninja, a CPU without
+AVX2/FMA, RUNLM_NO_KERNELS set) is reported unavailable once, and callers use torch instead.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CSRC = Path(__file__).parent / "csrc"
+# -ffp-contract=off and no -ffast-math: the compiler must keep the written order of every sum.
+_CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
+# libgomp.so.1 resolves to the copy torch already loaded, so both share one OpenMP pool.
+_LDFLAGS = ["-fopenmp"]
+
+_lock = threading.Lock()
+_loaded: dict[str, ModuleType | None] = {}
+
+
+def cpu_has_avx2_fma() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags: set[str] = set()
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+        return {"avx2", "fma"} <= flags
+    except OSError:  # not Linux: ask torch, whose AVX2 level needs avx2 and fma
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def _ensure_ninja_on_path() -> None:
+    """cpp_extension runs `ninja` from PATH; a venv used without activation has it only in bin/."""
+    if shutil.which("ninja"):
+        return
+    dirs = [os.path.dirname(sys.executable)]
+    try:
+        import ninja  # the PyPI wheel
+
+        dirs.insert(0, ninja.BIN_DIR)
+    except Exception:
+        pass
+    os.environ["PATH"] = os.pathsep.join(dirs + [os.environ.get("PATH", "")])
+
+
+def _build_directory(name: str) -> Path:
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    tag = f"runlm-py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
+    path = Path(root) / tag / name
+    path.mkdir(parents=True, exist_ok=True)
+    # A build killed midway leaves its lock file behind, and torch would wait on it forever.
+    lock = path / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > 300:
+            lock.unlink()
+    except OSError:
+        pass
+    return path
+
+
+def _build(name: str, source: str) -> ModuleType | None:
+    if os.environ.get("RUNLM_NO_KERNELS"):
+        return None
+    if not cpu_has_avx2_fma():
+        logger.info("runlm.kernels: CPU lacks AVX2/FMA; %s uses torch", name)
+        return None
+    try:
+        _ensure_ninja_on_path()
+        from torch.utils.cpp_extension import load
+
+        return load(name=name, sources=[str(CSRC / source)], build_directory=str(_build_directory(name)),
+                    extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS, verbose=False)
+    except Exception as e:  # no compiler, no ninja, a build error: fall back, never raise
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        keys = ("error:", "not found", "no such file")
+        why = next((ln for ln in lines if any(k in ln.lower() for k in keys)), lines[-1] if lines else repr(e))
+        logger.warning("runlm.kernels: could not build %s, using torch instead (%s)", name, why[:300])
+        return None
+
+
+def load_kernel(name: str, source: str) -> ModuleType | None:
+    """The compiled module for csrc/<source>, or None when it cannot be had. Never raises; cached."""
+    if name not in _loaded:
+        with _lock:
+            if name not in _loaded:
+                _loaded[name] = _build(name, source)
+    return _loaded[name]

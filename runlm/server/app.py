@@ -1,0 +1,69 @@
+"""The app factory: ``build_app(settings, engine)`` for a loaded AsyncLLM (tests, embedding in other
+programs), or ``build_app(settings, load_engine=...)`` to load it after the socket is open, so
+``/liveness`` answers at once and ``/health`` and ``/readiness`` say 503 until the model is ready."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from runlm.engine.async_llm import AsyncLLM
+from runlm.server import chat, completions, meta, tokenize
+from runlm.server.errors import install_error_handlers
+from runlm.server.metrics import ServerMetrics
+from runlm.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
+from runlm.server.state import ServerSettings, ServerState
+
+log = logging.getLogger("runlm.server")
+
+
+def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
+              load_engine: Callable[[], AsyncLLM] | None = None,
+              on_load_error: Callable[[BaseException], None] | None = None,
+              shutdown_engine: bool = True) -> FastAPI:
+    if (engine is None) == (load_engine is None):
+        raise ValueError("give either a loaded engine or load_engine")
+    state: ServerState
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loader = None if load_engine is None else asyncio.create_task(_load(state, load_engine, on_load_error))
+        try:
+            yield
+        finally:
+            if loader is not None:
+                loader.cancel()
+            if shutdown_engine and state.engine is not None:
+                state.engine.shutdown()
+
+    app = FastAPI(title="runlm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    state = ServerState(settings, ServerMetrics(settings.served_model_names[0], lambda: state.engine), engine)
+    app.state.server = state
+    install_error_handlers(app)
+    for router in (chat.router, completions.router, tokenize.router, meta.router,
+                   meta.fallback_router):  # the fallback last: a pooling router goes before it
+        app.include_router(router)
+    # added innermost first: CORS outermost so preflights and error answers carry its headers
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    if settings.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
+                           allow_headers=["*"], allow_credentials=False)
+    return app
+
+
+async def _load(state: ServerState, load_engine: Callable[[], AsyncLLM],
+                on_error: Callable[[BaseException], None] | None) -> None:
+    try:
+        state.engine = await asyncio.to_thread(load_engine)
+        log.info("model %s is ready", state.model_name)
+    except Exception as exc:
+        state.load_error = exc
+        log.error("loading %s failed: %s", state.model_name, exc)
+        if on_error is not None:
+            on_error(exc)

@@ -1,0 +1,112 @@
+"""``POST /v1/chat/completions``: OpenAI's chat API, streamed or whole."""
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from runlm.server.body import parse_body
+from runlm.server.errors import APIError
+from runlm.server.generation import Generation, TicketedStreamingResponse, admit, new_id
+from runlm.server.logprobs import TokenTexts, chat_logprobs
+from runlm.server.prompts import chat_prompt_ids, check_prompts
+from runlm.server.protocol import ChatCompletionRequest
+from runlm.server.sampling import to_sampling_params
+from runlm.server.sse import DONE, HEADERS, error_event, event, usage
+from runlm.server.state import ServerState
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    req = await parse_body(request, ChatCompletionRequest)
+    state.check_model(req.model)
+    engine = state.require_task("generate", "chat completions")
+    params = to_sampling_params(req)
+    prompt = chat_prompt_ids(engine, req.messages, req.add_generation_prompt, req.tools, req.chat_template_kwargs)
+    check_prompts(engine, [prompt], params, "messages")
+    ticket = admit(state, engine, params.n)
+    gen = Generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority)
+    texts = TokenTexts(engine.engine.tokenizer) if params.logprobs is not None else None
+    if req.stream:
+        return TicketedStreamingResponse(_stream(gen, req, state.model_name, texts), ticket,
+                                         media_type="text/event-stream", headers=HEADERS)
+    try:
+        body = await _whole(gen, state.model_name, texts)
+    finally:
+        ticket.release()
+    return JSONResponse(body)
+
+
+async def _whole(gen: Generation, model: str, texts: TokenTexts | None) -> dict[str, Any]:
+    n = gen.params.n
+    content = [""] * n
+    finish: list[str | None] = [None] * n
+    tokens = [0] * n
+    lps: list[list] = [[] for _ in range(n)]
+    ids: list[list[int]] = [[] for _ in range(n)]
+    prompt_tokens = cached = 0
+    async for _, out in gen.stream():
+        prompt_tokens, cached = len(out.prompt_token_ids), out.num_cached_tokens
+        for c in out.outputs:
+            content[c.index] += c.text
+            tokens[c.index] += len(c.token_ids)
+            if c.finish_reason is not None:
+                finish[c.index] = c.finish_reason
+            if texts is not None and c.logprobs:
+                ids[c.index] += c.token_ids
+                lps[c.index] += c.logprobs
+    choices = []
+    for i in range(n):
+        logprobs = chat_logprobs(texts, ids[i], lps[i], gen.params.logprobs) if texts is not None else None
+        choices.append({"index": i, "message": {"role": "assistant", "content": content[i], "refusal": None,
+                                                "tool_calls": []},
+                        "logprobs": logprobs, "finish_reason": finish[i]})
+    return {"id": gen.request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": usage(prompt_tokens, sum(tokens), cached), "system_fingerprint": None}
+
+
+async def _stream(gen: Generation, req: ChatCompletionRequest, model: str,
+                  texts: TokenTexts | None) -> AsyncIterator[str]:
+    created = int(time.time())
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    def chunk(choices: list[dict[str, Any]]) -> str:
+        payload: dict[str, Any] = {"id": gen.request_id, "object": "chat.completion.chunk", "created": created,
+                                   "model": model, "system_fingerprint": None, "choices": choices}
+        if include_usage:
+            payload["usage"] = None
+        return event(payload)
+
+    for i in range(gen.params.n):
+        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None}])
+    prompt_tokens = completion_tokens = cached = 0
+    try:
+        async for _, out in gen.stream():
+            prompt_tokens, cached = len(out.prompt_token_ids), out.num_cached_tokens
+            for c in out.outputs:
+                completion_tokens += len(c.token_ids)
+                if not c.text and not c.token_ids and c.finish_reason is None:
+                    continue
+                delta = {"content": c.text} if (c.text or c.finish_reason is None) else {}
+                logprobs = (chat_logprobs(texts, c.token_ids, c.logprobs or [], gen.params.logprobs)
+                            if texts is not None and c.token_ids else None)
+                yield chunk([{"index": c.index, "delta": delta, "logprobs": logprobs,
+                              "finish_reason": c.finish_reason}])
+    except APIError as exc:
+        yield error_event(exc)
+        yield DONE
+        return
+    if gen.disconnected:
+        return
+    if include_usage:
+        yield event({"id": gen.request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                     "system_fingerprint": None, "choices": [], "usage": usage(prompt_tokens, completion_tokens,
+                                                                               cached)})
+    yield DONE

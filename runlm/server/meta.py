@@ -1,0 +1,90 @@
+"""Routes about the server rather than generation: models, health, readiness, version, metrics."""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from runlm import __version__
+from runlm.server.errors import APIError, error_response
+from runlm.server.metrics import CONTENT_TYPE
+from runlm.server.state import ServerState
+
+router = APIRouter()
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    card: dict[str, Any] = {"id": name, "object": "model", "created": state.created, "owned_by": "runlm",
+                            "root": state.model_name, "parent": None}
+    if state.engine is not None:
+        card["max_model_len"] = state.engine.engine.max_model_len
+    return card
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    state = _state(request)
+    return JSONResponse({"object": "list", "data": [_model_card(state, n) for n in state.settings.served_model_names]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(request: Request, model_id: str) -> JSONResponse:
+    state = _state(request)
+    if model_id not in state.settings.served_model_names:
+        raise APIError(404, f"The model {model_id!r} does not exist", param="model", code="model_not_found")
+    return JSONResponse(_model_card(state, model_id))
+
+
+def _health(state: ServerState) -> Response:
+    if state.engine is None:
+        why = f"the model failed to load: {state.load_error}" if state.load_error else "the model is loading"
+        return error_response(503, why, code="model_not_ready", headers={"Retry-After": "1"})
+    try:
+        state.engine.check_health_now()
+    except Exception as exc:
+        return error_response(503, str(exc), code="engine_dead")
+    return JSONResponse({"status": "ok", "model": state.model_name})
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 once the model is loaded and the engine is alive; 503 before, and after it dies."""
+    return _health(_state(request))
+
+
+@router.get("/readiness")
+async def readiness(request: Request) -> Response:
+    return _health(_state(request))
+
+
+@router.get("/liveness")
+async def liveness() -> JSONResponse:
+    """The process answers; says nothing about the model (see /readiness)."""
+    return JSONResponse({"status": "alive"})
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": __version__})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+# Routes of tasks this model lacks. The pooling router (embeddings, rerank), when mounted, is
+# included before this one, so its /v1/embeddings wins and this answer stays for generative models.
+fallback_router = APIRouter()
+
+
+@fallback_router.post("/v1/embeddings")
+async def embeddings_unsupported(request: Request) -> Response:
+    _state(request).require_task("embed", "embeddings")
+    raise APIError(400, "this model does not support embeddings", param="model", code="unsupported_task")

@@ -1,0 +1,98 @@
+"""Request bodies (pydantic): what the ``openai`` client can send, checked before the engine sees it.
+
+Unknown fields are ignored, as vLLM does, so newer clients keep working. Bounds on numbers are
+here so that huge values are a 400 naming the field, not an engine error. ``response_format``,
+``tools``, ``tool_choice`` and the structured-output extras are accepted loosely typed; the
+request -> SamplingParams translation (runlm/server/sampling.py) is where they take effect.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+_MAX_INT = 2**31 - 1
+Int = StrictInt
+Float = StrictFloat  # JSON numbers (ints too); strings like "0.5" and booleans are refused
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=False)
+
+
+class StreamOptions(_Body):
+    include_usage: StrictBool | None = False
+    continuous_usage_stats: StrictBool | None = False
+
+
+class _Sampling(_Body):
+    """The sampling fields shared by chat and completions (OpenAI's, then vLLM's extras)."""
+    model: StrictStr | None = None
+    n: Int = Field(1, ge=1, le=128)
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: Int | None = Field(None, ge=-2**63, lt=2**64)
+    temperature: Float | None = Field(None, ge=0.0, le=2.0)
+    top_p: Float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: Int | None = Field(None, ge=1, le=_MAX_INT)
+    presence_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[StrictStr, Float] | None = None
+    user: StrictStr | None = None
+    # vLLM extras
+    top_k: Int | None = Field(None, ge=-1, le=_MAX_INT)
+    min_p: Float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: Float | None = Field(None, gt=0.0, le=10.0)
+    ignore_eos: StrictBool = False
+    min_tokens: Int = Field(0, ge=0, le=_MAX_INT)
+    stop_token_ids: list[Int] | None = Field(None, max_length=1024)
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    priority: Int = Field(0, ge=-_MAX_INT, le=_MAX_INT)
+    # structured outputs (issue 7 hooks them in; accepted here so clients that send them get an answer)
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[dict[str, Any]] = Field(..., min_length=1)
+    max_completion_tokens: Int | None = Field(None, ge=1, le=_MAX_INT)
+    logprobs: StrictBool | None = False
+    top_logprobs: Int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
+    add_generation_prompt: StrictBool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: StrictStr | list[StrictStr] | list[Int] | list[list[Int]]
+    logprobs: Int | None = Field(None, ge=0, le=20)
+    echo: StrictBool | None = False
+    suffix: StrictStr | None = None
+    best_of: Int | None = Field(None, ge=1, le=128)
+
+
+class TokenizeRequest(_Body):
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: StrictBool = True
+    return_token_strs: StrictBool = False
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Body):
+    model: StrictStr | None = None
+    tokens: list[Int] = Field(..., max_length=1 << 20)
+
+
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]

@@ -1,0 +1,73 @@
+"""Request -> SamplingParams: the one place where a request's fields become engine settings.
+
+Structured outputs (``response_format``, ``tools``/``tool_choice``, ``structured_outputs``, the
+``guided_*`` extras) hook in at ``apply_structured_outputs`` below.
+"""
+from __future__ import annotations
+
+from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
+from runlm.server.errors import bad_request
+from runlm.server.protocol import ChatCompletionRequest, CompletionRequest
+
+MAX_STOP_STRINGS = 64
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context end
+
+
+def to_sampling_params(req: ChatCompletionRequest | CompletionRequest) -> SamplingParams:
+    is_chat = isinstance(req, ChatCompletionRequest)
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stop)}", "stop")
+    if any(not s for s in stop):
+        raise bad_request("stop strings must not be empty", "stop")
+    logit_bias = None
+    if req.logit_bias:
+        try:
+            logit_bias = {int(k): float(v) for k, v in req.logit_bias.items()}
+        except ValueError:
+            raise bad_request("logit_bias keys must be token ids (integers written as strings)", "logit_bias") from None
+    if is_chat:
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if req.top_logprobs and not req.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        prompt_logprobs = None
+    else:
+        max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+        logprobs = req.logprobs
+        prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
+        if req.best_of is not None and req.best_of != req.n:
+            raise bad_request("best_of other than n is not supported", "best_of")
+        if req.suffix:
+            raise bad_request("suffix is not supported by this model", "suffix")
+    if max_tokens is not None and req.min_tokens > max_tokens:
+        raise bad_request(f"min_tokens ({req.min_tokens}) must not exceed max_tokens ({max_tokens})", "min_tokens")
+    try:
+        params = SamplingParams(
+            n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
+            min_p=req.min_p or 0.0, presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            seed=req.seed, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
+            include_stop_str_in_output=req.include_stop_str_in_output, ignore_eos=req.ignore_eos,
+            max_tokens=max_tokens, min_tokens=req.min_tokens, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs, logit_bias=logit_bias,
+            skip_special_tokens=req.skip_special_tokens)
+    except SamplingParamsError as exc:
+        raise bad_request(str(exc), exc.param) from None
+    apply_structured_outputs(req, params)
+    return params
+
+
+def apply_structured_outputs(req: ChatCompletionRequest | CompletionRequest, params: SamplingParams) -> None:
+    """Hook for structured outputs (issue 7). Until then a request that asks for a constrained
+    format gets a clear 400 rather than unconstrained text."""
+    rf = req.response_format
+    if rf is not None and rf.get("type", "text") != "text":
+        raise bad_request(f"response_format of type {rf.get('type')!r} is not supported yet", "response_format")
+    for name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+        if getattr(req, name) is not None:
+            raise bad_request(f"{name} is not supported yet", name)
+    if isinstance(req, ChatCompletionRequest) and req.tool_choice not in (None, "none", "auto") and req.tools:
+        raise bad_request("forcing a tool call (tool_choice) is not supported yet", "tool_choice")

@@ -1,0 +1,59 @@
+"""What a running server knows: its settings, its engine (once loaded) and the requests in flight."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from runlm.server.errors import APIError, not_ready
+
+if TYPE_CHECKING:
+    from runlm.engine.async_llm import AsyncLLM
+    from runlm.server.metrics import ServerMetrics
+
+MiB = 1 << 20
+
+
+@dataclass(slots=True)
+class ServerSettings:
+    served_model_names: list[str]            # the first is the name we answer with
+    api_key: str | None = None
+    cors_origins: list[str] = field(default_factory=list)
+    max_body_bytes: int = 16 * MiB
+    # sequences that may wait for a slot beyond the engine's max_num_seqs before we answer 503
+    max_waiting: int = 256
+    max_prompts_per_request: int = 256
+
+
+@dataclass(slots=True)
+class ServerState:
+    settings: ServerSettings
+    metrics: ServerMetrics
+    engine: AsyncLLM | None = None
+    load_error: BaseException | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    in_flight_seqs: int = 0                  # sequences admitted and not yet finished
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.served_model_names[0]
+
+    def ready_engine(self) -> AsyncLLM:
+        """The engine, or a 503 while it loads (or when it failed)."""
+        if self.engine is None:
+            if self.load_error is not None:
+                raise APIError(503, f"the model failed to load: {self.load_error}", code="model_load_failed")
+            raise not_ready()
+        return self.engine
+
+    def check_model(self, requested: str | None) -> None:
+        """A request naming another model is misdirected (421): a backend serves exactly one model."""
+        if requested and requested not in self.settings.served_model_names:
+            raise APIError(421, f"this server serves the model {self.model_name!r}, not {requested!r}",
+                           param="model", code="model_not_served")
+
+    def require_task(self, task: str, what: str) -> AsyncLLM:
+        engine = self.ready_engine()
+        if task not in engine.get_supported_tasks():
+            raise APIError(400, f"this model does not support {what}", param="model", code="unsupported_task")
+        return engine
