@@ -13,6 +13,7 @@ is caught by ``_sync``, which rolls the matcher back to match.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Iterable, Sequence as Seq
 
@@ -55,13 +56,17 @@ class StructuredOutputManager:
         self._executor: llguidance.LLExecutor | None = None
         self._bitmask = np.empty((0, 0), dtype=np.int32)
         self.seqs: dict[int, SeqGrammar] = {}
+        self._build_lock = threading.Lock()
 
     @property
     def compiler(self) -> GrammarCompiler:
-        if self._compiler is None:  # ~0.2 s for a 50k vocabulary, so only when first needed
-            n_vocab = max(self.vocab_size, self.tokenizer.vocab_size)
-            lltok = llguidance.LLTokenizer(self.tokenizer.hf.to_str(), n_vocab=n_vocab, eos_token=self.eos_ids)
-            self._compiler = GrammarCompiler(lltok)
+        if self._compiler is not None:
+            return self._compiler
+        with self._build_lock:  # ~0.2 s for a 50k vocabulary, so only when first needed
+            if self._compiler is None:
+                n_vocab = max(self.vocab_size, self.tokenizer.vocab_size)
+                lltok = llguidance.LLTokenizer(self.tokenizer.hf.to_str(), n_vocab=n_vocab, eos_token=self.eos_ids)
+                self._compiler = GrammarCompiler(lltok)
         return self._compiler
 
     # ---- requests ---------------------------------------------------------------------------

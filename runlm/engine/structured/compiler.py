@@ -8,6 +8,7 @@ without triton.
 from __future__ import annotations
 
 import copy
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -58,27 +59,31 @@ def grammar_text(p: StructuredOutputsParams) -> str:
 
 
 class GrammarCompiler:
-    """Checks each constraint against the model's tokenizer once; later requests reuse the result."""
+    """Checks each constraint against the model's tokenizer once; later requests reuse the result.
+    Thread-safe: a server compiles up front on a worker thread while the engine thread runs."""
 
     def __init__(self, tokenizer: llguidance.LLTokenizer, limits: llguidance.LLParserLimits | None = None) -> None:
         self.tokenizer = tokenizer
         self.limits = limits or llguidance.LLParserLimits(verbose_errors=False)
         self._cache: OrderedDict[tuple, str] = OrderedDict()
+        self._lock = threading.Lock()
 
     def compile(self, p: StructuredOutputsParams) -> str:
         key = p.key()
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
         grammar = grammar_text(p)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer,
                                                                                 limits=self.limits)
         if is_error:
             raise StructuredOutputsError(f"structured_outputs.{p.kind}", _first_line(messages))
-        self._cache[key] = grammar
-        if len(self._cache) > _CACHE_SIZE:
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[key] = grammar
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
         return grammar
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
