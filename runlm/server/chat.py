@@ -15,10 +15,10 @@ from runlm.server.logprobs import TokenTexts, chat_logprobs
 from runlm.server.prompts import chat_prompt_ids, check_prompts
 from runlm.server.protocol import ChatCompletionRequest
 from runlm.server.sampling import to_sampling_params
-from runlm.server.structured import check_structured_outputs
-from runlm.server.tool_calls import DeltaBuilder, tool_plan, whole_message
 from runlm.server.sse import DONE, HEADERS, error_event, event, usage
 from runlm.server.state import ServerState
+from runlm.server.structured import check_structured_outputs
+from runlm.server.tool_calls import DeltaBuilder, tool_plan, whole_message
 from runlm.tools.choice import ToolPlan
 
 router = APIRouter()

@@ -9,7 +9,8 @@ front (off the event loop), so a bad schema is a 400 naming the request field, e
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from runlm.engine.async_llm import AsyncLLM
 from runlm.engine.sampling_params import SamplingParams

@@ -8,8 +8,9 @@ call is always valid JSON for its schema. ``none`` hides the tools from the temp
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from runlm.tools.parsers import ForcedNamedParser, ForcedRequiredParser, ToolParser, parser_for_template
 

@@ -10,7 +10,8 @@ parser reads back.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from runlm.tools.parsers import arguments_object
 

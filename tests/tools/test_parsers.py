@@ -1,31 +1,39 @@
 """Tool-call parsers over real model output formats, whole and streamed in every split."""
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
 import pytest
 
-from runlm.tools.parsers import (ForcedNamedParser, ForcedRequiredParser, HermesParser, Llama3JsonParser,
-                                 MistralParser, parse_tool_calls, parser_for_template)
+from runlm.tools.parsers import (
+    ForcedNamedParser,
+    ForcedRequiredParser,
+    HermesParser,
+    Llama3JsonParser,
+    MistralParser,
+    parse_tool_calls,
+    parser_for_template,
+)
 from runlm.tools.streaming import ToolCallStreamer
 
 WEATHER = '{"city": "Paris", "units": {"temp": "C"}, "note": "a \\"quoted\\" } brace"}'
 CASES = [
     (HermesParser(), f'Let me check.\n<tool_call>\n{{"name": "get_weather", "arguments": {WEATHER}}}\n</tool_call>',
      "Let me check.\n", [("get_weather", WEATHER)]),
-    (HermesParser(), '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n'
-                     '{"arguments": {"x": [1, 2]}, "name": "b"}\n</tool_call>',
+    (HermesParser(), ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n'
+                     '{"arguments": {"x": [1, 2]}, "name": "b"}\n</tool_call>'),
      None, [("a", "{}"), ("b", '{"x": [1, 2]}')]),
     (Llama3JsonParser(), f'{{"name": "get_weather", "parameters": {WEATHER}}}', None, [("get_weather", WEATHER)]),
     (Llama3JsonParser(), '<|python_tag|>{"name": "a", "parameters": {"n": 1}}; {"name": "b", "parameters": {}}',
      None, [("a", '{"n": 1}'), ("b", "{}")]),
-    (MistralParser(), f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {WEATHER}}}, {{"name": "b", '
-                      f'"arguments": {{}}}}]', None, [("get_weather", WEATHER), ("b", "{}")]),
+    (MistralParser(), (f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {WEATHER}}}, {{"name": "b", '
+                      f'"arguments": {{}}}}]'), None, [("get_weather", WEATHER), ("b", "{}")]),
     (MistralParser(), f'[TOOL_CALLS]get_weather[ARGS]{WEATHER}', None, [("get_weather", WEATHER)]),
     (ForcedNamedParser("get_weather"), WEATHER, None, [("get_weather", WEATHER)]),
-    (ForcedRequiredParser(), f'[{{"name": "get_weather", "parameters": {WEATHER}}}, {{"name": "b", '
-                             f'"parameters": {{"q": true}}}}]', None, [("get_weather", WEATHER), ("b", '{"q": true}')]),
+    (ForcedRequiredParser(), (f'[{{"name": "get_weather", "parameters": {WEATHER}}}, {{"name": "b", '
+                             f'"parameters": {{"q": true}}}}]'), None, [("get_weather", WEATHER), ("b", '{"q": true}')]),
 ]
 
 
@@ -42,7 +50,7 @@ def _stream(parser, text: str, cuts: list[int]) -> tuple[str, list[dict]]:
     streamer = ToolCallStreamer(parser)
     content, calls = "", {}
     bounds = [0, *cuts, len(text)]
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         c, deltas = streamer.push(text[a:b], final=b == len(text))
         content += c
         for d in deltas:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Iterable, Sequence as Seq
 
 import llguidance
 import numpy as np

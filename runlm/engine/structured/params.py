@@ -7,8 +7,9 @@ before the request is admitted.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from runlm.engine.sampling_params import SamplingParamsError
 
