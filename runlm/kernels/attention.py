@@ -20,7 +20,7 @@ _state: bool | None = None
 def available() -> bool:
     global _ext, _state
     if _state is None:
-        _ext = load_kernel("runlm_attention_v1", "attention.cpp")
+        _ext = load_kernel("runlm_attention", "attention.cpp")
         _state = _ext is not None
     return _state
 

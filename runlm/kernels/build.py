@@ -7,6 +7,7 @@ AVX2/FMA, RUNLM_NO_KERNELS set) is reported unavailable once, and callers use to
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import platform
@@ -98,9 +99,13 @@ def _build(name: str, source: str) -> ModuleType | None:
 
 
 def load_kernel(name: str, source: str) -> ModuleType | None:
-    """The compiled module for csrc/<source>, or None when it cannot be had. Never raises; cached."""
+    """The compiled module for csrc/<source>, or None when it cannot be had. Never raises; cached.
+
+    The build is named after a hash of the source and flags, so two checkouts with different
+    sources never share (and keep rebuilding) one build folder."""
     if name not in _loaded:
         with _lock:
             if name not in _loaded:
-                _loaded[name] = _build(name, source)
+                digest = hashlib.sha256((CSRC / source).read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()
+                _loaded[name] = _build(f"{name}_{digest[:12]}", source)
     return _loaded[name]

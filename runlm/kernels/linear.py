@@ -25,7 +25,7 @@ def available() -> bool:
     """True once the kernel is compiled and loaded on an AVX2+FMA CPU. Never raises; cached."""
     global _ext, _state
     if _state is None:
-        _ext = load_kernel("runlm_linear_v2", "linear.cpp")
+        _ext = load_kernel("runlm_linear", "linear.cpp")
         _state = _ext is not None
     return _state
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from runlm.formats import ModelFormatError
+from runlm.kernels.linear import dequantize_blocks
 from runlm.models.config import ModelConfig
 from runlm.models.linear import BlockQuantized
 
@@ -57,9 +58,9 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig,
         hf = hf_name_for_gguf(name)
         if hf is None:
             raise ModelFormatError(f"{gguf.path}: tensor {name!r} is not part of a {gguf.architecture} decoder")
-        parts = [gguf.load(name)]
-        if keep_quantized and hf.endswith(".weight") and (blocks := gguf.load_block_parts(name)) is not None:
-            parts = [*blocks, parts[0]]  # q, d, m: rows line up with the dense tensor's
+        blocks = gguf.load_block_parts(name) if keep_quantized and hf.endswith(".weight") else None
+        # q, d, m and the dense tensor they give (multiply, then add: the dequantizer's own floats)
+        parts = [gguf.load(name)] if blocks is None else [*blocks, dequantize_blocks(*blocks)]
         heads = cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads if ".k_proj." in hf else 0
         if permute and heads:
             parts = [_unpermute(t, heads) for t in parts]

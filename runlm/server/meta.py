@@ -86,5 +86,5 @@ fallback_router = APIRouter()
 
 @fallback_router.post("/v1/embeddings")
 async def embeddings_unsupported(request: Request) -> Response:
-    _state(request).require_task("embed", "embeddings")
+    _state(request).ready_engine()
     raise APIError(400, "this model does not support embeddings", param="model", code="unsupported_task")

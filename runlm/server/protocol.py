@@ -7,7 +7,7 @@ request -> SamplingParams translation (runlm/server/sampling.py) is where they t
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -38,7 +38,7 @@ class _Sampling(_Body):
     max_tokens: Int | None = Field(None, ge=1, le=_MAX_INT)
     presence_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[StrictStr, Float] | None = None
+    logit_bias: dict[StrictStr, Float] | None = Field(None, max_length=2048)
     user: StrictStr | None = None
     # vLLM extras
     top_k: Int | None = Field(None, ge=-1, le=_MAX_INT)
@@ -94,5 +94,3 @@ class DetokenizeRequest(_Body):
     model: StrictStr | None = None
     tokens: list[Int] = Field(..., max_length=1 << 20)
 
-
-Role = Literal["system", "developer", "user", "assistant", "tool", "function"]

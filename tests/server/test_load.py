@@ -31,7 +31,7 @@ def metrics(server) -> dict[str, float]:
     text = httpx.get(f"{server.url}/metrics").text
     out = {}
     for line in text.splitlines():
-        m = re.match(r'^(runlm:[a-z_]+)(?:\{([^}]*)\})? (\S+)$', line)
+        m = re.match(r'^(runlm:[a-z0-9_]+)(?:\{([^}]*)\})? (\S+)$', line)
         if m and 'le="' not in (m.group(2) or ""):
             key = m.group(1) + (f"{{{m.group(2)}}}" if "finished_reason" in (m.group(2) or "") else "")
             out[key] = float(m.group(3))
@@ -119,6 +119,16 @@ def test_disconnect_aborts_at_once(server) -> None:
     assert after["runlm:kv_cache_usage_perc"] == 0
 
 
+def test_disconnect_aborts_a_whole_answer_too(server) -> None:
+    wait_idle(server)
+    aborted = metrics(server).get(ABORTED, 0)
+    body = {"prompt": "a story", "max_tokens": 480, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(f"{server.base_url}/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
+    after = wait_idle(server, timeout=10)
+    assert after[ABORTED] == aborted + 1 and after["runlm:kv_cache_usage_perc"] == 0
+
+
 def test_full_queue_is_503_with_retry_after(server) -> None:
     wait_idle(server)
     hold = {"prompt": "hold", "n": 60, "max_tokens": 400, "stream": True, "ignore_eos": True}
@@ -137,6 +147,8 @@ def test_full_queue_is_503_with_retry_after(server) -> None:
 
 
 def test_metrics_exposition(server) -> None:
+    r = httpx.post(f"{server.base_url}/completions", json={"prompt": "metrics", "max_tokens": 3}, timeout=60)
+    assert r.status_code == 200
     text = httpx.get(f"{server.url}/metrics").text
     for name in ("runlm:num_requests_running", "runlm:num_requests_waiting", "runlm:kv_cache_usage_perc",
                  "runlm:prefix_cache_queries_total", "runlm:prefix_cache_hits_total", "runlm:prompt_tokens_total",
@@ -146,6 +158,7 @@ def test_metrics_exposition(server) -> None:
         assert f"\n{name}" in text, name
     m = metrics(server)
     assert m["runlm:time_to_first_token_seconds_count"] >= 1 and m["runlm:prefix_cache_queries_total"] > 0
+    assert m["runlm:request_queue_time_seconds_count"] >= 1 and m["runlm:e2e_request_latency_seconds_count"] >= 1
 
 
 def test_cors_for_allowed_origins_only(server) -> None:

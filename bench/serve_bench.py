@@ -1,0 +1,261 @@
+"""Serving benchmark: runlm serve-engine vs llama-cpp-python's server on the same GGUF, in one run.
+
+Drives each server's HTTP API the way ``vllm bench serve`` does: streaming /v1/completions with
+``stream_options.include_usage``, a fixed number of prompts at a fixed concurrency, and per
+request TTFT (time to first token), TPOT (time per output token after the first), ITL (gaps
+between streamed chunks) and end-to-end latency; output tokens/s over the whole run. Both servers
+get the same prompts and the same output length (end-of-sequence tokens are banned through
+logit_bias, which both accept), and the peers alternate at each concurrency level.
+
+    .venv/bin/python bench/serve_bench.py [--model smollm2] [--concurrency 1 8 32] [--output-len 24]
+
+Writes bench/results/serve_bench.json and bench/results/serve_bench.md; prints the table with
+runlm / llama.cpp ratios. The machine is shared: read the figures as rough.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPICS = ["a lighthouse keeper", "the history of bread", "how tides work", "a robot learning to paint",
+          "the water cycle", "a city under the sea", "why leaves change colour", "a chess tournament",
+          "the first trip to Mars", "a bakery at dawn", "volcanoes", "a lost dog finding home"]
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Write a detailed essay about {TOPICS[i % len(TOPICS)]}. Essay {i}: In the beginning,"
+            for i in range(n)]
+
+
+@dataclass
+class Server:
+    name: str
+    cmd: list[str]
+    url: str
+    env: dict
+    proc: subprocess.Popen | None = None
+    log: list[str] = field(default_factory=list)
+
+    def start(self, timeout: float = 300) -> None:
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited:\n{''.join(self.log)[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200 and \
+                        httpx.post(f"{self.url}/v1/completions", timeout=120,
+                                   json={"prompt": "Hello", "max_tokens": 2}).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} did not become ready")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def servers(model_path: str, threads: int, ctx: int) -> list[Server]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=str(ROOT))
+    p1, p2 = free_port(), free_port()
+    runlm = Server("runlm", [sys.executable, "-m", "runlm.cli", "serve-engine", model_path, "--port", str(p1),
+                             "--served-model-name", "bench", "--max-model-len", str(ctx), "--log-level", "warning"],
+                   f"http://127.0.0.1:{p1}", env)
+    llama = Server("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model", model_path, "--port", str(p2),
+                                 "--host", "127.0.0.1", "--model_alias", "bench", "--n_ctx", str(ctx),
+                                 "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                                 "--interrupt_requests", "False"],  # else a new request cuts the running one
+                   f"http://127.0.0.1:{p2}", env)
+    return [runlm, llama]
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    text: str = ""
+    error: str = ""
+
+
+async def one_request(http: httpx.AsyncClient, prompt: str, output_len: int, banned: dict[str, float]) -> RequestResult:
+    body = {"model": "bench", "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}, "logit_bias": banned}
+    start = time.perf_counter()
+    last = None
+    res = RequestResult(ok=False)
+    try:
+        async with http.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    res.output_tokens = chunk["usage"]["completion_tokens"]
+                if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+                    continue
+                now = time.perf_counter()
+                if last is None:
+                    res.ttft = now - start
+                else:
+                    res.itl.append(now - last)
+                last = now
+                res.text += chunk["choices"][0]["text"]
+        res.e2e = time.perf_counter() - start
+        res.ok = last is not None
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        res.error = repr(exc)
+    return res
+
+
+async def run_level(url: str, texts: list[str], concurrency: int, output_len: int,
+                    banned: dict[str, float]) -> tuple[list[RequestResult], float]:
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as http:
+        async def limited(p: str) -> RequestResult:
+            async with sem:
+                return await one_request(http, p, output_len, banned)
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(limited(p) for p in texts))
+        return list(results), time.perf_counter() - t0
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+
+
+def summarise(results: list[RequestResult], duration: float, count_tokens) -> dict:
+    ok = [r for r in results if r.ok]
+    for r in ok:
+        if not r.output_tokens:  # the peer sent no usage: count with the same tokenizer
+            r.output_tokens = count_tokens(r.text)
+    tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    itl = [x for r in ok for x in r.itl]
+    ttft = [r.ttft for r in ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    return {"completed": len(ok), "failed": len(results) - len(ok),
+            "errors": sorted({r.error for r in results if r.error})[:3], "duration_s": duration,
+            "output_tokens": out_tokens, "output_tok_s": out_tokens / duration, "req_s": len(ok) / duration,
+            **{f"{name}_{stat}_ms": 1000 * fn(xs) for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl))
+               for stat, fn in (("mean", lambda v: statistics.fmean(v) if v else float("nan")),
+                                ("median", lambda v: pct(v, 50)), ("p99", lambda v: pct(v, 99)))}}
+
+
+def table(rows: list[dict], levels: list[int]) -> str:
+    cols = [("output_tok_s", "out tok/s", True), ("ttft_median_ms", "TTFT p50 ms", False),
+            ("ttft_p99_ms", "TTFT p99 ms", False), ("tpot_median_ms", "TPOT p50 ms", False),
+            ("itl_median_ms", "ITL p50 ms", False), ("itl_p99_ms", "ITL p99 ms", False)]
+    lines = ["| concurrency | prompts | metric | runlm | llama.cpp | runlm / llama.cpp |", "|---|---|---|---|---|---|"]
+    for c in levels:
+        a = next(r for r in rows if r["server"] == "runlm" and r["concurrency"] == c)
+        b = next(r for r in rows if r["server"] == "llama.cpp" and r["concurrency"] == c)
+        for key, label, higher_better in cols:
+            ratio = a[key] / b[key] if b[key] else float("nan")
+            lines.append(f"| {c} | {a['prompts']} | {label} | {a[key]:.1f} | {b[key]:.1f} | {ratio:.2f}"
+                         f"{'' if higher_better else ' (lower is better)'} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--prompts", type=int, nargs="+", default=None,
+                    help="prompts per level (default: 2 x concurrency, at least 3)")
+    ap.add_argument("--output-len", type=int, default=24)
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from runlm.store.builtin import resolve_model
+
+    model_path = str(resolve_model(args.model))
+    counts = args.prompts or [max(3, min(2 * c, 32)) for c in args.concurrency]
+    peers = servers(model_path, args.threads, args.ctx)
+    rows: list[dict] = []
+    try:
+        for s in peers:
+            print(f"starting {s.name} ...", flush=True)
+            s.start()
+        tok = httpx.post(f"{peers[0].url}/v1/tokenize", json={"prompt": "<|im_end|><|endoftext|>",
+                                                              "add_special_tokens": False}).json()["tokens"]
+        banned = {str(t): -100.0 for t in tok}  # no early end-of-sequence: equal output lengths on both
+
+        def count_tokens(text: str) -> int:
+            return httpx.post(f"{peers[0].url}/v1/tokenize", json={"prompt": text, "add_special_tokens": False}
+                              ).json()["count"]
+        for i, (c, n) in enumerate(zip(args.concurrency, counts)):
+            order = peers if i % 2 == 0 else peers[::-1]  # alternate who goes first
+            for s in order:
+                results, duration = asyncio.run(run_level(s.url, prompts(n), c, args.output_len, banned))
+                row = {"server": s.name, "concurrency": c, "prompts": n, "output_len": args.output_len,
+                       **summarise(results, duration, count_tokens)}
+                rows.append(row)
+                print(f"{s.name:>9} c={c:<3} n={n:<3} {row['output_tok_s']:7.1f} out tok/s  "
+                      f"TTFT p50 {row['ttft_median_ms']:8.0f} ms  TPOT p50 {row['tpot_median_ms']:7.0f} ms  "
+                      f"failed {row['failed']} {' '.join(row['errors'])}", flush=True)
+    finally:
+        for s in peers:
+            s.stop()
+    md = table(rows, args.concurrency)
+    print("\n" + md)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"model": args.model, "threads": args.threads, "output_len": args.output_len,
+            "cpu": _cpu_name(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (out / "serve_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    (out / "serve_bench.md").write_text(f"# Serving benchmark ({meta['model']}, {meta['threads']} threads, "
+                                        f"{meta['output_len']} output tokens, {meta['time']})\n\n{md}\n")
+    return 1 if any(r["failed"] for r in rows) else 0
+
+
+def _cpu_name() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        m = re.search(r"model name\s*:\s*(.*)", text)
+        return m.group(1).strip() if m else "unknown"
+    except OSError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
