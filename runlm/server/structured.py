@@ -68,7 +68,8 @@ def _param_name(source: str, err: StructuredOutputsError) -> str:
     return source
 
 
-def structured_outputs_for(req: Any, forced: dict[str, Any] | None = None) -> tuple[str, StructuredOutputsParams] | None:
+def structured_outputs_for(req: Any, forced: dict[str, Any] | None = None,
+                           ) -> tuple[str, StructuredOutputsParams] | None:
     """The request's constraint and the field it came from (None when it asks for none)."""
     found = _sources(req, forced)
     if not found:
