@@ -20,6 +20,7 @@ from runlm.engine.sampler import make_generator
 from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.engine.scheduler import Scheduler, SchedulerConfig
 from runlm.engine.pooling_params import TaskError
+from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.models.registry import LoadedModel, load_decoder, model_task
 from runlm.store.builtin import resolve_model
 
@@ -66,6 +67,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.loaded, self.blocks, config.dtype, self.device)
         self.requests: dict[str, RequestState] = {}
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids) | frozenset(mc.eos_token_ids)
+        self.structured = self.runner.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_ids)
         self._stop_ids: dict[int, frozenset[int]] = {}
         self.num_preemptions = 0
         self.sleep_level = 0
@@ -109,6 +111,7 @@ class LLMEngine:
                             "model")
         text, ids = self.tokenize_prompt(prompt)
         self.check_prompt(ids, params)
+        grammar = self.structured.compile(params)  # an invalid schema fails here, before anything is queued
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - len(ids)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
@@ -119,6 +122,7 @@ class LLMEngine:
                            generator=make_generator(seed), logprobs=[] if params.logprobs is not None else None)
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
             self._stop_ids[seq.seq_id] = frozenset(stops)
+            self.structured.add(seq, grammar)
             seqs.append(seq)
         self.requests[request_id] = new_request_state(request_id, text, ids, seqs, self.tokenizer, output_kind)
         for seq in seqs:
@@ -144,6 +148,7 @@ class LLMEngine:
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
         self._stop_ids.pop(seq.seq_id, None)
+        self.structured.remove(seq)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

@@ -13,6 +13,7 @@ from runlm.engine.kv_cache import BlockManager
 from runlm.engine.request import Logprob, Sequence
 from runlm.engine.sampler import process_logits, sample, token_logprobs
 from runlm.engine.scheduler import SchedulerOutput
+from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.registry import LoadedModel
 
@@ -33,6 +34,7 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, blocks: BlockManager, dtype: torch.dtype, device: torch.device) -> None:
         self.loaded, self.blocks, self.dtype, self.device = loaded, blocks, dtype, device
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.structured: StructuredOutputManager | None = None  # the engine's grammar masks, if any
         self.allocate_kv_cache()
 
     def allocate_kv_cache(self) -> None:
@@ -81,7 +83,11 @@ class ModelRunner:
         params = [s.params for s in sample_seqs]
         logits = process_logits(raw, params, [s.token_ids[:s.num_prompt_tokens] for s in sample_seqs],
                                  [s.output_token_ids for s in sample_seqs], [stop_ids[s.seq_id] for s in sample_seqs])
+        if self.structured is not None:
+            self.structured.mask_logits(logits, sample_seqs)
         tokens = sample(logits, params, [s.generator for s in sample_seqs]).tolist()
+        if self.structured is not None:
+            self.structured.accept(sample_seqs, tokens)
         results = []
         want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
         lps = torch.log_softmax(raw[want_lp], dim=-1) if want_lp else None

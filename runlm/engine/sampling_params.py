@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from runlm.engine.structured.params import StructuredOutputsParams
 
 _MAX_INT = 2**31 - 1
 
@@ -36,6 +40,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | Mapping[str, Any] | None = None  # JSON schema, regex, choice...
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -44,6 +49,10 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if self.structured_outputs is not None:
+            from runlm.engine.structured.params import coerce_structured_outputs  # it imports this module
+
+            self.structured_outputs = coerce_structured_outputs(self.structured_outputs)
         self.validate()
 
     @property

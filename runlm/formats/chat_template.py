@@ -20,6 +20,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from runlm.tools.prompt import prepare_tool_messages
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -80,8 +82,10 @@ def render_chat(messages: Sequence[Mapping[str, Any]], template: str | None, *,
                 add_generation_prompt: bool = True, bos_token: str | None = None,
                 eos_token: str | None = None, tools: list[dict] | None = None,
                 **extra: Any) -> str:
-    """Render ``messages`` with ``template`` (ChatML when None) to the prompt text."""
+    """Render ``messages`` with ``template`` (ChatML when None) to the prompt text. Templates that
+    know no tools get them in a system message (runlm.tools.prompt)."""
     source = template if template else CHATML_TEMPLATE
+    messages, tools = prepare_tool_messages(messages, tools, source)
     try:
         compiled = _compile(source)
         return compiled.render(messages=[_normalise(m) for m in messages],

@@ -17,6 +17,9 @@ from runlm.server.protocol import ChatCompletionRequest
 from runlm.server.sampling import to_sampling_params
 from runlm.server.sse import DONE, HEADERS, error_event, event, usage
 from runlm.server.state import ServerState
+from runlm.server.structured import check_structured_outputs
+from runlm.server.tool_calls import DeltaBuilder, tool_plan, whole_message
+from runlm.tools.choice import ToolPlan
 
 router = APIRouter()
 
@@ -27,23 +30,28 @@ async def chat_completions(request: Request) -> Response:
     req = await parse_body(request, ChatCompletionRequest)
     state.check_model(req.model)
     engine = state.require_task("generate", "chat completions")
-    params = to_sampling_params(req)
-    prompt = chat_prompt_ids(engine, req.messages, req.add_generation_prompt, req.tools, req.chat_template_kwargs)
+    plan = tool_plan(req, engine)
+    params = to_sampling_params(req, plan.structured_outputs)
+    if plan.parser is not None and plan.parser.needs_special_tokens:
+        params.skip_special_tokens = False  # the call markers are special tokens
+    prompt = chat_prompt_ids(engine, req.messages, req.add_generation_prompt, plan.template_tools,
+                             req.chat_template_kwargs)
     check_prompts(engine, [prompt], params, "messages")
+    await check_structured_outputs(engine, params, req, plan.structured_outputs)
     ticket = admit(state, engine, params.n)
     gen = Generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority)
     texts = TokenTexts(engine.engine.tokenizer) if params.logprobs is not None else None
     if req.stream:
-        return TicketedStreamingResponse(_stream(gen, req, state.model_name, texts), ticket,
+        return TicketedStreamingResponse(_stream(gen, req, state.model_name, texts, plan), ticket,
                                          media_type="text/event-stream", headers=HEADERS)
     try:
-        body = await _whole(gen, state.model_name, texts)
+        body = await _whole(gen, state.model_name, texts, plan)
     finally:
         ticket.release()
     return JSONResponse(body)
 
 
-async def _whole(gen: Generation, model: str, texts: TokenTexts | None) -> dict[str, Any]:
+async def _whole(gen: Generation, model: str, texts: TokenTexts | None, plan: ToolPlan) -> dict[str, Any]:
     n = gen.params.n
     content = [""] * n
     finish: list[str | None] = [None] * n
@@ -64,15 +72,14 @@ async def _whole(gen: Generation, model: str, texts: TokenTexts | None) -> dict[
     choices = []
     for i in range(n):
         logprobs = chat_logprobs(texts, ids[i], lps[i], gen.params.logprobs) if texts is not None else None
-        choices.append({"index": i, "message": {"role": "assistant", "content": content[i], "refusal": None,
-                                                "tool_calls": []},
-                        "logprobs": logprobs, "finish_reason": finish[i]})
+        message, reason = whole_message(plan, content[i], finish[i])
+        choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
     return {"id": gen.request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage(prompt_tokens, sum(tokens), cached), "system_fingerprint": None}
 
 
 async def _stream(gen: Generation, req: ChatCompletionRequest, model: str,
-                  texts: TokenTexts | None) -> AsyncIterator[str]:
+                  texts: TokenTexts | None, plan: ToolPlan) -> AsyncIterator[str]:
     created = int(time.time())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -87,6 +94,7 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, model: str,
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None}])
     prompt_tokens = completion_tokens = cached = 0
+    builders = [DeltaBuilder(plan) for _ in range(gen.params.n)]
     try:
         async for _, out in gen.stream():
             prompt_tokens, cached = len(out.prompt_token_ids), out.num_cached_tokens
@@ -94,11 +102,12 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, model: str,
                 completion_tokens += len(c.token_ids)
                 if not c.text and not c.token_ids and c.finish_reason is None:
                     continue
-                delta = {"content": c.text} if (c.text or c.finish_reason is None) else {}
+                delta, reason = builders[c.index].delta(c.text, c.finish_reason)
                 logprobs = (chat_logprobs(texts, c.token_ids, c.logprobs or [], gen.params.logprobs)
                             if texts is not None and c.token_ids else None)
-                yield chunk([{"index": c.index, "delta": delta, "logprobs": logprobs,
-                              "finish_reason": c.finish_reason}])
+                if not delta and reason is None and logprobs is None:
+                    continue  # text held back (it may be the start of a tool call)
+                yield chunk([{"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}])
     except APIError as exc:
         yield error_event(exc)
         yield DONE

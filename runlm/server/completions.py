@@ -20,6 +20,7 @@ from runlm.server.logprobs import TokenTexts, completion_logprobs
 from runlm.server.prompts import check_prompts, completion_prompt_ids
 from runlm.server.protocol import CompletionRequest
 from runlm.server.sampling import to_sampling_params
+from runlm.server.structured import check_structured_outputs
 from runlm.server.sse import DONE, HEADERS, error_event, event, usage
 from runlm.server.state import ServerState
 
@@ -35,6 +36,7 @@ async def completions(request: Request) -> Response:
     params = to_sampling_params(req)
     prompts = completion_prompt_ids(engine, req.prompt, state.settings.max_prompts_per_request)
     check_prompts(engine, prompts, params, "prompt")
+    await check_structured_outputs(engine, params, req)
     ticket = admit(state, engine, params.n * len(prompts))
     gen = Generation(state, engine, request, prompts, params, new_id("cmpl"), req.priority)
     view = _View(gen, TokenTexts(engine.engine.tokenizer), bool(req.echo), state.model_name)

@@ -1,19 +1,22 @@
 """Request -> SamplingParams: the one place where a request's fields become engine settings.
 
-Structured outputs (``response_format``, ``tools``/``tool_choice``, ``structured_outputs``, the
-``guided_*`` extras) hook in at ``apply_structured_outputs`` below.
+Structured outputs (``response_format``, ``structured_outputs``, the ``guided_*`` extras, and the
+grammar a forcing ``tool_choice`` brings) are translated in runlm/server/structured.py.
 """
 from __future__ import annotations
 
 from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.server.errors import bad_request
 from runlm.server.protocol import ChatCompletionRequest, CompletionRequest
+from runlm.server.structured import structured_outputs_for
 
 MAX_STOP_STRINGS = 64
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context end
 
 
-def to_sampling_params(req: ChatCompletionRequest | CompletionRequest) -> SamplingParams:
+def to_sampling_params(req: ChatCompletionRequest | CompletionRequest,
+                       forced_constraint: dict | None = None) -> SamplingParams:
+    """``forced_constraint``: the grammar a forcing tool_choice brings (runlm.tools.choice)."""
     is_chat = isinstance(req, ChatCompletionRequest)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS:
@@ -56,18 +59,8 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest) -> Sampli
             skip_special_tokens=req.skip_special_tokens)
     except SamplingParamsError as exc:
         raise bad_request(str(exc), exc.param) from None
-    apply_structured_outputs(req, params)
+    found = structured_outputs_for(req, forced_constraint)
+    if found is not None:
+        params.structured_outputs = found[1]
     return params
 
-
-def apply_structured_outputs(req: ChatCompletionRequest | CompletionRequest, params: SamplingParams) -> None:
-    """Hook for structured outputs (issue 7). Until then a request that asks for a constrained
-    format gets a clear 400 rather than unconstrained text."""
-    rf = req.response_format
-    if rf is not None and rf.get("type", "text") != "text":
-        raise bad_request(f"response_format of type {rf.get('type')!r} is not supported yet", "response_format")
-    for name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"):
-        if getattr(req, name) is not None:
-            raise bad_request(f"{name} is not supported yet", name)
-    if isinstance(req, ChatCompletionRequest) and req.tool_choice not in (None, "none", "auto") and req.tools:
-        raise bad_request("forcing a tool call (tool_choice) is not supported yet", "tool_choice")

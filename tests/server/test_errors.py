@@ -45,7 +45,7 @@ def assert_error(r: httpx.Response, status: int, param: str | None = None, text:
     ({"messages": HI, "top_logprobs": 3}, "top_logprobs", "logprobs"),
     ({"messages": HI, "min_tokens": 10, "max_tokens": 5}, "min_tokens", ""),
     ({"messages": HI, "stream_options": {"include_usage": 1}}, "stream_options.include_usage", ""),
-    ({"messages": HI, "response_format": {"type": "json_object"}}, "response_format", "not supported"),
+    ({"messages": HI, "response_format": {"type": "xml"}}, "response_format.type", "'xml'"),
     ({"messages": []}, "messages", ""),
     ({}, "messages", "required"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "wizard"),
