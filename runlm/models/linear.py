@@ -27,11 +27,21 @@ class BlockQuantized:
     offsets: torch.Tensor  # fp32 [N, K/32]
     dense: torch.Tensor    # fp32 [N, K]
 
+    def int8_parts(self) -> Int8Parts:
+        """The parts a layer keeps (dropping ``dense``, which is only needed while loading)."""
+        return Int8Parts(self.qweight, self.scales, self.offsets)
+
+
+@dataclass(slots=True)
+class Int8Parts:
+    qweight: torch.Tensor  # int8 [N, K]
+    scales: torch.Tensor   # fp32 [N, K/32]
+    offsets: torch.Tensor  # fp32 [N, K/32]
+
     @staticmethod
-    def cat(parts: list[BlockQuantized]) -> BlockQuantized:
+    def cat(parts: list[Int8Parts]) -> Int8Parts:
         """Stack along N (rows), as fused projections stack their checkpoint tensors."""
-        return BlockQuantized(*(torch.cat([getattr(p, f) for p in parts]) for f in
-                                ("qweight", "scales", "offsets", "dense")))
+        return Int8Parts(*(torch.cat([getattr(p, f) for p in parts]) for f in ("qweight", "scales", "offsets")))
 
 
 class Linear(nn.Linear):
@@ -40,7 +50,7 @@ class Linear(nn.Linear):
         for name in ("qweight", "scales", "offsets"):  # set by keep_quantized
             self.register_buffer(name, None)
 
-    def keep_quantized(self, q: BlockQuantized) -> None:
+    def keep_quantized(self, q: Int8Parts) -> None:
         """Serve this layer from q's int8 values; the fp32 weight is dropped."""
         self.register_buffer("qweight", q.qweight.contiguous())
         self.register_buffer("scales", q.scales.contiguous())

@@ -15,7 +15,7 @@ from torch import nn
 from runlm.kernels import linear
 from runlm.models.attention import paged_attention
 from runlm.models.config import ModelConfig
-from runlm.models.linear import BlockQuantized, Linear
+from runlm.models.linear import BlockQuantized, Int8Parts, Linear
 from runlm.models.rope import RotaryEmbedding
 
 
@@ -142,14 +142,14 @@ class LlamaForCausalLM(nn.Module):
         """Copy HF-named tensors into the (fused) parameters; every parameter must be filled."""
         params = dict(self.named_parameters())
         filled: set[str] = set()
-        quantized: dict[str, dict[int, BlockQuantized]] = {}  # parameter -> shard -> its int8 parts
+        quantized: dict[str, dict[int, Int8Parts]] = {}  # parameter -> shard -> its int8 parts
         for name, tensor in weights:
             if "rotary_emb" in name:
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied checkpoints sometimes carry a copy
-            if isinstance(tensor, BlockQuantized):
-                block, tensor = tensor, tensor.dense
+            if isinstance(tensor, BlockQuantized):  # keep only the int8 parts; dense goes into the parameter
+                block, tensor = tensor.int8_parts(), tensor.dense
             else:
                 block = None
             for frag, (fused, shard) in _STACKED.items():
@@ -179,16 +179,17 @@ class LlamaForCausalLM(nn.Module):
             raise KeyError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
         self._keep_quantized(quantized)
 
-    def _keep_quantized(self, quantized: dict[str, dict[int, BlockQuantized]]) -> None:
+    def _keep_quantized(self, quantized: dict[str, dict[int, Int8Parts]]) -> None:
         """Layers whose every shard came block-quantized serve from int8 (the fused ones need all shards)."""
         for name, shards in quantized.items():
             fused = next((f for f in (".qkv_proj.", ".gate_up_proj.") if f in name), None)
             if len(shards) != (len(self._shard_sizes(fused)) if fused else 1):
                 continue
-            parts = BlockQuantized.cat([shards[i] for i in sorted(shards)])
+            parts = Int8Parts.cat([shards[i] for i in sorted(shards)])
             if name == "model.embed_tokens.weight":
                 if self.lm_head is None:
-                    self.tied_head = Linear(parts.dense.shape[1], parts.dense.shape[0], bias=False, device="meta")
+                    rows, cols = parts.qweight.shape
+                    self.tied_head = Linear(cols, rows, bias=False, device="meta")
                     self.tied_head.keep_quantized(parts)
                 continue
             module = self.get_submodule(name.rsplit(".", 1)[0])
