@@ -21,7 +21,7 @@ from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.engine.scheduler import Scheduler, SchedulerConfig
 from runlm.engine.pooling_params import TaskError
 from runlm.engine.structured.backend import StructuredOutputManager
-from runlm.models.registry import LoadedModel, load_decoder, model_task
+from runlm.models.load import LoadedModel, load_decoder, model_task
 from runlm.store.builtin import resolve_model
 
 if TYPE_CHECKING:

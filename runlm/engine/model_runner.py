@@ -15,7 +15,7 @@ from runlm.engine.sampler import process_logits, sample, token_logprobs
 from runlm.engine.scheduler import SchedulerOutput
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.models.attention import ForwardContext, forward_context
-from runlm.models.registry import LoadedModel
+from runlm.models.load import LoadedModel
 
 
 @dataclass(slots=True)

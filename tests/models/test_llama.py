@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from runlm.engine.llm import LLM
 from runlm.engine.sampling_params import SamplingParams
 from runlm.models.attention import ForwardContext, forward_context
-from runlm.models.registry import load_decoder
+from runlm.models.load import load_decoder
 from tests.fixtures.models import RECIPES
 
 GREEDY_TOKENS = 64
@@ -84,14 +84,14 @@ def test_smollm2_gguf_matches_transformers(smollm2_gguf: Path) -> None:
 
 def test_smollm2_int8_block_weights_give_the_dense_logits(smollm2_gguf: Path, monkeypatch) -> None:
     """Q4_1/Q8_0 layers kept as int8 blocks compute exactly the fp32 dequantized model's logits."""
-    import runlm.models.registry as registry
+    import runlm.models.load as load_module
 
     quantized = load_decoder(smollm2_gguf)
     modules = [m for m in quantized.model.modules() if getattr(m, "qweight", None) is not None]
     if not modules:
         pytest.skip("the linear kernels are unavailable here, so nothing is kept quantized")
     assert len(modules) == 4 * quantized.config.num_layers + 1  # qkv, o, gate_up, down per layer + tied head
-    monkeypatch.setattr(registry.kernels, "available", lambda: False)
+    monkeypatch.setattr(load_module.kernels, "available", lambda: False)
     dense = load_decoder(smollm2_gguf)
     assert not [m for m in dense.model.modules() if getattr(m, "qweight", None) is not None]
     ids = torch.tensor(quantized.tokenizer.encode("The capital of France is"))

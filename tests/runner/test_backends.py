@@ -55,7 +55,7 @@ def test_native_memory_grows_with_context(stored, tmp_path: Path) -> None:
 
 
 def test_native_weight_estimate_is_what_the_engine_allocates(stored) -> None:
-    from runlm.models.registry import load_decoder
+    from runlm.models.load import load_decoder
     from runlm.runner.backends.native import weight_bytes
 
     store, model = stored

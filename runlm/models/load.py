@@ -12,7 +12,7 @@ from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
 from runlm.models.llama import LlamaForCausalLM
-from runlm.models.loader import gguf_weights, read_hf_config, rope_freq_factors, safetensors_weights
+from runlm.models.weights import gguf_weights, read_hf_config, rope_freq_factors, safetensors_weights
 from runlm.models.pooling import has_sentence_transformers_pooling
 
 _ENCODER_GGUF_ARCHS = {"bert", "nomic-bert", "jina-bert-v2"}
