@@ -1,6 +1,7 @@
 """Engine settings and the KV-cache budget."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -32,6 +33,18 @@ def available_memory() -> int:
     return 4 << 30
 
 
+def physical_cores() -> int:
+    """Physical CPU cores (hyper-threads share one core's SIMD units, so kernels gain nothing from them)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cores = {(p, c) for p, c in re.findall(r"physical id\s*:\s*(\d+)[\s\S]*?core id\s*:\s*(\d+)", f.read())}
+        if cores:
+            return len(cores)
+    except OSError:
+        pass
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str
@@ -47,6 +60,10 @@ class EngineConfig:
     seed: int = 0
     # what the model is run for: "auto" (from its files), "generate", "embed" or "score" (vLLM's runner/convert)
     task: str = "auto"
+    # reference numerics (dequantized weights x fp32 activations) instead of GGUF blocks x 8-bit activations
+    exact_numerics: bool = False
+    # CPU threads for the kernels (None: one per physical core)
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.task not in ("auto", "generate", "embed", "score"):
@@ -57,6 +74,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if self.block_size < 1:
             raise ValueError("block_size must be at least 1")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("threads must be at least 1")
 
 
 DEFAULT_KV_FRACTION = 0.25

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from runlm.engine.config import EngineConfig, kv_cache_blocks
+from runlm.engine.config import EngineConfig, kv_cache_blocks, physical_cores
 from runlm.engine.kv_cache import BlockManager
 from runlm.engine.model_runner import ModelRunner, kv_bytes_per_token
 from runlm.engine.output import CUMULATIVE, RequestState, append_token, make_output, new_request_state
@@ -54,8 +54,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.device = torch.device(config.device)
+        torch.set_num_threads(config.threads or physical_cores())
         self.loaded = loaded or load_decoder(resolve_model(str(config.model)), dtype=config.dtype,
-                                             device=config.device)
+                                             device=config.device, exact_numerics=config.exact_numerics)
         self.tokenizer = self.loaded.tokenizer
         mc = self.loaded.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
@@ -207,12 +208,13 @@ class LLMEngine:
         self.runner.free_kv_cache()
         self.blocks.reset_prefix_cache()
         if level == 2:
-            self.loaded.model.to_empty(device="meta")
+            self.loaded.model.release_weights()
         self.sleep_level = max(self.sleep_level, level)
 
     def wake_up(self) -> None:
         if self.sleep_level == 2:
-            fresh = load_decoder(self.loaded.path, dtype=self.config.dtype, device=self.config.device)
+            fresh = load_decoder(self.loaded.path, dtype=self.config.dtype, device=self.config.device,
+                                 exact_numerics=self.config.exact_numerics)
             self.loaded.model = fresh.model
         if self.sleep_level:
             self.runner.allocate_kv_cache()

@@ -6,6 +6,7 @@ dequantization is our own whole-tensor numpy code following ggml's block layouts
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +17,7 @@ import torch
 
 from runlm.formats import ModelFormatError
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES", "TensorInfo", "GGUFFile", "dequantize"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES", "TensorInfo", "GGUFFile", "dequantize", "ggml_type"]
 
 SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm", "bert"})
 
@@ -150,6 +151,13 @@ _QUANTS: dict[str, tuple[int, np.dtype, Callable[[np.ndarray], np.ndarray]]] = {
 _FLOATS: dict[str, int] = {"F32": 4, "F16": 2, "BF16": 2}  # bytes per value
 
 SUPPORTED_TYPES: frozenset[str] = frozenset(_QUANTS) | frozenset(_FLOATS)
+# Dequantized by gguf-py (exact mode); fast mode computes on them as stored, like every other type.
+_GGUF_PY_TYPES: frozenset[str] = frozenset({"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"})
+
+
+def ggml_type(qtype: str) -> int:
+    """ggml's enum value for a type name ("Q4_K" -> 12)."""
+    return int(gguf.GGMLQuantizationType[qtype].value)
 
 # Dequantize about this many values at a time: bounds the size of the temporaries.
 _CHUNK_VALUES = 1 << 20
@@ -289,14 +297,28 @@ class GGUFFile:
         info = self._info(name)
         return self._data[info.offset:info.offset + info.n_bytes]
 
+    def raw_tensor(self, name: str) -> torch.Tensor:
+        """The tensor's bytes as a uint8 torch view [rows, row_bytes] of the mapped file: no copy, and
+        pages shared with every process that maps the same file. Never written to."""
+        info = self._info(name)
+        with warnings.catch_warnings():  # torch warns that the array is read-only; nothing writes it
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.from_numpy(self.raw(name))
+        rows = int(np.prod(info.shape[:-1], dtype=np.int64)) if len(info.shape) > 1 else 1
+        return flat.view(rows, -1)
+
     def load(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The tensor dequantized into a new torch tensor of ``dtype``, shaped ``TensorInfo.shape``."""
         info = self._info(name)
-        if info.qtype not in SUPPORTED_TYPES:
+        if info.qtype not in SUPPORTED_TYPES and info.qtype not in _GGUF_PY_TYPES:
             raise ModelFormatError(f"{self.path}: tensor {name!r} has type {info.qtype}, which runlm cannot "
-                                   f"dequantize (supported: {', '.join(sorted(SUPPORTED_TYPES))})")
+                                   f"dequantize (supported: {', '.join(sorted(SUPPORTED_TYPES | _GGUF_PY_TYPES))})")
         try:
-            values = dequantize(self.raw(name), info.qtype, info.shape)
+            if info.qtype in SUPPORTED_TYPES:
+                values = dequantize(self.raw(name), info.qtype, info.shape)
+            else:  # the rarer block types: gguf-py's reference dequantizer (slower, same floats)
+                values = gguf.quants.dequantize(self.raw(name), gguf.GGMLQuantizationType[info.qtype])
+                values = values.astype(np.float32, copy=False).reshape(info.shape)
         except ValueError as e:
             raise ModelFormatError(f"{self.path}: tensor {name!r}: {e}") from e
         return torch.from_numpy(values).to(dtype)

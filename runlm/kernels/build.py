@@ -78,7 +78,7 @@ def _build_directory(name: str) -> Path:
     return path
 
 
-def _build(name: str, source: str) -> ModuleType | None:
+def _build(name: str, source: str, cflags: list[str], ldflags: list[str]) -> ModuleType | None:
     if os.environ.get("RUNLM_NO_KERNELS"):
         return None
     if not cpu_has_avx2_fma():
@@ -89,7 +89,7 @@ def _build(name: str, source: str) -> ModuleType | None:
         from torch.utils.cpp_extension import load
 
         return load(name=name, sources=[str(CSRC / source)], build_directory=str(_build_directory(name)),
-                    extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS, verbose=False)
+                    extra_cflags=_CFLAGS + cflags, extra_ldflags=_LDFLAGS + ldflags, verbose=False)
     except Exception as e:  # no compiler, no ninja, a build error: fall back, never raise
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         keys = ("error:", "not found", "no such file")
@@ -98,7 +98,7 @@ def _build(name: str, source: str) -> ModuleType | None:
         return None
 
 
-def load_kernel(name: str, source: str) -> ModuleType | None:
+def load_kernel(name: str, source: str, cflags: tuple[str, ...] = (), ldflags: tuple[str, ...] = ()) -> ModuleType | None:
     """The compiled module for csrc/<source>, or None when it cannot be had. Never raises; cached.
 
     The build is named after a hash of the source and flags, so two checkouts with different
@@ -106,6 +106,7 @@ def load_kernel(name: str, source: str) -> ModuleType | None:
     if name not in _loaded:
         with _lock:
             if name not in _loaded:
-                digest = hashlib.sha256((CSRC / source).read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()
-                _loaded[name] = _build(f"{name}_{digest[:12]}", source)
+                flags = " ".join([*_CFLAGS, *cflags, *ldflags]).encode()
+                digest = hashlib.sha256((CSRC / source).read_bytes() + flags).hexdigest()
+                _loaded[name] = _build(f"{name}_{digest[:12]}", source, list(cflags), list(ldflags))
     return _loaded[name]

@@ -1,13 +1,11 @@
-"""The linear layer every model uses: runlm's batch-invariant kernels where they apply.
+"""The linear layer and token embedding every model uses, over whichever weights were loaded.
 
-``runlm.kernels.linear`` reduces each output in one fixed order whatever the batch, so a
-sequence's logits do not change with what else is in the step; anything the kernel does not
-cover (another dtype or device, no compiler) runs torch's own ``F.linear``.
-
-A layer loaded from a GGUF block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) can keep its weight
-quantized: int8 values with a scale and offset per 32 (``BlockQuantized``), dequantized in
-registers by ``linear_q8`` to exactly the floats the fp32 path would use. A decode step is
-bound by reading the weights, and this reads 1.25 bytes per weight instead of 4.
+* fp32 weights: runlm's batch-invariant kernel (``runlm.kernels.linear``), torch elsewhere.
+* Int8 blocks (exact mode, 32-value GGUF types): ``linear_q8`` dequantizes in registers to exactly
+  the floats of the fp32 path, reading 1.25 bytes per weight instead of 4.
+* GGUF blocks as stored (fast mode, every type ggml has a dot product for): ``GGMLWeight`` views of
+  the memory-mapped file, computed on by ggml's integer dot products (``runlm.kernels.ggml``);
+  no fp32 copy of the matrix ever exists.
 """
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runlm.kernels import linear, linear_q8
+from runlm.kernels import ggml, linear, linear_q8
 
 
 @dataclass(slots=True)
@@ -44,11 +42,29 @@ class Int8Parts:
         return Int8Parts(*(torch.cat([getattr(p, f) for p in parts]) for f in ("qweight", "scales", "offsets")))
 
 
+@dataclass(slots=True)
+class GGMLWeight:
+    """A matrix [rows, cols] in a ggml block type: ``raw`` is uint8 [rows, row_bytes], usually a
+    read-only view of the mapped GGUF file (so processes serving one file share its pages)."""
+    raw: torch.Tensor
+    qtype: int  # ggml type (gguf.GGMLQuantizationType value)
+    rows: int
+    cols: int
+
+    def dense(self) -> torch.Tensor:
+        return ggml.dequantize(self.raw, self.qtype, self.cols)
+
+
+# What a loader hands load_weights for one checkpoint tensor.
+Weight = torch.Tensor | BlockQuantized | GGMLWeight
+
+
 class Linear(nn.Linear):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         for name in ("qweight", "scales", "offsets"):  # set by keep_quantized
             self.register_buffer(name, None)
+        self.ggml: list[GGMLWeight] = []  # set by keep_ggml
 
     def keep_quantized(self, q: Int8Parts) -> None:
         """Serve this layer from q's int8 values; the fp32 weight is dropped."""
@@ -57,7 +73,33 @@ class Linear(nn.Linear):
         self.register_buffer("offsets", q.offsets.contiguous())
         self.weight = None
 
+    def keep_ggml(self, segments: list[GGMLWeight]) -> None:
+        """Serve this layer from GGUF blocks as stored; outputs are the segments' rows in order."""
+        self.ggml = segments
+        self._ggml_raw = [s.raw for s in segments]
+        self._ggml_types = [s.qtype for s in segments]
+        self.weight = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ggml:
+            return ggml.linear(x, self._ggml_raw, self._ggml_types, self.bias)
         if self.qweight is not None:
             return linear_q8(x, self.qweight, self.scales, self.offsets, self.bias)
         return linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Embedding):
+    """Token embedding whose table may stay in a GGUF block type: rows are dequantized when gathered."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.ggml: GGMLWeight | None = None
+
+    def keep_ggml(self, table: GGMLWeight) -> None:
+        self.ggml = table
+        self.weight = None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.ggml is not None:
+            return ggml.embedding(ids, self.ggml.raw, self.ggml.qtype, self.ggml.cols)
+        return super().forward(ids)

@@ -15,7 +15,7 @@ from torch import nn
 from runlm.kernels import linear
 from runlm.models.attention import paged_attention
 from runlm.models.config import ModelConfig
-from runlm.models.linear import BlockQuantized, Int8Parts, Linear
+from runlm.models.linear import BlockQuantized, Embedding, GGMLWeight, Int8Parts, Linear, Weight
 from runlm.models.rope import RotaryEmbedding
 
 
@@ -92,7 +92,8 @@ class LlamaModel(nn.Module):
         with torch.device("cpu"):  # tables are real data even when the module is built on "meta"
             rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                                    min(cfg.max_position_embeddings, 8192), rope_freq_factors)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rope = rope
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, rope) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -118,7 +119,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = LlamaModel(cfg, rope_freq_factors)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        # tied embeddings stored quantized: the lookup keeps fp32 rows, the logits read the int8 copy
+        # tied embeddings stored quantized: the logits read the blocks (int8 or as stored)
         self.tied_head: Linear | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -131,67 +132,78 @@ class LlamaForCausalLM(nn.Module):
             return self.tied_head(hidden)
         return linear(hidden, self.model.embed_tokens.weight)
 
+    def release_weights(self) -> None:
+        """Drop every weight (sleep level 2): parameters go to "meta", views of the file are let go."""
+        self.to_empty(device="meta")
+        self.tied_head = None
+        for m in self.modules():
+            if isinstance(m, Linear) and m.ggml:
+                m.keep_ggml([])
+            elif isinstance(m, Embedding):
+                m.ggml = None
+
     def _shard_sizes(self, fused: str) -> list[int]:
         c = self.config
         if fused == ".qkv_proj.":
             return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
         return [c.intermediate_size, c.intermediate_size]
 
+    def _num_shards(self, param: str) -> int:
+        fused = next((f for f in (".qkv_proj.", ".gate_up_proj.") if f in param), None)
+        return len(self._shard_sizes(fused)) if fused else 1
+
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into the (fused) parameters; every parameter must be filled."""
-        params = dict(self.named_parameters())
-        filled: set[str] = set()
-        quantized: dict[str, dict[int, Int8Parts]] = {}  # parameter -> shard -> its int8 parts
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+        """Fill every parameter from HF-named weights: fp32 tensors, int8 blocks (BlockQuantized) or
+        GGUF blocks as stored (GGMLWeight). The model may be built on "meta": parameters are
+        materialized here, and a layer served from blocks never gets an fp32 weight at all."""
+        shards: dict[str, dict[int, Weight]] = {}  # parameter -> shard -> weight
         for name, tensor in weights:
-            if "rotary_emb" in name:
-                continue
-            if name == "lm_head.weight" and self.lm_head is None:
+            if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
                 continue  # tied checkpoints sometimes carry a copy
-            if isinstance(tensor, BlockQuantized):  # keep only the int8 parts; dense goes into the parameter
-                block, tensor = tensor.int8_parts(), tensor.dense
-            else:
-                block = None
-            for frag, (fused, shard) in _STACKED.items():
+            target, shard = name, 0
+            for frag, (fused, index) in _STACKED.items():
                 if frag in name:
-                    target = name.replace(frag, fused)
-                    sizes = self._shard_sizes(fused)
-                    offset = sum(sizes[:shard])
-                    params[target].data[offset:offset + sizes[shard]].copy_(tensor)
-                    filled.add(f"{target}#{shard}")
+                    target, shard = name.replace(frag, fused), index
                     break
-            else:
-                target, shard = name, 0
-                if name not in params:
-                    raise KeyError(f"unexpected weight {name!r}")
-                params[name].data.copy_(tensor.reshape(params[name].shape))
-                filled.add(name)
-            if block is not None:
-                quantized.setdefault(target, {})[shard] = block
-        missing = []
-        for name, p in params.items():
-            fused = next((f for f in (".qkv_proj.", ".gate_up_proj.") if f in name), None)
-            if fused:
-                missing += [f"{name}#{i}" for i in range(len(self._shard_sizes(fused))) if f"{name}#{i}" not in filled]
-            elif name not in filled:
-                missing.append(name)
+            shards.setdefault(target, {})[shard] = tensor
+        params = dict(self.named_parameters())
+        unexpected = [name for name in shards if name not in params]
+        if unexpected:
+            raise KeyError(f"unexpected weight {unexpected[0]!r}")
+        missing = [f"{name}#{i}" for name in params for i in range(self._num_shards(name))
+                   if i not in shards.get(name, {})]
         if missing:
             raise KeyError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
-        self._keep_quantized(quantized)
+        for name, parts in shards.items():
+            self._set_weight(name, [parts[i] for i in range(self._num_shards(name))])
 
-    def _keep_quantized(self, quantized: dict[str, dict[int, Int8Parts]]) -> None:
-        """Layers whose every shard came block-quantized serve from int8 (the fused ones need all shards)."""
-        for name, shards in quantized.items():
-            fused = next((f for f in (".qkv_proj.", ".gate_up_proj.") if f in name), None)
-            if len(shards) != (len(self._shard_sizes(fused)) if fused else 1):
-                continue
-            parts = Int8Parts.cat([shards[i] for i in sorted(shards)])
-            if name == "model.embed_tokens.weight":
-                if self.lm_head is None:
-                    rows, cols = parts.qweight.shape
-                    self.tied_head = Linear(cols, rows, bias=False, device="meta")
-                    self.tied_head.keep_quantized(parts)
-                continue
-            module = self.get_submodule(name.rsplit(".", 1)[0])
+    def _set_weight(self, name: str, values: list[Weight]) -> None:
+        module_name, attr = name.rsplit(".", 1)
+        module = self.get_submodule(module_name)
+        shape = getattr(module, attr).shape
+        if attr == "weight" and all(isinstance(v, GGMLWeight) for v in values):
+            if sum(v.rows for v in values) != shape[0] or any(v.cols != shape[1] for v in values):
+                raise RuntimeError(f"{name}: stored as {[(v.rows, v.cols) for v in values]}, expected {tuple(shape)}")
+            if isinstance(module, Embedding):
+                module.keep_ggml(values[0])
+                if self.lm_head is None:  # tied: the logits read the same blocks
+                    self.tied_head = Linear(shape[1], shape[0], bias=False, device="meta")
+                    self.tied_head.keep_ggml(values)
+            else:
+                module.keep_ggml(values)
+            return
+        if all(isinstance(v, BlockQuantized) for v in values):
+            parts = Int8Parts.cat([v.int8_parts() for v in values])
             if isinstance(module, Linear):
                 module.keep_quantized(parts)
+                return
+            if isinstance(module, Embedding) and self.lm_head is None:  # lookup keeps fp32 rows, logits int8
+                self.tied_head = Linear(shape[1], shape[0], bias=False, device="meta")
+                self.tied_head.keep_quantized(parts)
+        dense = [v.dense() if isinstance(v, GGMLWeight) else v.dense if isinstance(v, BlockQuantized) else v
+                 for v in values]
+        tensor = dense[0] if len(dense) == 1 else torch.cat(dense)
+        if tensor.numel() != shape.numel():
+            raise RuntimeError(f"{name}: checkpoint shape {tuple(tensor.shape)} does not fit {tuple(shape)}")
+        setattr(module, attr, nn.Parameter(tensor.reshape(shape).float().contiguous(), requires_grad=False))

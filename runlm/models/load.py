@@ -7,12 +7,14 @@ from pathlib import Path
 import torch
 
 from runlm import kernels
+from runlm.kernels import ggml
 from runlm.formats import ModelFormatError
 from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
 from runlm.models.llama import LlamaForCausalLM
-from runlm.models.weights import gguf_weights, read_hf_config, rope_freq_factors, safetensors_weights
+from runlm.models.weights import (gguf_rope_interleaved, gguf_weights, read_hf_config, rope_freq_factors,
+                                  safetensors_weights)
 from runlm.models.pooling import has_sentence_transformers_pooling
 
 _ENCODER_GGUF_ARCHS = {"bert", "nomic-bert", "jina-bert-v2"}
@@ -48,14 +50,29 @@ def model_task(path: Path) -> str:
 
 
 def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> LlamaForCausalLM:
-    """Allocate without random init: every parameter is overwritten by load_weights."""
+    """No storage and no random init: load_weights materializes each parameter it fills (and a layer
+    served from GGUF blocks never gets an fp32 weight)."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, freq_factors)
-    return model.to_empty(device="cpu")
+        return LlamaForCausalLM(cfg, freq_factors)
 
 
-def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
-    """Build a Llama-family decoder from a .gguf file or a safetensors directory."""
+def gguf_weight_mode(dtype: torch.dtype, device: str, exact_numerics: bool) -> str:
+    """How GGUF matrices are held (see models.weights.gguf_weights): as stored ("ggml", the fast
+    default on CPU), as int8 blocks dequantized in registers ("int8", exact numerics), or fp32."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return "dense"
+    if not exact_numerics and ggml.available():
+        return "ggml"
+    return "int8" if kernels.available() else "dense"
+
+
+def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                 exact_numerics: bool = False) -> LoadedModel:
+    """Build a Llama-family decoder from a .gguf file or a safetensors directory.
+
+    exact_numerics keeps reference numerics (dequantized weights times fp32 activations, the mode
+    parity tests against transformers use); the default computes on GGUF blocks as stored with
+    8-bit activations, llama.cpp's numerics."""
     path = Path(path)
     if model_task(path) != "generate":
         raise NotAGeneratorError(f"{path}: this is an embedding model (or a reranker); it cannot "
@@ -66,9 +83,10 @@ def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: s
         cfg = ModelConfig.from_gguf(gguf)
         tokenizer = Tokenizer.from_gguf(gguf)
         model = _empty_model(cfg, rope_freq_factors(gguf))
-        # int8 block weights where the fp32 CPU kernels run; elsewhere everything is dequantized
-        keep_quantized = torch.device(device).type == "cpu" and dtype == torch.float32 and kernels.available()
-        weights = gguf_weights(gguf, cfg, keep_quantized)
+        mode = gguf_weight_mode(dtype, device, exact_numerics)
+        if mode == "ggml" and gguf_rope_interleaved(gguf):
+            model.model.rope.use_interleaved_pairs()
+        weights = gguf_weights(gguf, cfg, mode)
     else:
         cfg = ModelConfig.from_hf(read_hf_config(path), source=str(path / "config.json"))
         tokenizer = Tokenizer.from_dir(path)

@@ -1,8 +1,9 @@
 """Rotary position embeddings with the scaling variants Llama-family configs use.
 
 Each variant reproduces transformers' ``ROPE_INIT_FUNCTIONS`` so logits match HF to fp32
-rounding. Rotation is the "rotate half" (NeoX) layout; GGUF Q/K weights stored in the
-interleaved layout are permuted at load time instead (see ``loader.py``).
+rounding. Rotation is the "rotate half" (NeoX) layout, or, for GGUF Q/K weights kept as stored in the
+interleaved layout (Llama-arch files), rotation of adjacent pairs: q and k then carry the same
+per-head permutation of their features, which leaves every attention score unchanged.
 """
 from __future__ import annotations
 
@@ -85,11 +86,17 @@ class RotaryEmbedding(nn.Module):
             inv = inv / freq_factors.float()
         self.inv_freq = inv
         self.attention_scaling = attn
+        self.interleaved = False
         self._build(max_position)
+
+    def use_interleaved_pairs(self) -> None:
+        """Rotate features (2i, 2i+1) together, as llama.cpp does for its "normal" RoPE layout."""
+        self.interleaved = True
+        self._build(self.cos.shape[0])
 
     def _build(self, length: int) -> None:
         freqs = torch.arange(length, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
+        emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos() * self.attention_scaling
         self.sin = emb.sin() * self.attention_scaling
 
@@ -102,10 +109,17 @@ class RotaryEmbedding(nn.Module):
             self.cos, self.sin = self.cos.to(q.device), self.sin.to(q.device)
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        rotate = _rotate_pairs if self.interleaved else _rotate_half
+        return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    pairs = x.unflatten(-1, (-1, 2))
+    rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
     return x * cos + rotated * sin

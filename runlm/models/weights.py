@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from runlm.formats import ModelFormatError
+from runlm.formats.gguf import ggml_type
+from runlm.kernels import ggml
 from runlm.kernels.linear import dequantize_blocks
 from runlm.models.config import ModelConfig
-from runlm.models.linear import BlockQuantized
+from runlm.models.linear import BlockQuantized, GGMLWeight, Weight
 
 if TYPE_CHECKING:
     from runlm.formats.gguf import GGUFFile
@@ -47,18 +49,31 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def gguf_weights(gguf: GGUFFile, cfg: ModelConfig,
-                 keep_quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | BlockQuantized]]:
-    """HF-named weights, dequantized; with keep_quantized, matrices stored in a 32-value block type
-    come as BlockQuantized (their int8 parts plus the same dequantized tensor)."""
-    permute = gguf.architecture in _INTERLEAVED_ROPE_ARCHS
-    for name in gguf.tensors:
+def gguf_rope_interleaved(gguf: GGUFFile) -> bool:
+    """Whether the file stores Q/K rows in llama.cpp's interleaved RoPE layout."""
+    return gguf.architecture in _INTERLEAVED_ROPE_ARCHS
+
+
+def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Iterator[tuple[str, Weight]]:
+    """HF-named weights of a GGUF decoder, in one of three forms:
+
+    * "dense": dequantized fp32 tensors, Q/K permuted back to the rotate-half layout;
+    * "int8": the same, but matrices stored in a 32-value block type come as BlockQuantized;
+    * "ggml": matrices in a type ggml computes on come as GGMLWeight views of the mapped file, and
+      nothing is permuted: the model rotates Q/K in the stored layout (``gguf_rope_interleaved``).
+    """
+    permute = mode != "ggml" and gguf_rope_interleaved(gguf)
+    for name, info in gguf.tensors.items():
         if name == "rope_freqs.weight":
             continue
         hf = hf_name_for_gguf(name)
         if hf is None:
             raise ModelFormatError(f"{gguf.path}: tensor {name!r} is not part of a {gguf.architecture} decoder")
-        blocks = gguf.load_block_parts(name) if keep_quantized and hf.endswith(".weight") else None
+        matrix = hf.endswith(".weight") and len(info.shape) == 2
+        if mode == "ggml" and matrix and info.qtype != "F32" and ggml.supported(ggml_type(info.qtype)):
+            yield hf, GGMLWeight(gguf.raw_tensor(name), ggml_type(info.qtype), *info.shape)
+            continue
+        blocks = gguf.load_block_parts(name) if mode == "int8" and matrix else None
         # q, d, m and the dense tensor they give (multiply, then add: the dequantizer's own floats)
         parts = [gguf.load(name)] if blocks is None else [*blocks, dequantize_blocks(*blocks)]
         heads = cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads if ".k_proj." in hf else 0

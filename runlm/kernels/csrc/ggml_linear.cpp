@@ -1,0 +1,221 @@
+// Linear layers and embedding lookups on GGUF weights as stored, through ggml's CPU type traits.
+//
+// A weight is one or more "segments": a raw [N_i, row_bytes] uint8 view of the mapped file in
+// its own ggml block type (Q4_K, Q6_K, Q8_0, F16, IQ4_XS, ...). Outputs of the segments are
+// concatenated, so q/k/v or gate/up stay separate tensors in the file (no copy) yet run as one
+// call. Each row of x is quantized once per activation type the segments ask for (Q8_0, Q8_1,
+// Q8_K, F16, ...: the type's `vec_dot_type`), then every output is one `vec_dot` of a weight
+// row with a quantized x row: llama.cpp's own numerics and SIMD kernels (the prebuilt
+// libggml-cpu picks AVX2 / AVX-512 / VNNI code at load time).
+//
+// Batch invariance: y[m, n] depends only on x row m and weight row n (vec_dot over one pair),
+// never on M, on the tile a row lands in, or on the thread count; threads split N only.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <ggml-cpu.h>
+#include <ggml.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+// Weight rows a thread keeps hot in L1/L2 while every x row passes over them (prefill).
+constexpr int64_t kRowTile = 16;
+// Below this many weight bytes a call stays on one thread: fork/join would cost more.
+constexpr int64_t kMinBytesPerThread = 32 * 1024;
+
+const ggml_type_traits_cpu* cpu_traits(int64_t type) {
+  return ggml_get_type_traits_cpu(static_cast<ggml_type>(type));
+}
+
+bool supported(int64_t type) {
+  if (type < 0 || type >= GGML_TYPE_COUNT) return false;
+  const ggml_type t = static_cast<ggml_type>(type);
+  const auto* tr = cpu_traits(t);
+  if (tr == nullptr || tr->vec_dot == nullptr || ggml_get_type_traits(t)->to_float == nullptr) return false;
+  if (ggml_blck_size(t) <= 0 || ggml_get_type_traits(t)->blck_size == 0) return false;
+  const ggml_type vt = tr->vec_dot_type;
+  return vt == GGML_TYPE_F32 || cpu_traits(vt)->from_float != nullptr;
+}
+
+int64_t row_bytes(int64_t type, int64_t k) { return static_cast<int64_t>(ggml_row_size(static_cast<ggml_type>(type), k)); }
+
+void check_segment(const at::Tensor& w, int64_t type, int64_t k) {
+  TORCH_CHECK(supported(type), "ggml type ", type, " has no CPU dot product");
+  TORCH_CHECK(k % ggml_blck_size(static_cast<ggml_type>(type)) == 0, "K=", k, " is not a whole number of ",
+              ggml_type_name(static_cast<ggml_type>(type)), " blocks");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.device().is_cpu(),
+              "weights must be a contiguous CPU uint8 [N, row_bytes] tensor");
+  TORCH_CHECK(w.size(1) == row_bytes(type, k), "row of ", w.size(1), " bytes, but ", ggml_type_name(static_cast<ggml_type>(type)),
+              " needs ", row_bytes(type, k), " for K=", k);
+}
+
+// x rows quantized to one activation type: row m at data + m * stride.
+struct QuantizedRows {
+  ggml_type type;
+  std::vector<uint8_t> buf;
+  const uint8_t* data = nullptr;
+  int64_t stride = 0;
+};
+
+void quantize_rows(const float* x, int64_t m, int64_t k, ggml_type type, QuantizedRows& out) {
+  out.type = type;
+  if (type == GGML_TYPE_F32) {  // F32 weights take x as it is
+    out.data = reinterpret_cast<const uint8_t*>(x);
+    out.stride = k * static_cast<int64_t>(sizeof(float));
+    return;
+  }
+  out.stride = row_bytes(type, k);
+  out.buf.resize(static_cast<size_t>(out.stride * m));
+  const auto from_float = cpu_traits(type)->from_float;
+  uint8_t* dst = out.buf.data();
+  const int64_t stride = out.stride;
+  at::parallel_for(0, m, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) from_float(x + i * k, dst + i * stride, k);
+  });
+  out.data = out.buf.data();
+}
+
+// y[:, col0 : col0 + N_seg] for one segment, rows [n0, n1) of it.
+void segment_rows(const uint8_t* w, int64_t wstride, ggml_vec_dot_t dot, const QuantizedRows& xq, int64_t m, int64_t k,
+                  float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  for (int64_t t0 = n0; t0 < n1; t0 += kRowTile) {
+    const int64_t t1 = std::min(n1, t0 + kRowTile);
+    for (int64_t i = 0; i < m; ++i) {
+      const uint8_t* xr = xq.data + i * xq.stride;
+      float* yr = y + i * ldy;
+      for (int64_t n = t0; n < t1; ++n) dot(static_cast<int>(k), yr + n, 0, w + n * wstride, 0, xr, 0, 1);
+    }
+  }
+}
+
+at::Tensor linear(const at::Tensor& x_in, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& types,
+                  const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(weights.size() == types.size() && !weights.empty(), "one type per weight segment");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(), "x must be fp32 on the CPU");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t k = x.size(-1);
+  const int64_t m = x.numel() / std::max<int64_t>(k, 1);
+  std::vector<int64_t> col0(weights.size() + 1, 0);
+  int64_t wbytes = 0;
+  for (size_t s = 0; s < weights.size(); ++s) {
+    check_segment(weights[s], types[s], k);
+    col0[s + 1] = col0[s] + weights[s].size(0);
+    wbytes += weights[s].numel();
+  }
+  const int64_t n = col0.back();
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = n;
+  at::Tensor y = at::empty(out_shape, x.options());
+  if (m == 0) return y;
+
+  // one quantized copy of x per activation type the segments need (usually one, Q8_K + Q8_0 at most)
+  std::vector<QuantizedRows> qx;
+  std::vector<int> seg_q(weights.size());
+  for (size_t s = 0; s < weights.size(); ++s) {
+    const ggml_type vt = cpu_traits(types[s])->vec_dot_type;
+    auto it = std::find_if(qx.begin(), qx.end(), [&](const QuantizedRows& q) { return q.type == vt; });
+    if (it == qx.end()) {
+      qx.emplace_back();
+      quantize_rows(x.data_ptr<float>(), m, k, vt, qx.back());
+      it = qx.end() - 1;
+    }
+    seg_q[s] = static_cast<int>(it - qx.begin());
+  }
+
+  float* yp = y.data_ptr<float>();
+  const int64_t bytes_per_row = std::max<int64_t>(1, wbytes / std::max<int64_t>(n, 1));
+  const int64_t grain = std::max<int64_t>(kRowTile, kMinBytesPerThread / (bytes_per_row * m));
+  at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+    for (size_t s = 0; s < weights.size(); ++s) {
+      const int64_t lo = std::max(b, col0[s]), hi = std::min(e, col0[s + 1]);
+      if (lo >= hi) continue;
+      const auto& w = weights[s];
+      segment_rows(w.data_ptr<uint8_t>(), w.size(1), cpu_traits(types[s])->vec_dot, qx[seg_q[s]], m, k, yp + col0[s], n,
+                   lo - col0[s], hi - col0[s]);
+    }
+  });
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  return y;
+}
+
+// Rows `ids` of a [V, row_bytes] table, dequantized: the embedding lookup of a quantized table.
+at::Tensor embedding(const at::Tensor& ids_in, const at::Tensor& table, int64_t type, int64_t k) {
+  check_segment(table, type, k);
+  const at::Tensor ids = ids_in.to(at::kLong).contiguous();
+  const int64_t t = ids.numel(), v = table.size(0);
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(k);
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  const auto to_float = ggml_get_type_traits(static_cast<ggml_type>(type))->to_float;
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < v, "token id ", id[i], " is outside the vocabulary of ", v);
+  const uint8_t* base = table.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  const int64_t stride = table.size(1);
+  for (int64_t i = 0; i < t; ++i) to_float(base + id[i] * stride, o + i * k, k);
+  return out;
+}
+
+// The whole [N, row_bytes] table as fp32 [N, K] (exact mode, and tests).
+at::Tensor dequantize(const at::Tensor& table, int64_t type, int64_t k) {
+  check_segment(table, type, k);
+  at::Tensor out = at::empty({table.size(0), k}, at::TensorOptions().dtype(at::kFloat));
+  const auto to_float = ggml_get_type_traits(static_cast<ggml_type>(type))->to_float;
+  const uint8_t* base = table.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  const int64_t stride = table.size(1);
+  at::parallel_for(0, table.size(0), 64, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) to_float(base + i * stride, o + i * k, k);
+  });
+  return out;
+}
+
+// fp32 [N, K] -> raw [N, row_bytes] in ggml type `type` (ggml's reference quantizer, no imatrix):
+// writes GGUF-shaped weights for tests and benchmarks.
+at::Tensor quantize(const at::Tensor& w_in, int64_t type) {
+  const ggml_type t = static_cast<ggml_type>(type);
+  TORCH_CHECK(w_in.dim() == 2 && w_in.scalar_type() == at::kFloat, "w must be fp32 [N, K]");
+  TORCH_CHECK(!ggml_quantize_requires_imatrix(t), ggml_type_name(t), " needs an importance matrix");
+  const at::Tensor w = w_in.contiguous();
+  const int64_t n = w.size(0), k = w.size(1);
+  TORCH_CHECK(k % ggml_blck_size(t) == 0, "K=", k, " is not a whole number of ", ggml_type_name(t), " blocks");
+  at::Tensor out = at::empty({n, row_bytes(type, k)}, at::TensorOptions().dtype(at::kByte));
+  ggml_quantize_chunk(t, w.data_ptr<float>(), out.data_ptr<uint8_t>(), 0, n, k, nullptr);
+  return out;
+}
+
+std::string cpu_features() {
+  std::string s;
+  const std::pair<const char*, int> flags[] = {
+      {"AVX", ggml_cpu_has_avx()},           {"AVX2", ggml_cpu_has_avx2()},
+      {"FMA", ggml_cpu_has_fma()},           {"F16C", ggml_cpu_has_f16c()},
+      {"AVX_VNNI", ggml_cpu_has_avx_vnni()}, {"AVX512", ggml_cpu_has_avx512()},
+      {"AVX512_VNNI", ggml_cpu_has_avx512_vnni()}, {"AVX512_BF16", ggml_cpu_has_avx512_bf16()},
+      {"NEON", ggml_cpu_has_neon()},         {"DOTPROD", ggml_cpu_has_dotprod()}};
+  for (const auto& [name, on] : flags)
+    if (on) s += (s.empty() ? "" : " ") + std::string(name);
+  return s;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  ggml_cpu_init();  // fp16 tables and the CPU feature probe the dot products rely on
+  m.def("linear", &linear, "x [..., K] fp32 @ concat(weights)^T (+ bias) -> [..., N]", pybind11::arg("x"),
+        pybind11::arg("weights"), pybind11::arg("types"), pybind11::arg("bias") = std::nullopt);
+  m.def("embedding", &embedding, "rows ids of a quantized table, dequantized to fp32");
+  m.def("dequantize", &dequantize, "a whole quantized [N, row_bytes] table to fp32 [N, K]");
+  m.def("quantize", &quantize, "fp32 [N, K] to a raw [N, row_bytes] table of a ggml type");
+  m.def("supported", &supported, "whether ggml has a CPU dot product for this type");
+  m.def("row_bytes", &row_bytes, "bytes of one row of K values of this type");
+  m.def("cpu_features", &cpu_features, "the SIMD features ggml's CPU backend uses");
+}
