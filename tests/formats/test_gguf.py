@@ -237,7 +237,24 @@ def test_unknown_architecture(tmp_path: Path) -> None:
     assert "snake.gguf" in str(e.value)
 
 
-@pytest.mark.parametrize("qtype", ["Q2_K", "IQ4_NL"])
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
+def test_rarer_types_dequantize_as_ggml_does(tmp_path: Path, qtype: str) -> None:
+    """Exact mode reads these through gguf-py's dequantizer: the same floats as ggml's own."""
+    from runlm.kernels import ggml
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+    weight = np.random.default_rng(5).standard_normal((3, 2 * block)).astype(np.float32)
+    if not ggml.available():
+        pytest.skip("ggml's kernels are unavailable here")
+    raw = ggml.quantize(torch.from_numpy(weight), GGMLQuantizationType[qtype]).numpy()
+    path = write_gguf(tmp_path / "rare.gguf", "llama", {"w.weight": (raw, qtype)})
+    f = GGUFFile(path)
+    assert f.tensors["w.weight"].shape == (3, 2 * block)
+    expected = ggml.dequantize(torch.from_numpy(raw), GGMLQuantizationType[qtype], 2 * block)
+    assert torch.equal(f.load("w.weight"), expected)
+
+
+@pytest.mark.parametrize("qtype", ["IQ2_XXS", "TQ1_0"])
 def test_unsupported_tensor_type(tmp_path: Path, qtype: str) -> None:
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
     raw = np.random.default_rng(4).integers(0, 256, (2, size), dtype=np.uint8)

@@ -1,0 +1,86 @@
+"""Where a single-stream decode step's time goes: the matmul and attention kernels vs everything else.
+
+Wraps the kernel entry points (ggml / fp32 / int8 linear, paged attention) with timers, decodes
+``--steps`` tokens of one request through the engine, and prints the kernels' share of the
+step. Everything outside them (torch glue ops, Python, scheduling, sampling) is the overhead
+a lean step removes.
+
+    .venv/bin/python bench/profile_step.py [--model smollm2] [--steps 128] [--exact-numerics]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--exact-numerics", action="store_true")
+    args = ap.parse_args()
+
+    import sys
+
+    import runlm.kernels as kernels_pkg
+    import runlm.kernels.ggml as ggml
+    import runlm.models.attention as attention_mod
+    import runlm.models.linear as model_linear
+    from runlm.engine.llm import LLM
+    from runlm.engine.output import DELTA
+    from runlm.engine.sampling_params import SamplingParams
+    from runlm.store.builtin import resolve_model
+
+    linear_mod = sys.modules["runlm.kernels.linear"]  # the package re-exports a function of that name
+    spent: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+
+    def timed(label, fn):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[label] += time.perf_counter() - t0
+                calls[label] += 1
+        return wrapper
+
+    ggml_linear = timed("linear (ggml blocks)", ggml.linear)
+    model_linear.ggml.linear = ggml_linear  # the module object is shared; patch its attribute
+    model_linear.linear = timed("linear (fp32)", linear_mod.linear)
+    model_linear.linear_q8 = timed("linear (int8 blocks)", linear_mod.linear_q8)
+    attention_mod.kernels.paged_attention = timed("paged attention", kernels_pkg.paged_attention)
+
+    llm = LLM(str(resolve_model(args.model)), max_num_seqs=1, threads=args.threads,
+              exact_numerics=args.exact_numerics)
+    ids = llm.encode_chat([{"role": "user", "content": "Write a long story about a lighthouse keeper."}])
+    engine = llm.engine
+    engine.add_request("warm", {"prompt_token_ids": ids}, SamplingParams(temperature=0.0, max_tokens=8))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.add_request("p", {"prompt_token_ids": ids},
+                       SamplingParams(temperature=0.0, max_tokens=args.steps + 1, ignore_eos=True), output_kind=DELTA)
+    engine.step()  # the prefill step is not a decode step
+    spent.clear(), calls.clear()
+    t0 = time.perf_counter()
+    steps = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    total = time.perf_counter() - t0
+    kernel = sum(spent.values())
+    rows = {k: {"ms_per_step": 1e3 * v / steps, "calls_per_step": calls[k] / steps} for k, v in spent.items()}
+    report = {"model": args.model, "exact_numerics": args.exact_numerics, "steps": steps,
+              "ms_per_step": 1e3 * total / steps, "kernel_share": kernel / total, "kernels": rows}
+    print(f"{args.model} ({'exact' if args.exact_numerics else 'fast'}): {1e3 * total / steps:.2f} ms per decode "
+          f"step, {100 * kernel / total:.0f}% in kernels, {100 * (1 - kernel / total):.0f}% everything else")
+    for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["ms_per_step"]):
+        print(f"  {k:24s} {r['ms_per_step']:6.2f} ms  {r['calls_per_step']:5.0f} calls")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
