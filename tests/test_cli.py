@@ -22,7 +22,8 @@ def runlm(*args: str, stdin: str | None = None, timeout: float = 300) -> subproc
 
 
 def test_smollm2_names_paris() -> None:
-    res = runlm("run", "smollm2", "What is the capital of France?", "--temperature", "0", "--max-tokens", "40")
+    res = runlm("run", "smollm2", "What is the capital of France?", "--temperature", "0", "--max-tokens", "40",
+                "--exact-numerics")
     assert res.returncode == 0, res.stderr
     assert "Paris" in res.stdout
 

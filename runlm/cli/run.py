@@ -33,11 +33,13 @@ def local_model_path(ref: str) -> Path:
 class Chat:
     """A conversation with one model loaded in this process; keeps the history between turns."""
 
-    def __init__(self, model_ref: str, params: SamplingParams, system: str | None) -> None:
+    def __init__(self, model_ref: str, params: SamplingParams, system: str | None, exact_numerics: bool = False,
+                 threads: int | None = None) -> None:
         from runlm.engine.llm import LLM
 
         # one conversation at a time; the prefix cache keeps earlier turns, so each turn computes only itself
-        self.llm = LLM(str(local_model_path(model_ref)), max_num_seqs=1)
+        self.llm = LLM(str(local_model_path(model_ref)), max_num_seqs=1, exact_numerics=exact_numerics,
+                       threads=threads)
         self.engine = self.llm.engine
         self.params = params
         self.history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
@@ -108,7 +110,7 @@ def run_command(args: argparse.Namespace) -> int:
         if daemon is not None:  # the daemon has the model loaded already, or loads it once for everyone
             chat: Chat | DaemonChat = DaemonChat(daemon, args.model or DEFAULT_MODEL, params, args.system)
         else:
-            chat = Chat(args.model or DEFAULT_MODEL, params, args.system)
+            chat = Chat(args.model or DEFAULT_MODEL, params, args.system, args.exact_numerics, args.threads)
     except UnknownModelError as exc:
         print(f"runlm run: {exc}", file=sys.stderr)
         return 1

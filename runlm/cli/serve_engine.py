@@ -14,6 +14,7 @@ import stat
 import sys
 from pathlib import Path
 
+from runlm.cli import add_numerics_arguments
 from runlm.store.builtin import UnknownModelError, resolve_model
 
 
@@ -47,6 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="compute dtype (default float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_numerics_arguments(p)
     p.set_defaults(func=run_serve_engine)
 
 
@@ -119,7 +121,8 @@ def run_serve_engine(args: argparse.Namespace) -> int:
         return 1
     engine_args = dict(task=args.task, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
-                       kv_cache_memory=_kv_cache_memory(args.kv_cache_memory), device=args.device)
+                       kv_cache_memory=_kv_cache_memory(args.kv_cache_memory), device=args.device,
+                       exact_numerics=args.exact_numerics, threads=args.threads)
     if args.dtype or args.device.startswith("cuda"):
         engine_args["dtype"] = args.dtype or "bfloat16"
     failed: list[BaseException] = []

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runlm.kernels import linear
-from runlm.models.attention import paged_attention
+from runlm import kernels
+from runlm.kernels import fused, linear
+from runlm.models.attention import get_forward_context, paged_attention
 from runlm.models.config import ModelConfig
 from runlm.models.linear import BlockQuantized, Embedding, GGMLWeight, Int8Parts, Linear, Weight
 from runlm.models.rope import RotaryEmbedding
@@ -96,12 +97,41 @@ class LlamaModel(nn.Module):
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, rope) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        if self.fused and get_forward_context().kv_caches is not None:
+            return self._forward_fused(x, positions)
         for layer in self.layers:
             x = layer(positions, x)
         return self.norm(x)
+
+    def _forward_fused(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The same layers in ~8 native calls each (fast mode): the residual stream is added into in
+        place, each RMSNorm is fused with the add before it, and one call splits QKV, normalizes and
+        rotates q and k and writes K/V to the cache."""
+        ops, ctx, rope = fused.ops(), get_forward_context(), self.rope
+        rope.ensure_positions(int(positions.max()) + 1)
+        if ctx.flat_context_slots is None:
+            ctx.flat_context_slots = torch.cat(ctx.context_slots)
+        t, residual = x.shape[0], x
+        h = ops.rms_norm(x, self.layers[0].input_layernorm.weight, self.layers[0].input_layernorm.eps)
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            k_cache, v_cache = ctx.kv_caches[i]
+            qn, kn = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
+            q = ops.qkv_rope_store(attn.qkv_proj.forward(h), positions, rope.cos, rope.sin, k_cache, v_cache,
+                                   ctx.slot_mapping, attn.heads, attn.kv_heads, attn.head_dim, rope.interleaved,
+                                   qn, kn, layer.input_layernorm.eps)
+            o = kernels.paged_attention(q, k_cache, v_cache, ctx.flat_context_slots, ctx.query_lens,
+                                        ctx.context_lens, attn.scale, attn.window)
+            h = ops.add_rms_norm(attn.o_proj.forward(o.view(t, attn.q_size)), residual,
+                                 layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
+            h = mlp.down_proj.forward(ops.silu_mul(mlp.gate_up_proj.forward(h)))
+            norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            h = ops.add_rms_norm(h, residual, norm.weight, norm.eps)
+        return h
 
 
 # checkpoint name fragment -> (fused parameter fragment, shard index)
@@ -131,6 +161,15 @@ class LlamaForCausalLM(nn.Module):
         if self.tied_head is not None:
             return self.tied_head(hidden)
         return linear(hidden, self.model.embed_tokens.weight)
+
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """Every tensor holding weights, each once: parameters, buffers and views of the GGUF file."""
+        found = [*self.parameters(), *self.buffers()]
+        for m in self.modules():
+            found += [s.raw for s in getattr(m, "ggml", None) or []] if isinstance(m, Linear) else \
+                [m.ggml.raw] if isinstance(m, Embedding) and m.ggml is not None else []
+        unique = {(t.data_ptr(), t.numel() * t.element_size()): t for t in found if t.device.type != "meta"}
+        return list(unique.values())
 
     def release_weights(self) -> None:
         """Drop every weight (sleep level 2): parameters go to "meta", views of the file are let go."""

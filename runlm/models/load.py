@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from runlm import kernels
-from runlm.kernels import ggml
+from runlm.kernels import fused, ggml
 from runlm.formats import ModelFormatError
 from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
@@ -99,4 +99,7 @@ def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     if not cfg.eos_token_ids and tokenizer.eos_token_id is not None:
         cfg.eos_token_ids = [tokenizer.eos_token_id]
     model = model.to(device=device, dtype=dtype).eval()
+    # fast mode runs each layer's small ops fused (exact mode keeps torch's, the reference numerics)
+    model.model.fused = (not exact_numerics and torch.device(device).type == "cpu" and dtype == torch.float32
+                         and fused.available() and kernels.attention_available())
     return LoadedModel(model, cfg, tokenizer, path)

@@ -100,11 +100,14 @@ class RotaryEmbedding(nn.Module):
         self.cos = emb.cos() * self.attention_scaling
         self.sin = emb.sin() * self.attention_scaling
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, H, D], k: [T, KVH, D], positions: [T]."""
-        need = int(positions.max()) + 1 if positions.numel() else 0
+    def ensure_positions(self, need: int) -> None:
+        """Grow the tables (doubling) to cover positions 0..need-1."""
         if need > self.cos.shape[0]:
             self._build(max(need, 2 * self.cos.shape[0]))
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, H, D], k: [T, KVH, D], positions: [T]."""
+        self.ensure_positions(int(positions.max()) + 1 if positions.numel() else 0)
         if self.cos.device != q.device:
             self.cos, self.sin = self.cos.to(q.device), self.sin.to(q.device)
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)

@@ -15,7 +15,6 @@ from typing import Any
 from runlm.formats import ModelFormatError
 
 # GGUF types whose 2-D tensors runlm's engine keeps as int8 blocks in memory (about 1.25 bytes per weight)
-BLOCK32_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"})
 _EMBEDDING_ARCHS = {"bert", "nomic-bert", "xlm-roberta", "BertModel", "XLMRobertaModel"}
 
 
@@ -31,10 +30,11 @@ class ModelInfo:
     num_layers: int = 0
     num_kv_heads: int = 0
     head_dim: int = 0
-    # how the weights are stored, for memory estimates: 2-D tensors in a 32-value block type
-    # (token embeddings apart) and whether the output layer reuses the token embeddings
-    block32_matrix_params: int = 0
-    block32_embedding_params: int = 0
+    # for memory estimates: the matrices the native engine computes on as stored (2-D, any type but
+    # F32; they stay in the mapped file), their parameter count, and whether the output layer reuses
+    # the token embeddings
+    stored_matrix_bytes: int = 0
+    stored_matrix_params: int = 0
     tied_embeddings: bool = False
 
     @property
@@ -79,9 +79,7 @@ def inspect_gguf(path: Path) -> ModelInfo:
     kv_heads = get(f"{arch}.attention.head_count_kv", heads)
     kv_heads = int(kv_heads[0] if isinstance(kv_heads, list) else kv_heads)
     hidden = int(get(f"{arch}.embedding_length", 0) or 0)
-    block32 = {t.name: int(t.n_elements) for t in reader.tensors
-               if t.tensor_type.name in BLOCK32_TYPES and len(t.shape) == 2}
-    embedding = block32.pop("token_embd.weight", 0)
+    stored = [t for t in reader.tensors if t.tensor_type.name != "F32" and len(t.shape) == 2]
     return ModelInfo(
         format="gguf", architecture=arch,
         parameters=int(sum(int(t.n_elements) for t in reader.tensors)),
@@ -90,7 +88,8 @@ def inspect_gguf(path: Path) -> ModelInfo:
         capabilities=["embedding"] if arch in _EMBEDDING_ARCHS else ["completion"],
         num_layers=int(get(f"{arch}.block_count", 0) or 0), num_kv_heads=kv_heads,
         head_dim=int(get(f"{arch}.attention.key_length", 0) or (hidden // heads if hidden else 0)),
-        block32_matrix_params=sum(block32.values()), block32_embedding_params=embedding,
+        stored_matrix_bytes=sum(int(t.n_bytes) for t in stored),
+        stored_matrix_params=sum(int(t.n_elements) for t in stored),
         tied_embeddings=not any(t.name == "output.weight" for t in reader.tensors))
 
 

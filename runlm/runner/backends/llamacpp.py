@@ -55,8 +55,10 @@ class LlamaCppBackend(ProcessBackend):
         return shutil.which("llama-server")
 
     def _python_server(self) -> bool:
-        return importlib.util.find_spec("llama_cpp") is not None and \
-            importlib.util.find_spec("llama_cpp.server") is not None
+        # looked up without importing llama_cpp: that would load its ggml into this process
+        spec = importlib.util.find_spec("llama_cpp")
+        return spec is not None and any((Path(d) / "server" / "__main__.py").is_file()
+                                        for d in spec.submodule_search_locations or ())
 
     def status(self) -> str:
         if self._installing:

@@ -19,16 +19,16 @@ RUNTIME_OVERHEAD = 400 << 20
 KV_SEQUENCES = 2
 MIN_KV_BYTES = 16 << 20
 BYTES_PER_WEIGHT = 4  # float32: what weights are dequantized to on load, unless kept as int8 blocks
-BYTES_PER_BLOCK32_WEIGHT = 1.25  # int8 value + a float scale and offset per 32 values
 
 
 def weight_bytes(model: StoredModel) -> int:
-    """Weights in memory: int8 blocks for matrices stored Q4_0..Q8_0 (and the tied output layer's copy of
-    block-quantized embeddings), float32 for the rest."""
+    """Weights in memory (the engine's default, fast mode): matrices as stored in the file, which the
+    engine maps and computes on without a copy; float32 for the rest (norms, F32 matrices, and every
+    weight of an embedding model, which is dequantized)."""
     info = model.info
-    dense = info.parameters - info.block32_matrix_params
-    tied_copy = info.block32_embedding_params if info.tied_embeddings else 0
-    return int(dense * BYTES_PER_WEIGHT + (info.block32_matrix_params + tied_copy) * BYTES_PER_BLOCK32_WEIGHT)
+    if "completion" not in info.capabilities:
+        return int(info.parameters * BYTES_PER_WEIGHT)
+    return int(info.stored_matrix_bytes + (info.parameters - info.stored_matrix_params) * BYTES_PER_WEIGHT)
 
 
 def kv_cache_bytes(model: StoredModel, context: int) -> int:

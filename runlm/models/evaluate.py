@@ -1,0 +1,50 @@
+"""Measuring a model's numerics: next-token logits at every position of a text, and the KL divergence
+between two such runs (fast mode against exact mode, or llama.cpp against exact mode).
+
+Text is real English prose that every Python ships: the language reference's topic pages
+(``pydoc_data.topics``), so the measurement needs no download and is the same everywhere.
+"""
+from __future__ import annotations
+
+import torch
+
+from runlm.models.attention import ForwardContext, forward_context
+
+
+def english_text(min_chars: int = 40_000) -> str:
+    """At least ``min_chars`` of English prose (Python's topic help pages, in a fixed order)."""
+    from pydoc_data.topics import topics
+
+    parts, size = [], 0
+    for key in sorted(topics):
+        parts.append(topics[key])
+        size += len(topics[key])
+        if size >= min_chars:
+            break
+    return "\n".join(parts)
+
+
+def all_logits(model, ids: list[int], chunk: int = 512) -> torch.Tensor:
+    """fp32 logits [len(ids), vocab] of a decoder, through a KV cache, in independent windows of
+    ``chunk`` tokens (each window starts a fresh context, as llama.cpp's perplexity tool does)."""
+    cfg = model.config
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(ids), chunk):
+            window = ids[start:start + chunk]
+            n = len(window)
+            shape = (n, cfg.num_kv_heads, cfg.head_dim)
+            caches = [(torch.empty(shape), torch.empty(shape)) for _ in range(cfg.num_layers)]
+            slots = torch.arange(n)
+            ctx = ForwardContext([n], [n], slots, [slots], caches)
+            with forward_context(ctx):
+                hidden = model(torch.tensor(window), torch.arange(n))
+                out.append(model.compute_logits(hidden).float())
+    return torch.cat(out)
+
+
+def mean_kl(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """Mean over positions of KL(P_reference || P_other) of the next-token distributions, in nats."""
+    ref = torch.log_softmax(reference.double(), dim=-1)
+    oth = torch.log_softmax(other.double(), dim=-1)
+    return float((ref.exp() * (ref - oth)).sum(-1).mean())
