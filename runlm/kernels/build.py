@@ -8,6 +8,7 @@ AVX2/FMA, RUNLM_NO_KERNELS set) is reported unavailable once, and callers use to
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
@@ -78,12 +79,32 @@ def _build_directory(name: str) -> Path:
     return path
 
 
+def _import_built(name: str) -> ModuleType | None:
+    """The module from an earlier build of exactly this source and flags (its folder is named after
+    their hash), imported straight away: a second start runs no ninja and no compiler check."""
+    directory = _build_directory(name)
+    so = directory / f"{name}.so"
+    if not so.is_file() or (directory / "lock").exists():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, so)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except ImportError as e:  # a partial or foreign build: build again
+        logger.info("runlm.kernels: rebuilding %s (%s)", name, e)
+        return None
+
+
 def _build(name: str, source: str, cflags: list[str], ldflags: list[str]) -> ModuleType | None:
     if os.environ.get("RUNLM_NO_KERNELS"):
         return None
     if not cpu_has_avx2_fma():
         logger.info("runlm.kernels: CPU lacks AVX2/FMA; %s uses torch", name)
         return None
+    built = _import_built(name)
+    if built is not None:
+        return built
     try:
         _ensure_ninja_on_path()
         from torch.utils.cpp_extension import load
