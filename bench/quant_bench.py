@@ -51,7 +51,8 @@ def model_file(key: str) -> Path:
                 f"p.ftype = {FTYPES[key]}\np.nthread = {os.cpu_count() or 2}\n"
                 "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))\n")
         partial = target.with_suffix(".partial")
-        subprocess.run([sys.executable, "-c", code, str(source), str(partial)], check=True)  # its own process:
+        subprocess.run([sys.executable, "-c", code, str(source), str(partial)], check=True,  # its own process:
+                       capture_output=True)
         partial.rename(target)  # llama.cpp's ggml must not meet runlm's in one process
     return target
 
@@ -68,6 +69,11 @@ def prompt_ids(path: Path, n: int) -> list[int]:
 # ---- children: one measurement each ----------------------------------------------------------
 
 def _peak_rss() -> int:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited from the parent)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -128,7 +134,8 @@ def child_llamacpp_logits(path: Path, ids: list[int], out: Path) -> None:
 
 
 def kl_divergences(path: Path, positions: int) -> dict:
-    """Mean KL against runlm's exact mode: runlm fast, and llama.cpp (its logits from a child)."""
+    """Mean KL against runlm's exact mode: runlm fast, and llama.cpp (its logits from a child of its own).
+    Run in a child too: three [positions, vocab] logit tables would swell the parent's memory."""
     import tempfile
 
     import torch
@@ -235,15 +242,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--skip-exact", action="store_true", help="measure runlm's fast mode and llama.cpp only")
     # child modes
-    ap.add_argument("--child", choices=[*PEERS, "llamacpp-logits"])
+    ap.add_argument("--child", choices=[*PEERS, "llamacpp-logits", "kl"])
+    ap.add_argument("--positions", type=int)
     ap.add_argument("--model")
     ap.add_argument("--ids")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.child:
-        path, ids = Path(args.model), json.loads(args.ids)
+        path, ids = Path(args.model), json.loads(args.ids or "[]")
         if args.child == "llamacpp-logits":
             child_llamacpp_logits(path, ids, Path(args.out))
+            return
+        if args.child == "kl":
+            print(json.dumps(kl_divergences(path, args.positions)))
             return
         res = (child_llamacpp(path, ids, args.gen_tokens, args.threads) if args.child == "llamacpp" else
                child_runlm(path, ids, args.gen_tokens, args.threads, exact=args.child == "runlm-exact"))
@@ -267,7 +278,9 @@ def main() -> None:
         median = {p: {m: statistics.median(x[m] for x in v) for m in METRICS} for p, v in runs.items()}
         results[key] = {"file": str(path), "size_bytes": path.stat().st_size, "runs": runs, "median": median}
         if args.kl_positions:
-            results[key]["kl"] = kl = kl_divergences(path, args.kl_positions)
+            out = subprocess.run([sys.executable, __file__, "--child", "kl", "--model", str(path), "--positions",
+                                  str(args.kl_positions)], capture_output=True, text=True, check=True)
+            results[key]["kl"] = kl = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"{key:8s} KL vs exact over {kl['positions']} positions: runlm fast {kl['runlm-fast']:.5f}, "
                   f"llama.cpp {kl['llamacpp']:.5f}", flush=True)
     RESULTS.mkdir(exist_ok=True)

@@ -83,7 +83,9 @@ class ModelRunner:
         params = [s.params for s in sample_seqs]
         logits = process_logits(raw, params, [s.token_ids[:s.num_prompt_tokens] for s in sample_seqs],
                                  [s.output_token_ids for s in sample_seqs], [stop_ids[s.seq_id] for s in sample_seqs])
-        if self.structured is not None:
+        if self.structured is not None and self.structured.seqs:
+            if logits is raw:  # the mask writes in place; logprobs are reported from the unmasked logits
+                logits = raw.clone()
             self.structured.mask_logits(logits, sample_seqs)
         tokens = sample(logits, params, [s.generator for s in sample_seqs]).tolist()
         if self.structured is not None:

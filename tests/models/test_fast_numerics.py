@@ -1,0 +1,76 @@
+"""Fast mode, the default: GGUF blocks as stored, 8-bit activations, ggml's integer dot products, fused
+per-layer ops. Not transformers' numbers (exact mode is checked against those in test_llama.py) but
+llama.cpp's class of numbers, so its quality is held to what llama.cpp itself achieves on the file.
+
+The bound: mean KL divergence of the next-token distribution against exact mode over the first 4096
+tokens of ``runlm.models.evaluate.english_text()`` (windows of 512). llama.cpp (llama-cpp-python 0.3.x,
+``logits_all=True``, same windows) scores 0.003187 on smollm2 Q4_1 against the same exact logits,
+measured with ``bench/quant_bench.py --files smollm2 --kl-positions 4096`` (it runs in its own
+process: llama.cpp's ggml and the one runlm links cannot share one).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from runlm.engine.llm import LLM
+from runlm.engine.sampling_params import SamplingParams
+from runlm.kernels import ggml
+from runlm.models.evaluate import all_logits, english_text, mean_kl
+from runlm.models.linear import Linear
+from runlm.models.load import load_decoder
+
+pytestmark = pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable here: fast mode "
+                                                               "falls back to exact numerics")
+
+LLAMA_CPP_KL_SMOLLM2 = 0.003187
+KL_POSITIONS = 4096
+
+
+def test_matrices_stay_as_stored_in_the_file(smollm2_gguf: Path) -> None:
+    loaded = load_decoder(smollm2_gguf)
+    model, cfg = loaded.model, loaded.config
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert len(linears) == 4 * cfg.num_layers + 1  # qkv, o, gate_up, down per layer + the tied output layer
+    assert all(m.ggml and m.weight is None for m in linears)
+    table = model.model.embed_tokens.ggml
+    assert table is not None and model.model.embed_tokens.weight is None
+    assert model.tied_head.ggml[0].raw.data_ptr() == table.raw.data_ptr()  # the logits read the same blocks
+    # no float32 matrix exists: the largest parameter left is a norm vector
+    assert max(p.numel() for p in model.parameters()) == cfg.hidden_size
+    held = sum(t.numel() * t.element_size() for t in model.weight_tensors())
+    assert held <= smollm2_gguf.stat().st_size  # the weights are the file's own bytes
+
+
+def test_greedy_answer_is_llama_cpps(smollm2_gguf: Path) -> None:
+    """llama.cpp answers this prompt (smollm2's default system prompt included) with "L'Étoile, la
+    Marseillaise, la femme, la femme au" (llama-cpp-python 0.3.x, greedy); exact mode says Paris."""
+    llm = LLM(str(smollm2_gguf), max_num_seqs=1, kv_cache_memory="64MiB")
+    ids = llm.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
+    text = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=16))[0].outputs[0].text
+    assert text.startswith("L'Étoile, la Marseillaise, la femme")
+
+
+def test_a_requests_tokens_and_logprobs_do_not_depend_on_the_batch(smollm2_gguf: Path) -> None:
+    llm = LLM(str(smollm2_gguf), max_num_batched_tokens=64, kv_cache_memory="128MiB")
+    prompts = ["The lighthouse keeper opened the bottle and read", "def fibonacci(n):",
+               "Once upon a time, in a land far away, there lived a very old dragon who"]
+    params = SamplingParams(temperature=0, max_tokens=12, logprobs=2, ignore_eos=True)
+    together = llm.generate(prompts, params)
+    for prompt, out in zip(prompts, together):
+        alone = llm.generate([prompt], params)[0].outputs[0]
+        assert alone.token_ids == out.outputs[0].token_ids
+        assert alone.logprobs == out.outputs[0].logprobs
+
+
+def test_kl_divergence_from_exact_mode_is_within_llama_cpps(smollm2_gguf: Path) -> None:
+    fast, exact = load_decoder(smollm2_gguf), load_decoder(smollm2_gguf, exact_numerics=True)
+    ids = fast.tokenizer.encode(english_text())[:KL_POSITIONS]
+    assert len(ids) == KL_POSITIONS
+    reference = all_logits(exact.model, ids)
+    ours = all_logits(fast.model, ids)
+    kl = mean_kl(reference, ours)
+    assert 0 < kl <= LLAMA_CPP_KL_SMOLLM2, f"fast mode's KL divergence {kl:.6f} exceeds llama.cpp's"
+    assert (reference.argmax(-1) == ours.argmax(-1)).float().mean() > 0.95
