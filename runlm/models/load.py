@@ -57,8 +57,9 @@ def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> 
 
 
 def gguf_weight_mode(dtype: torch.dtype, device: str, exact_numerics: bool) -> str:
-    """How GGUF matrices are held (see models.weights.gguf_weights): as stored ("ggml", the fast
-    default on CPU), as int8 blocks dequantized in registers ("int8", exact numerics), or fp32."""
+    """How matrices are held (see models.weights): as stored ("ggml", the fast default on CPU: GGUF
+    blocks, or bf16/fp16 safetensors), as int8 blocks dequantized in registers ("int8", exact
+    numerics, GGUF), or fp32."""
     if torch.device(device).type != "cpu" or dtype != torch.float32:
         return "dense"
     if not exact_numerics and ggml.available():
@@ -91,7 +92,8 @@ def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: s
         cfg = ModelConfig.from_hf(read_hf_config(path), source=str(path / "config.json"))
         tokenizer = Tokenizer.from_dir(path)
         model = _empty_model(cfg)
-        weights = safetensors_weights(path)
+        weights = safetensors_weights(path, "ggml" if gguf_weight_mode(dtype, device, exact_numerics) == "ggml"
+                                      else "dense")
     try:
         model.load_weights(weights)
     except (KeyError, RuntimeError) as exc:

@@ -74,3 +74,25 @@ def test_kl_divergence_from_exact_mode_is_within_llama_cpps(smollm2_gguf: Path) 
     kl = mean_kl(reference, ours)
     assert 0 < kl <= LLAMA_CPP_KL_SMOLLM2, f"fast mode's KL divergence {kl:.6f} exceeds llama.cpp's"
     assert (reference.argmax(-1) == ours.argmax(-1)).float().mean() > 0.95
+
+
+def test_half_precision_safetensors_stay_half_size(tiny_model, tmp_path: Path) -> None:
+    """A bf16 checkpoint is computed on as stored (ggml's BF16 dot products), mapped, not converted."""
+    import shutil
+
+    from gguf import GGMLQuantizationType
+    from transformers import AutoModelForCausalLM
+
+    source = tiny_model("qwen2")
+    AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).save_pretrained(tmp_path)
+    for f in source.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy(f, tmp_path / f.name)
+    fast, exact = load_decoder(tmp_path), load_decoder(tmp_path, exact_numerics=True)
+    linears = [m for m in fast.model.modules() if isinstance(m, Linear)]
+    assert linears and all(m.weight is None and {s.qtype for s in m.ggml} == {GGMLQuantizationType.BF16}
+                           for m in linears)
+    assert not any(m.ggml for m in exact.model.modules() if isinstance(m, Linear))
+    ids = list(range(5, 69))
+    ours, reference = all_logits(fast.model, ids), all_logits(exact.model, ids)
+    assert float((ours - reference).norm() / reference.norm()) < 0.05  # x rounded to bf16 is the only change
