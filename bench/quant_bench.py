@@ -192,8 +192,9 @@ def table(results: dict) -> str:
             continue
         kl = r.get("kl", {})
         kl_ratio = f"{kl['runlm-fast'] / kl['llamacpp']:.2f}x" if kl.get("llamacpp") else ""
-        lines.append(f"| {key} | {a['decode_tok_s'] / b['decode_tok_s']:.2f}x | {a['prefill_tok_s'] / b['prefill_tok_s']:.2f}x"
-                     f" | {a['ttft_s'] / b['ttft_s']:.2f}x | {a['load_s'] / b['load_s']:.2f}x | "
+        lines.append(f"| {key} | {a['decode_tok_s'] / b['decode_tok_s']:.2f}x | "
+                     f"{a['prefill_tok_s'] / b['prefill_tok_s']:.2f}x | {a['ttft_s'] / b['ttft_s']:.2f}x | "
+                     f"{a['load_s'] / b['load_s']:.2f}x | "
                      f"{a['peak_rss'] / b['peak_rss']:.2f}x | {kl_ratio} | |")
     return "\n".join(lines)
 
@@ -273,8 +274,8 @@ def main() -> None:
                 res = _run_child(peer, path, ids, args)
                 runs[peer].append(res)
                 print(f"{key:8s} round {r + 1} {peer:12s} decode {res['decode_tok_s']:6.1f} tok/s  prefill "
-                      f"{res['prefill_tok_s']:6.0f} tok/s  ttft {1e3 * res['ttft_s']:6.0f} ms  load {res['load_s']:5.2f} s"
-                      f"  rss {res['peak_rss'] / 1e6:6.0f} MB", flush=True)
+                      f"{res['prefill_tok_s']:6.0f} tok/s  ttft {1e3 * res['ttft_s']:6.0f} ms  "
+                      f"load {res['load_s']:5.2f} s  rss {res['peak_rss'] / 1e6:6.0f} MB", flush=True)
         median = {p: {m: statistics.median(x[m] for x in v) for m in METRICS} for p, v in runs.items()}
         results[key] = {"file": str(path), "size_bytes": path.stat().st_size, "runs": runs, "median": median}
         if args.kl_positions:

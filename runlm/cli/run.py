@@ -7,9 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from runlm.engine.output import DELTA
 from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.formats import ModelFormatError
-from runlm.engine.output import DELTA
 from runlm.formats.chat_template import ChatTemplateError
 from runlm.store.builtin import DEFAULT_MODEL, UnknownModelError, resolve_model
 

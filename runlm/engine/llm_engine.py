@@ -14,12 +14,18 @@ import torch
 from runlm.engine.config import EngineConfig, kv_cache_blocks, physical_cores
 from runlm.engine.kv_cache import BlockManager
 from runlm.engine.model_runner import ModelRunner, kv_bytes_per_token
-from runlm.engine.output import CUMULATIVE, RequestState, append_token, make_output, new_request_state
+from runlm.engine.output import (
+    CUMULATIVE,
+    RequestState,
+    append_token,
+    make_output,
+    new_request_state,
+)
+from runlm.engine.pooling_params import TaskError
 from runlm.engine.request import RequestOutput, Sequence
 from runlm.engine.sampler import make_generator
 from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.engine.scheduler import Scheduler, SchedulerConfig
-from runlm.engine.pooling_params import TaskError
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.models.load import LoadedModel, load_decoder, model_task
 from runlm.store.builtin import resolve_model

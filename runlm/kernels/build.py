@@ -119,7 +119,8 @@ def _build(name: str, source: str, cflags: list[str], ldflags: list[str]) -> Mod
         return None
 
 
-def load_kernel(name: str, source: str, cflags: tuple[str, ...] = (), ldflags: tuple[str, ...] = ()) -> ModuleType | None:
+def load_kernel(name: str, source: str, cflags: tuple[str, ...] = (),
+                ldflags: tuple[str, ...] = ()) -> ModuleType | None:
     """The compiled module for csrc/<source>, or None when it cannot be had. Never raises; cached.
 
     The build is named after a hash of the source and flags, so two checkouts with different
@@ -131,3 +132,21 @@ def load_kernel(name: str, source: str, cflags: tuple[str, ...] = (), ldflags: t
                 digest = hashlib.sha256((CSRC / source).read_bytes() + flags).hexdigest()
                 _loaded[name] = _build(f"{name}_{digest[:12]}", source, list(cflags), list(ldflags))
     return _loaded[name]
+
+
+class LazyKernel:
+    """One kernel module, built or imported on first use. ``module`` is None where it cannot be had
+    (no compiler, no AVX2/FMA, RUNLM_NO_KERNELS...); ``available()`` never raises."""
+
+    __slots__ = ("name", "source", "cflags", "ldflags", "module", "_tried")
+
+    def __init__(self, name: str, source: str, cflags: tuple[str, ...] = (), ldflags: tuple[str, ...] = ()) -> None:
+        self.name, self.source, self.cflags, self.ldflags = name, source, cflags, ldflags
+        self.module: ModuleType | None = None
+        self._tried = False
+
+    def available(self) -> bool:
+        if not self._tried:
+            self.module = load_kernel(self.name, self.source, self.cflags, self.ldflags)
+            self._tried = True
+        return self.module is not None

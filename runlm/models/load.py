@@ -7,15 +7,20 @@ from pathlib import Path
 import torch
 
 from runlm import kernels
-from runlm.kernels import fused, ggml
 from runlm.formats import ModelFormatError
 from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
+from runlm.kernels import fused, ggml
 from runlm.models.config import ModelConfig
 from runlm.models.llama import LlamaForCausalLM
-from runlm.models.weights import (gguf_rope_interleaved, gguf_weights, read_hf_config, rope_freq_factors,
-                                  safetensors_weights)
 from runlm.models.pooling import has_sentence_transformers_pooling
+from runlm.models.weights import (
+    gguf_rope_interleaved,
+    gguf_weights,
+    read_hf_config,
+    rope_freq_factors,
+    safetensors_weights,
+)
 
 _ENCODER_GGUF_ARCHS = {"bert", "nomic-bert", "jina-bert-v2"}
 _ENCODER_HF_ARCHS = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "XLMRobertaModel",
