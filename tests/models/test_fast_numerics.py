@@ -96,3 +96,44 @@ def test_half_precision_safetensors_stay_half_size(tiny_model, tmp_path: Path) -
     ids = list(range(5, 69))
     ours, reference = all_logits(fast.model, ids), all_logits(exact.model, ids)
     assert float((ours - reference).norm() / reference.norm()) < 0.05  # x rounded to bf16 is the only change
+
+
+_HOLD_MODEL = """
+import sys
+from runlm.engine.llm import LLM
+from runlm.engine.sampling_params import SamplingParams
+llm = LLM(sys.argv[1], max_num_seqs=1, kv_cache_memory="32MiB")
+llm.generate(["Hello"], SamplingParams(max_tokens=2))  # every weight page read once
+print("ready", flush=True)
+sys.stdin.read()  # hold the model until the test closes stdin
+"""
+
+
+def _shared_clean_bytes(pid: int, path: Path) -> int:
+    """Bytes of ``path``'s mapping in process ``pid`` that are resident and shared with another process."""
+    total, inside = 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            if "-" in line.split(" ", 1)[0]:  # a mapping's header line: address range, perms, ..., path
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("Shared_Clean:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_two_processes_serving_one_file_share_its_pages(smollm2_gguf: Path) -> None:
+    import subprocess
+    import sys
+
+    path = smollm2_gguf.resolve()
+    procs = [subprocess.Popen([sys.executable, "-c", _HOLD_MODEL, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        shared = [_shared_clean_bytes(p.pid, path) for p in procs]
+        assert min(shared) > 0.8 * path.stat().st_size, shared  # one copy of the weights in RAM, not two
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=60)
