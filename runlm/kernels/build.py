@@ -129,7 +129,8 @@ def load_kernel(name: str, source: str, cflags: tuple[str, ...] = (),
         with _lock:
             if name not in _loaded:
                 flags = " ".join([*_CFLAGS, *cflags, *ldflags]).encode()
-                digest = hashlib.sha256((CSRC / source).read_bytes() + flags).hexdigest()
+                headers = b"".join(h.read_bytes() for h in sorted(CSRC.glob("*.h")))  # what sources include
+                digest = hashlib.sha256((CSRC / source).read_bytes() + headers + flags).hexdigest()
                 _loaded[name] = _build(f"{name}_{digest[:12]}", source, list(cflags), list(ldflags))
     return _loaded[name]
 
