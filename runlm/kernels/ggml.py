@@ -4,9 +4,14 @@ The prebuilt ``libggml-python`` wheel ships ggml's CPU backend (its quantizers a
 products for every block type, with run-time AVX2 / AVX-512 / VNNI dispatch) and headers;
 csrc/ggml_linear.cpp links it and adds the loops: quantize each activation row once to the
 weight type's ``vec_dot_type`` (Q8_0, Q8_1, Q8_K, F16...), then one dot product per output,
-threads splitting the output rows. We measured these dot products against our own int8 kernel
-(bench/gemm_bench.py): they read 0.56-1.06 bytes per weight instead of 1.25 and use maddubs,
-so they are the faster choice for every type at decode, and the only one for K-quants and IQ4.
+threads splitting the output rows. Measured against exact mode's int8-block kernel (fp32
+activations, 1.25 bytes per weight) with bench/quant_gemm_bench.py, one thread, Qwen2.5-0.5B's
+layers: at decode (M = 1) ggml's dot products read 0.56-1.06 bytes per weight and are 1.3-2x
+faster; in prefill (M = 64) one vec_dot per (row, row) pair is no faster than the int8 kernel.
+So Q8_0 and Q4_0, the two types with Q8_0 activations and simple blocks, go through our own
+register-tiled kernel (csrc/q8_tiles.h, the same block arithmetic at every M): decode as fast as
+ggml's, prefill 1.3-1.6x faster than vec_dot. Every other type (K-quants, IQ4, Q4_1/Q5, F16, BF16)
+uses ggml's vec_dot, the only CPU kernel runlm has for most of them.
 
 Types are ggml's enum values (``gguf.GGMLQuantizationType``). Unavailable (no libggml, no
 compiler, no AVX2/FMA, RUNLM_NO_KERNELS) means callers fall back to dequantized fp32 weights.
