@@ -118,24 +118,27 @@ def _timings(load_s: float, prompt: int, t0: float, times: list[float]) -> dict:
             "decode_tok_s": (len(times) - 1) / decode_s if decode_s > 0 else float("nan"), "peak_rss": _peak_rss()}
 
 
+WINDOW = 512  # positions per independent context, for runlm and llama.cpp alike
+
+
 def child_llamacpp_logits(path: Path, ids: list[int], out: Path) -> None:
+    """llama.cpp's logits at every position, one file per window (out/0.pt, out/1.pt, ...)."""
     import numpy as np
     import torch
     from llama_cpp import Llama
 
-    llm = Llama(str(path), n_ctx=512, n_batch=512, logits_all=True, verbose=False, n_threads=os.cpu_count() or 2)
-    rows = []
-    for start in range(0, len(ids), 512):
-        window = ids[start:start + 512]
+    llm = Llama(str(path), n_ctx=WINDOW, n_batch=WINDOW, logits_all=True, verbose=False,
+                n_threads=os.cpu_count() or 2)
+    for i, start in enumerate(range(0, len(ids), WINDOW)):
+        window = ids[start:start + WINDOW]
         llm.reset()
         llm.eval(window)
-        rows.append(torch.from_numpy(np.array(llm.scores[:len(window)], dtype=np.float32)))
-    torch.save(torch.cat(rows), out)
+        torch.save(torch.from_numpy(np.array(llm.scores[:len(window)], dtype=np.float32)), out / f"{i}.pt")
 
 
 def kl_divergences(path: Path, positions: int) -> dict:
-    """Mean KL against runlm's exact mode: runlm fast, and llama.cpp (its logits from a child of its own).
-    Run in a child too: three [positions, vocab] logit tables would swell the parent's memory."""
+    """Mean KL against runlm's exact mode: runlm fast, and llama.cpp (its logits from a child of its own),
+    window by window so that no [positions, vocab] table is ever whole in memory."""
     import tempfile
 
     import torch
@@ -144,16 +147,19 @@ def kl_divergences(path: Path, positions: int) -> dict:
     from runlm.models.load import load_decoder
 
     ids = prompt_ids(path, positions)
-    exact = all_logits(load_decoder(path, exact_numerics=True).model, ids)
-    fast = all_logits(load_decoder(path).model, ids)
+    exact_model, fast_model = load_decoder(path, exact_numerics=True).model, load_decoder(path).model
+    sums = {"runlm-fast": 0.0, "llamacpp": 0.0, "runlm-fast_top1": 0.0, "llamacpp_top1": 0.0}
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "logits.pt"
         subprocess.run([sys.executable, __file__, "--child", "llamacpp-logits", "--model", str(path), "--ids",
-                        json.dumps(ids), "--out", str(out)], check=True)
-        theirs = torch.load(out)
-    return {"positions": len(ids), "runlm-fast": mean_kl(exact, fast), "llamacpp": mean_kl(exact, theirs),
-            "runlm-fast_top1": float((exact.argmax(-1) == fast.argmax(-1)).float().mean()),
-            "llamacpp_top1": float((exact.argmax(-1) == theirs.argmax(-1)).float().mean())}
+                        json.dumps(ids), "--out", tmp], check=True)
+        for i, start in enumerate(range(0, len(ids), WINDOW)):
+            window = ids[start:start + WINDOW]
+            exact = all_logits(exact_model, window, WINDOW)
+            for peer, logits in (("runlm-fast", all_logits(fast_model, window, WINDOW)),
+                                 ("llamacpp", torch.load(Path(tmp) / f"{i}.pt"))):
+                sums[peer] += mean_kl(exact, logits) * len(window)
+                sums[f"{peer}_top1"] += float((exact.argmax(-1) == logits.argmax(-1)).float().sum())
+    return {"positions": len(ids), **{k: v / len(ids) for k, v in sums.items()}}
 
 
 def _run_child(peer: str, path: Path, ids: list[int], args: argparse.Namespace) -> dict:
@@ -239,7 +245,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen-tokens", type=int, default=64)
-    ap.add_argument("--kl-positions", type=int, default=2048, help="0 skips the KL measurement")
+    ap.add_argument("--kl-positions", type=int, default=4096, help="0 skips the KL measurement")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--skip-exact", action="store_true", help="measure runlm's fast mode and llama.cpp only")
     # child modes
@@ -263,6 +269,10 @@ def main() -> None:
         return
 
     peers = [p for p in PEERS if not (args.skip_exact and p == "runlm-exact")]
+    from runlm import kernels
+    from runlm.kernels import fused, ggml
+
+    kernels.available(), kernels.attention_available(), fused.available(), ggml.available()  # build once, here
     results: dict[str, dict] = {}
     print(f"CPU: {cpu_name()}; {args.threads} threads", flush=True)
     for key in args.files.split(","):
