@@ -17,6 +17,7 @@ import torch
 
 from runlm import kernels
 from runlm.engine.config import EngineConfig, physical_cores
+from runlm.engine.errors import PromptError
 from runlm.engine.kv_cache import BlockManager
 from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.pooling_params import PoolingParams
@@ -105,6 +106,14 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def check_token_ids(self, ids: list[int], what: str) -> None:
+        """A prompt (or pooling input) must have tokens, each in the vocabulary."""
+        if not ids:
+            raise PromptError(f"the {what} is empty")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise PromptError(f"token id {bad} in the {what} is outside the vocabulary (size {self.vocab_size})")
 
     def check_awake(self) -> None:
         if self.sleep_level:

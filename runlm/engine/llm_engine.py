@@ -74,20 +74,18 @@ class LLMEngine(EngineCore):
         raise PromptError("a prompt is a string, a list of token ids or {'prompt_token_ids': [...]}")
 
     def check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        """Everything that makes a prompt unrunnable, raised before it is queued (the one owner of these checks)."""
         if not ids:
             raise PromptError("the prompt is empty")
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(f"the prompt has {len(ids)} tokens, but the model's context length is "
                                      f"{self.max_model_len} tokens; shorten the prompt", len(ids), self.max_model_len)
-        vocab = self.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise PromptError(f"token id {bad} in the prompt is outside the vocabulary (size {vocab})")
+        self.check_token_ids(ids, "prompt")
         needed = self.blocks.blocks_needed(len(ids) + 1)
         if needed > len(self.blocks.blocks):
             raise PromptError(f"the prompt needs {needed} KV-cache blocks but the cache holds only "
                               f"{len(self.blocks.blocks)}; raise kv_cache_memory (--kv-cache-memory)")
-        params.check_vocab(vocab)
+        params.check_vocab(self.vocab_size)
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams | None = None,
                     priority: int = 0, arrival_time: float | None = None,
@@ -105,13 +103,13 @@ class LLMEngine(EngineCore):
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - len(ids)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
         seqs = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
             seq = Sequence(request_id, i, list(ids), len(ids), params, priority, arrival,
                            generator=make_generator(seed), logprobs=[] if params.logprobs is not None else None,
-                           stop_ids=frozenset(params.stop_token_ids) | (
-                               frozenset() if params.ignore_eos else self.eos_ids))
+                           stop_ids=stop_ids)
             self.structured.add(seq, grammar)
             seqs.append(seq)
         self.requests[request_id] = new_request_state(request_id, text, ids, seqs, self.tokenizer, output_kind)

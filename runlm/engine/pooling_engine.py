@@ -129,12 +129,7 @@ class PoolingEngine(EngineCore):
         params = params or PoolingParams(task="embed" if self.loaded.task == "embed" else "score")
         self.check_params(params)
         pooled = self.tokenize_prompt(prompt, params)
-        if not pooled.token_ids:
-            raise PromptError("the input is empty")
-        vocab = self.vocab_size
-        bad = next((t for t in pooled.token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise PromptError(f"token id {bad} in the input is outside the vocabulary (size {vocab})")
+        self.check_token_ids(pooled.token_ids, "input")
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         seq = Sequence(request_id, 0, pooled.token_ids, len(pooled.token_ids), SamplingParams(max_tokens=1),
                        priority, arrival, pooling_params=params)
