@@ -42,6 +42,7 @@ $(VENV)/.bench-installed: $(VENV)/.test-installed
 	touch $@
 
 bench: $(VENV)/.bench-installed
+	$(VENV)/bin/python bench/quant_bench.py
 	$(VENV)/bin/python bench/decode_speed.py
 	$(VENV)/bin/python bench/engine_bench.py
 

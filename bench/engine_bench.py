@@ -30,7 +30,10 @@ PEERS = ("runlm", "hf", "llamacpp")
 
 
 def model_files(model: str) -> dict[str, str]:
-    """runlm/hf read `weights` (gguf or safetensors dir); llama.cpp reads `gguf`."""
+    """runlm/hf read `weights` (gguf or safetensors dir); llama.cpp reads `gguf`. A path to a .gguf file
+    (e.g. one bench/quant_bench.py wrote) is read by every peer."""
+    if model.endswith(".gguf") and Path(model).is_file():
+        return {"weights": model, "gguf": model}
     if model == "smollm2":
         from runlm.store.builtin import resolve_model
 

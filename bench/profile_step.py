@@ -26,6 +26,7 @@ def main() -> None:
     import sys
 
     import runlm.kernels as kernels_pkg
+    import runlm.kernels.fused as fused
     import runlm.kernels.ggml as ggml
     import runlm.models.attention as attention_mod
     import runlm.models.linear as model_linear
@@ -53,6 +54,15 @@ def main() -> None:
     model_linear.linear = timed("linear (fp32)", linear_mod.linear)
     model_linear.linear_q8 = timed("linear (int8 blocks)", linear_mod.linear_q8)
     attention_mod.kernels.paged_attention = timed("paged attention", kernels_pkg.paged_attention)
+    if fused.available():  # the fused small ops: timed too, but they are not matmul or attention
+
+        class TimedOps:
+            pass
+
+        ops = TimedOps()
+        for op in ("rms_norm", "add_rms_norm", "silu_mul", "qkv_rope_store"):
+            setattr(ops, op, timed(f"fused {op}", getattr(fused.ops(), op)))
+        fused._kernel.module = ops
 
     llm = LLM(str(resolve_model(args.model)), max_num_seqs=1, threads=args.threads,
               exact_numerics=args.exact_numerics)
@@ -71,12 +81,15 @@ def main() -> None:
         engine.step()
         steps += 1
     total = time.perf_counter() - t0
-    kernel = sum(spent.values())
+    kernel = sum(v for k, v in spent.items() if not k.startswith("fused"))
+    fused_s = sum(v for k, v in spent.items() if k.startswith("fused"))
     rows = {k: {"ms_per_step": 1e3 * v / steps, "calls_per_step": calls[k] / steps} for k, v in spent.items()}
     report = {"model": args.model, "exact_numerics": args.exact_numerics, "steps": steps,
-              "ms_per_step": 1e3 * total / steps, "kernel_share": kernel / total, "kernels": rows}
+              "ms_per_step": 1e3 * total / steps, "kernel_share": kernel / total, "fused_ops_share": fused_s / total,
+              "kernels": rows}
     print(f"{args.model} ({'exact' if args.exact_numerics else 'fast'}): {1e3 * total / steps:.2f} ms per decode "
-          f"step, {100 * kernel / total:.0f}% in kernels, {100 * (1 - kernel / total):.0f}% everything else")
+          f"step: {100 * kernel / total:.0f}% in matmul + attention kernels, {100 * fused_s / total:.0f}% in fused "
+          f"small ops, {100 * (1 - (kernel + fused_s) / total):.0f}% everything else (torch ops, Python, sampling)")
     for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["ms_per_step"]):
         print(f"  {k:24s} {r['ms_per_step']:6.2f} ms  {r['calls_per_step']:5.0f} calls")
     print(json.dumps(report))

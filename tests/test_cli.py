@@ -28,6 +28,16 @@ def test_smollm2_names_paris() -> None:
     assert "Paris" in res.stdout
 
 
+def test_without_native_kernels_the_torch_fallback_still_answers() -> None:
+    """A CPU without AVX2/FMA (or no compiler): no fast mode, no C++ kernels; torch computes the
+    dequantized model, whose numerics are exact mode's."""
+    res = subprocess.run([*RUNLM, "run", "smollm2", "What is the capital of France?", "--temperature", "0",
+                          "--max-tokens", "20"], capture_output=True, text=True, timeout=300,
+                         env={**ENV, "RUNLM_NO_KERNELS": "1"})
+    assert res.returncode == 0, res.stderr
+    assert "Paris" in res.stdout
+
+
 def test_prompt_from_piped_stdin_and_options() -> None:
     res = runlm("run", "tinycoder", "--max-tokens", "8", "--seed", "7", "--top-k", "5", "--top-p", "0.9",
                 "--system", "You write code.", stdin="def add(a, b):")

@@ -118,7 +118,9 @@ class ModelRunner:
         params = [s.params for s in seqs]
         logits = process_logits(raw, params, [s.token_ids[:s.num_prompt_tokens] for s in seqs],
                                 [s.output_token_ids for s in seqs], [s.stop_ids for s in seqs])
-        if self.structured is not None:
+        if self.structured is not None and self.structured.seqs:
+            if logits is raw:  # the mask writes in place; logprobs are reported from the unmasked logits
+                logits = raw.clone()
             self.structured.mask_logits(logits, seqs)
         tokens = sample(logits, params, [s.generator for s in seqs]).tolist()
         if self.structured is not None:

@@ -21,9 +21,18 @@ def make_generator(seed: int | None) -> torch.Generator | None:
     return g
 
 
+def _changes_logits(p: SamplingParams, num_output: int, stops: frozenset[int] | set[int]) -> bool:
+    return bool(p.logit_bias) or p.allowed_token_ids is not None or (num_output < p.min_tokens and bool(stops)) \
+        or p.repetition_penalty != 1.0 or bool((p.presence_penalty or p.frequency_penalty) and num_output)
+
+
 def process_logits(logits: torch.Tensor, params: Seq[SamplingParams], prompt_ids: Seq[list[int]],
                    output_ids: Seq[list[int]], stop_ids: Seq[frozenset[int] | set[int]]) -> torch.Tensor:
-    """Logit bias, allowed tokens, min_tokens and the three penalties, row by row (in place on a copy)."""
+    """Logit bias, allowed tokens, min_tokens and the three penalties, row by row (in place on a copy).
+    Rows that need none of them (plain greedy, top-k/top-p sampling) cost no copy: ``logits`` itself
+    comes back."""
+    if not any(_changes_logits(p, len(o), s) for p, o, s in zip(params, output_ids, stop_ids)):
+        return logits
     logits = logits.float().clone()
     vocab = logits.shape[-1]
     for i, p in enumerate(params):

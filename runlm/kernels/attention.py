@@ -7,22 +7,16 @@ does not cover (not fp32 on CPU, no kernel): the caller then uses torch's SDPA.
 """
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 
-from runlm.kernels.build import load_kernel
+from runlm.kernels.build import LazyKernel
 
-_ext: ModuleType | None = None
-_state: bool | None = None
+_kernel = LazyKernel("runlm_attention", "attention.cpp")
 
 
 def available() -> bool:
-    global _ext, _state
-    if _state is None:
-        _ext = load_kernel("runlm_attention", "attention.cpp")
-        _state = _ext is not None
-    return _state
+    """True once compiled and loaded on an AVX2+FMA CPU. Never raises; cached."""
+    return _kernel.available()
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -30,6 +24,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     window: int | None = None) -> torch.Tensor | None:
     """q [T, H, D]; caches [S, KVH, D]; slots: every sequence's context slots, concatenated.
     -> [T, H, D], or None when the kernel does not apply."""
-    if not (_state or (_state is None and available())):
+    if not available():
         return None
-    return _ext.paged_attention(q, k_cache, v_cache, slots, query_lens, context_lens, scale, window or 0)
+    return _kernel.module.paged_attention(q, k_cache, v_cache, slots, query_lens, context_lens, scale, window or 0)

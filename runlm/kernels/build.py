@@ -8,6 +8,7 @@ AVX2/FMA, RUNLM_NO_KERNELS set) is reported unavailable once, and callers use to
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
@@ -78,12 +79,32 @@ def _build_directory(name: str) -> Path:
     return path
 
 
+def _import_built(name: str) -> ModuleType | None:
+    """The module from an earlier build of exactly this source and flags (its folder is named after
+    their hash), imported straight away: a second start runs no ninja and no compiler check."""
+    directory = _build_directory(name)
+    so = directory / f"{name}.so"
+    if not so.is_file() or (directory / "lock").exists():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, so)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except ImportError as e:  # a partial or foreign build: build again
+        logger.info("runlm.kernels: rebuilding %s (%s)", name, e)
+        return None
+
+
 def _build(name: str, source: str, cflags: list[str], ldflags: list[str]) -> ModuleType | None:
     if os.environ.get("RUNLM_NO_KERNELS"):
         return None
     if not cpu_has_avx2_fma():
         logger.info("runlm.kernels: CPU lacks AVX2/FMA; %s uses torch", name)
         return None
+    built = _import_built(name)
+    if built is not None:
+        return built
     try:
         _ensure_ninja_on_path()
         from torch.utils.cpp_extension import load
@@ -98,7 +119,8 @@ def _build(name: str, source: str, cflags: list[str], ldflags: list[str]) -> Mod
         return None
 
 
-def load_kernel(name: str, source: str, cflags: tuple[str, ...] = (), ldflags: tuple[str, ...] = ()) -> ModuleType | None:
+def load_kernel(name: str, source: str, cflags: tuple[str, ...] = (),
+                ldflags: tuple[str, ...] = ()) -> ModuleType | None:
     """The compiled module for csrc/<source>, or None when it cannot be had. Never raises; cached.
 
     The build is named after a hash of the source and flags, so two checkouts with different
@@ -107,6 +129,25 @@ def load_kernel(name: str, source: str, cflags: tuple[str, ...] = (), ldflags: t
         with _lock:
             if name not in _loaded:
                 flags = " ".join([*_CFLAGS, *cflags, *ldflags]).encode()
-                digest = hashlib.sha256((CSRC / source).read_bytes() + flags).hexdigest()
+                headers = b"".join(h.read_bytes() for h in sorted(CSRC.glob("*.h")))  # what sources include
+                digest = hashlib.sha256((CSRC / source).read_bytes() + headers + flags).hexdigest()
                 _loaded[name] = _build(f"{name}_{digest[:12]}", source, list(cflags), list(ldflags))
     return _loaded[name]
+
+
+class LazyKernel:
+    """One kernel module, built or imported on first use. ``module`` is None where it cannot be had
+    (no compiler, no AVX2/FMA, RUNLM_NO_KERNELS...); ``available()`` never raises."""
+
+    __slots__ = ("name", "source", "cflags", "ldflags", "module", "_tried")
+
+    def __init__(self, name: str, source: str, cflags: tuple[str, ...] = (), ldflags: tuple[str, ...] = ()) -> None:
+        self.name, self.source, self.cflags, self.ldflags = name, source, cflags, ldflags
+        self.module: ModuleType | None = None
+        self._tried = False
+
+    def available(self) -> bool:
+        if not self._tried:
+            self.module = load_kernel(self.name, self.source, self.cflags, self.ldflags)
+            self._tried = True
+        return self.module is not None

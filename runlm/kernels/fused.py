@@ -5,21 +5,17 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from runlm.kernels.build import load_kernel
+from runlm.kernels.build import LazyKernel
 
-_ext: ModuleType | None = None
-_state: bool | None = None
+_kernel = LazyKernel("runlm_fused_ops", "fused_ops.cpp")
 
 
 def available() -> bool:
-    global _ext, _state
-    if _state is None:
-        _ext = load_kernel("runlm_fused_ops", "fused_ops.cpp")
-        _state = _ext is not None
-    return _state
+    """True once compiled and loaded on an AVX2+FMA CPU. Never raises; cached."""
+    return _kernel.available()
 
 
 def ops() -> ModuleType:
     """The extension module (rms_norm, add_rms_norm, silu_mul, qkv_rope_store); call available() first."""
-    assert _ext is not None, "runlm.kernels.fused is unavailable"
-    return _ext
+    assert _kernel.module is not None, "runlm.kernels.fused is unavailable"
+    return _kernel.module

@@ -46,7 +46,7 @@ def available() -> bool:
             _ext = None
         else:
             lib = root / "lib64" if (root / "lib64").is_dir() else root / "lib"
-            _ext = load_kernel("runlm_ggml_linear", "ggml_linear.cpp", cflags=(f"-I{root / 'include'}",),
+            _ext = load_kernel("runlm_ggml_linear", "ggml_linear.cpp", cflags=(f"-I{root / 'include'}", "-mf16c"),
                                ldflags=(f"-L{lib}", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{lib}"))
         _state = _ext is not None
         if _state:

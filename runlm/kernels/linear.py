@@ -10,32 +10,25 @@ variable RUNLM_NO_KERNELS is set (checked once, at the first call).
 """
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 import torch.nn.functional as F
 
-from runlm.kernels.build import load_kernel
+from runlm.kernels.build import LazyKernel
 
-_ext: ModuleType | None = None
-_state: bool | None = None  # None: not tried yet
+_kernel = LazyKernel("runlm_linear", "linear.cpp")
 
 
 def available() -> bool:
-    """True once the kernel is compiled and loaded on an AVX2+FMA CPU. Never raises; cached."""
-    global _ext, _state
-    if _state is None:
-        _ext = load_kernel("runlm_linear", "linear.cpp")
-        _state = _ext is not None
-    return _state
+    """True once compiled and loaded on an AVX2+FMA CPU. Never raises; cached."""
+    return _kernel.available()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T (+ bias[N]) -> [..., N]; batch-invariant on the fp32 CPU path.
 
     weight should be contiguous (a strided one is copied on every call)."""
-    if _state or (_state is None and available()):
-        y = _ext.linear(x, weight, bias)  # None: not fp32/CPU, or autograd wants a graph
+    if available():
+        y = _kernel.module.linear(x, weight, bias)  # None: not fp32/CPU, or autograd wants a graph
         if y is not None:
             return y
     return F.linear(x, weight, bias)
@@ -52,8 +45,8 @@ def linear_q8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offs
               bias: torch.Tensor | None = None) -> torch.Tensor:
     """``linear`` with block-quantized weights (w = q * scale + offset per 32 values along K), dequantized in
     registers: bitwise the fp32 kernel's result on the dequantized weights, reading a quarter of the bytes."""
-    if _state or (_state is None and available()):
-        y = _ext.linear_q8(x, qweight, scales, offsets, bias)
+    if available():
+        y = _kernel.module.linear_q8(x, qweight, scales, offsets, bias)
         if y is not None:
             return y
     return F.linear(x, dequantize_blocks(qweight, scales, offsets).to(x.dtype), bias)

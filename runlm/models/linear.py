@@ -66,6 +66,9 @@ class Linear(nn.Linear):
             self.register_buffer(name, None)
         self.ggml: list[GGMLWeight] = []  # set by keep_ggml
 
+    def reset_parameters(self) -> None:
+        """No random init: every weight is loaded from a checkpoint (and init on "meta" costs seconds)."""
+
     def keep_quantized(self, q: Int8Parts) -> None:
         """Serve this layer from q's int8 values; the fp32 weight is dropped."""
         self.register_buffer("qweight", q.qweight.contiguous())
@@ -94,6 +97,9 @@ class Embedding(nn.Embedding):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.ggml: GGMLWeight | None = None
+
+    def reset_parameters(self) -> None:
+        """No random init: the table is loaded from a checkpoint."""
 
     def keep_ggml(self, table: GGMLWeight) -> None:
         self.ggml = table

@@ -188,8 +188,8 @@ class LlamaForCausalLM(nn.Module):
         return [c.intermediate_size, c.intermediate_size]
 
     def _num_shards(self, param: str) -> int:
-        fused = next((f for f in (".qkv_proj.", ".gate_up_proj.") if f in param), None)
-        return len(self._shard_sizes(fused)) if fused else 1
+        fragment = next((f for f in (".qkv_proj.", ".gate_up_proj.") if f in param), None)
+        return len(self._shard_sizes(fragment)) if fragment else 1
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
@@ -201,9 +201,9 @@ class LlamaForCausalLM(nn.Module):
             if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
                 continue  # tied checkpoints sometimes carry a copy
             target, shard = name, 0
-            for frag, (fused, index) in _STACKED.items():
+            for frag, (fused_frag, index) in _STACKED.items():
                 if frag in name:
-                    target, shard = name.replace(frag, fused), index
+                    target, shard = name.replace(frag, fused_frag), index
                     break
             shards.setdefault(target, {})[shard] = tensor
         params = dict(self.named_parameters())

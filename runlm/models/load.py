@@ -7,15 +7,20 @@ from pathlib import Path
 import torch
 
 from runlm import kernels
-from runlm.kernels import fused, ggml
 from runlm.formats import ModelFormatError
 from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
+from runlm.kernels import fused, ggml
 from runlm.models.config import ModelConfig
 from runlm.models.llama import LlamaForCausalLM
-from runlm.models.weights import (gguf_rope_interleaved, gguf_weights, read_hf_config, rope_freq_factors,
-                                  safetensors_weights)
 from runlm.models.pooling import has_sentence_transformers_pooling
+from runlm.models.weights import (
+    gguf_rope_interleaved,
+    gguf_weights,
+    read_hf_config,
+    rope_freq_factors,
+    safetensors_weights,
+)
 
 _ENCODER_GGUF_ARCHS = {"bert", "nomic-bert", "jina-bert-v2"}
 _ENCODER_HF_ARCHS = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "XLMRobertaModel",
@@ -57,8 +62,9 @@ def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> 
 
 
 def gguf_weight_mode(dtype: torch.dtype, device: str, exact_numerics: bool) -> str:
-    """How GGUF matrices are held (see models.weights.gguf_weights): as stored ("ggml", the fast
-    default on CPU), as int8 blocks dequantized in registers ("int8", exact numerics), or fp32."""
+    """How matrices are held (see models.weights): as stored ("ggml", the fast default on CPU: GGUF
+    blocks, or bf16/fp16 safetensors), as int8 blocks dequantized in registers ("int8", exact
+    numerics, GGUF), or fp32."""
     if torch.device(device).type != "cpu" or dtype != torch.float32:
         return "dense"
     if not exact_numerics and ggml.available():
@@ -91,7 +97,8 @@ def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: s
         cfg = ModelConfig.from_hf(read_hf_config(path), source=str(path / "config.json"))
         tokenizer = Tokenizer.from_dir(path)
         model = _empty_model(cfg)
-        weights = safetensors_weights(path)
+        weights = safetensors_weights(path, "ggml" if gguf_weight_mode(dtype, device, exact_numerics) == "ggml"
+                                      else "dense")
     try:
         model.load_weights(weights)
     except (KeyError, RuntimeError) as exc:

@@ -15,8 +15,8 @@ from runlm.formats.tokenizer import Tokenizer
 from runlm.models.bert import BertConfig, BertModel
 from runlm.models.config import ModelConfig
 from runlm.models.llama import LlamaForCausalLM
-from runlm.models.weights import read_hf_config, safetensors_weights
 from runlm.models.pooling import PoolerConfig, pool, read_pooler_config
+from runlm.models.weights import read_hf_config, safetensors_weights
 
 _ACTIVATIONS = ("sigmoid", "identity", "softmax")
 

@@ -93,19 +93,56 @@ def read_hf_config(directory: Path) -> dict:
         raise ModelFormatError(f"{path}: not valid JSON ({exc})") from None
 
 
-def safetensors_weights(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
+# half-precision safetensors dtypes -> the ggml type that computes on them as stored
+_HALF_TYPES = {"BF16": "BF16", "F16": "F16"}
+
+
+def safetensors_weights(directory: Path, mode: str = "dense") -> Iterator[tuple[str, Weight]]:
+    """HF-named tensors, as float32; in "ggml" mode bf16/fp16 matrices come as GGMLWeight views of
+    the memory-mapped file instead (half the bytes, pages shared between processes)."""
     from safetensors import SafetensorError, safe_open
 
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ModelFormatError(f"{directory}: no *.safetensors weights")
     for file in files:
+        halves = _half_matrices(file) if mode == "ggml" else {}
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name).float()
+                    yield name, halves[name] if name in halves else f.get_tensor(name).float()
         except (SafetensorError, OSError) as exc:
             raise ModelFormatError(f"{file}: cannot read safetensors ({exc})") from None
+
+
+def _half_matrices(file: Path) -> dict[str, GGMLWeight]:
+    """The file's 2-D bf16/fp16 ``.weight`` tensors as views of one read-only mapping of it."""
+    import struct
+    import warnings
+
+    import numpy as np
+
+    with open(file, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n)) if n <= 100 << 20 else {}
+    data = np.memmap(file, mode="r").view(np.ndarray)
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__" or entry.get("dtype") not in _HALF_TYPES or len(entry.get("shape", ())) != 2 \
+                or not name.endswith(".weight"):
+            continue
+        qtype = ggml_type(_HALF_TYPES[entry["dtype"]])
+        if not ggml.supported(qtype):
+            continue
+        begin, end = (8 + n + int(o) for o in entry["data_offsets"])
+        rows, cols = entry["shape"]
+        if end > data.nbytes or end - begin != rows * cols * 2:
+            raise ModelFormatError(f"{file}: tensor {name!r} lies outside the file")
+        with warnings.catch_warnings():  # read-only memory: torch warns, nothing writes it
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(data[begin:end]).view(rows, cols * 2)
+        out[name] = GGMLWeight(raw, qtype, rows, cols)
+    return out
 
 
 def rope_freq_factors(gguf: GGUFFile) -> torch.Tensor | None:

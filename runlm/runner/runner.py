@@ -23,6 +23,21 @@ def backend_client(address: str, uses_tcp: bool) -> httpx.AsyncClient:
                              timeout=timeout)
 
 
+def resident_bytes(pid: int | None) -> int | None:
+    """What a backend process really holds in RAM now (VmRSS: its own memory plus the model file's
+    mapped pages), or None where it cannot be read."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 @dataclass(slots=True, eq=False)
 class Runner:
     backend: Backend
@@ -62,4 +77,5 @@ class Runner:
                 "stopping": self.stopping,
                 "loaded_at": int(self.loaded_at), "expires_at": int(self.expires_at) if self.expires_at else None,
                 "keep_alive": self.keep_alive, "memory": {"ram": self.memory.ram, "vram": self.memory.vram},
+                "resident": resident_bytes(self.pid),
                 "context_size": self.backend.context_size(self.model, self.config)}

@@ -58,14 +58,16 @@ class ModelInfo:
 def inspect_gguf(path: Path) -> ModelInfo:
     import gguf
 
+    from runlm.formats.gguf import GGUFFile
+
     try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as exc:  # the reader raises ValueError/KeyError/... on bad bytes
-        raise ModelFormatError(f"{path.name}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+        reader = GGUFFile(path)
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{path.name}: not a readable GGUF file ({exc})") from exc
+    tensors = list(reader.tensors.values())
 
     def get(key: str, default: Any = None) -> Any:
-        f = reader.fields.get(key)
-        return f.contents() if f is not None else default
+        return reader.metadata.get(key, default)
 
     arch = str(get("general.architecture", "unknown"))
     ftype = get("general.file_type")
@@ -74,24 +76,24 @@ def inspect_gguf(path: Path) -> ModelInfo:
     except ValueError:
         quant = None
     if quant is None:  # the most common tensor type names the file
-        types = [t.tensor_type.name for t in reader.tensors]
+        types = [t.qtype for t in tensors]
         quant = max(set(types), key=types.count) if types else "unknown"
     heads = int(get(f"{arch}.attention.head_count", 1) or 1)
     kv_heads = get(f"{arch}.attention.head_count_kv", heads)
     kv_heads = int(kv_heads[0] if isinstance(kv_heads, list) else kv_heads)
     hidden = int(get(f"{arch}.embedding_length", 0) or 0)
-    stored = [t for t in reader.tensors if t.tensor_type.name != "F32" and len(t.shape) == 2]
+    stored = [t for t in tensors if t.qtype != "F32" and len(t.shape) == 2]
     return ModelInfo(
         format="gguf", architecture=arch,
-        parameters=int(sum(int(t.n_elements) for t in reader.tensors)),
+        parameters=sum(t.n_values for t in tensors),
         quantization=quant, context_length=int(get(f"{arch}.context_length", 2048)),
         template=get("tokenizer.chat_template"),
         capabilities=["embedding"] if arch in _EMBEDDING_ARCHS else ["completion"],
         num_layers=int(get(f"{arch}.block_count", 0) or 0), num_kv_heads=kv_heads,
         head_dim=int(get(f"{arch}.attention.key_length", 0) or (hidden // heads if hidden else 0)),
         stored_matrix_bytes=sum(int(t.n_bytes) for t in stored),
-        stored_matrix_params=sum(int(t.n_elements) for t in stored),
-        tied_embeddings=not any(t.name == "output.weight" for t in reader.tensors))
+        stored_matrix_params=sum(t.n_values for t in stored),
+        tied_embeddings="output.weight" not in reader.tensors)
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:

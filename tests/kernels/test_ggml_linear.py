@@ -36,7 +36,7 @@ def test_every_type_multiplies_as_its_dequantized_weights(qtype: T, weight: torc
     assert _rel(y, x @ dense.T) < 0.02
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q4_1, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q4_0, T.Q4_1, T.F16], ids=lambda t: t.name)
 def test_a_rows_result_never_depends_on_the_batch(qtype: T, weight: torch.Tensor) -> None:
     raw = ggml.quantize(weight, qtype)
     x = torch.randn(40, K, generator=torch.Generator().manual_seed(2))

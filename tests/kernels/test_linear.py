@@ -159,9 +159,9 @@ def test_build_failure_falls_back(monkeypatch, caplog):
         raise RuntimeError("Error building extension 'runlm_linear_v2'\nno compiler")
 
     monkeypatch.setattr(cpp, "load", broken)
+    monkeypatch.setattr(build_mod, "_import_built", lambda name: None)  # no earlier build to fall back on
     monkeypatch.setattr(build_mod, "_loaded", {})
-    monkeypatch.setattr(linear_mod, "_state", None)
-    monkeypatch.setattr(linear_mod, "_ext", None)
+    monkeypatch.setattr(linear_mod, "_kernel", build_mod.LazyKernel("runlm_linear", "linear.cpp"))
     with caplog.at_level(logging.WARNING, logger="runlm.kernels.build"):
         assert kernels.available() is False
         assert kernels.available() is False  # cached: no second attempt, no second warning
@@ -173,8 +173,7 @@ def test_build_failure_falls_back(monkeypatch, caplog):
 def test_cpu_without_avx2_falls_back(monkeypatch, caplog):
     monkeypatch.setattr(build_mod, "cpu_has_avx2_fma", lambda: False)
     monkeypatch.setattr(build_mod, "_loaded", {})
-    monkeypatch.setattr(linear_mod, "_state", None)
-    monkeypatch.setattr(linear_mod, "_ext", None)
+    monkeypatch.setattr(linear_mod, "_kernel", build_mod.LazyKernel("runlm_linear", "linear.cpp"))
     with caplog.at_level(logging.WARNING, logger="runlm.kernels.build"):
         assert kernels.available() is False
     assert not caplog.records  # an old CPU is not a problem worth a warning

@@ -27,6 +27,8 @@ def test_ls_show_ps_status_stop(daemon: Daemon) -> None:
     daemon.http.post("/v1/completions", json={"model": "tinycoder", "prompt": "a", "max_tokens": 1})
     ps = runlm(home, "ps")
     assert ps.stdout.startswith("NAME") and "tinycoder:latest" in ps.stdout and "native" in ps.stdout
+    loaded = next(r for r in daemon.ps() if r["model_name"] == "tinycoder:latest")
+    assert 50 << 20 < loaded["resident"] < loaded["memory"]["ram"]  # measured, and within what was reserved
     rm = runlm(home, "rm", "tinycoder")
     assert rm.returncode == 1 and "is loaded" in rm.stderr
     status = json.loads(runlm(home, "status", "--json").stdout)

@@ -8,7 +8,10 @@
 // row with a quantized x row: llama.cpp's own numerics and SIMD kernels (the prebuilt
 // libggml-cpu picks AVX2 / AVX-512 / VNNI code at load time).
 //
-// Batch invariance: y[m, n] depends only on x row m and weight row n (vec_dot over one pair),
+// Q8_0 and Q4_0 weights go through our own register-tiled kernel instead (q8_tiles.h: the same
+// block arithmetic, but each weight block unpacked once for 4 rows of x: prefill is compute-bound).
+//
+// Batch invariance: y[m, n] depends only on x row m and weight row n (one pair's dot product),
 // never on M, on the tile a row lands in, or on the thread count; threads split N only.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -17,6 +20,8 @@
 
 #include <ggml-cpu.h>
 #include <ggml.h>
+
+#include "q8_tiles.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -139,8 +144,17 @@ at::Tensor linear(const at::Tensor& x_in, const std::vector<at::Tensor>& weights
       const int64_t lo = std::max(b, col0[s]), hi = std::min(e, col0[s + 1]);
       if (lo >= hi) continue;
       const auto& w = weights[s];
-      segment_rows(w.data_ptr<uint8_t>(), w.size(1), cpu_traits(types[s])->vec_dot, qx[seg_q[s]], m, k, yp + col0[s], n,
-                   lo - col0[s], hi - col0[s]);
+      const QuantizedRows& xq = qx[seg_q[s]];
+      const uint8_t* wp = w.data_ptr<uint8_t>();
+      if (types[s] == GGML_TYPE_Q8_0)  // our register-tiled kernel: each weight load serves 4 rows of x
+        q8tiles::rows<q8tiles::BlockQ8_0>(wp, w.size(1), xq.data, xq.stride, m, k / q8tiles::QK, yp + col0[s], n,
+                                          lo - col0[s], hi - col0[s]);
+      else if (types[s] == GGML_TYPE_Q4_0)
+        q8tiles::rows<q8tiles::BlockQ4_0>(wp, w.size(1), xq.data, xq.stride, m, k / q8tiles::QK, yp + col0[s], n,
+                                          lo - col0[s], hi - col0[s]);
+      else
+        segment_rows(wp, w.size(1), cpu_traits(types[s])->vec_dot, xq, m, k, yp + col0[s], n, lo - col0[s],
+                     hi - col0[s]);
     }
   });
   if (bias.has_value() && bias->defined()) y.add_(*bias);

@@ -1,0 +1,76 @@
+"""Quantized linear kernels per type and shape: ggml's dot products (fast mode) against runlm's own
+int8-block kernel (exact mode's ``linear_q8``: weights dequantized in registers, fp32 activations)
+and the fp32 kernel, weights streamed from DRAM (enough copies to overflow the last-level cache).
+
+    .venv/bin/python bench/quant_gemm_bench.py [--types Q4_0 Q8_0 Q4_K Q6_K] [--m 1 8 64] [--threads 2]
+
+us per call (median of passes); "bytes/w" is what each kernel reads per weight.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gguf import GGMLQuantizationType as T  # noqa: E402
+
+from runlm.formats.gguf import block_parts  # noqa: E402
+from runlm.kernels import ggml, linear, linear_q8  # noqa: E402
+
+SHAPES = [("qkv", 1152, 896), ("gate_up", 9728, 896), ("down", 896, 4864)]  # Qwen2.5-0.5B's layers
+POOL_BYTES = 192 << 20
+
+
+def per_call(fn, copies: int, min_time: float = 0.3) -> float:
+    for i in range(min(2, copies)):
+        fn(i)
+    rounds, start = [], time.perf_counter()
+    while len(rounds) < 3 or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        for i in range(copies):
+            fn(i)
+        rounds.append((time.perf_counter() - t0) / copies)
+    return statistics.median(rounds)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", nargs="+", default=["Q4_0", "Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if not ggml.available():
+        sys.exit("ggml kernels unavailable")
+    print(f"ggml CPU features: {ggml.cpu_features()}; {args.threads} threads\n")
+    print(f"{'type':5} {'layer':8} {'M':>4} | {'ggml us':>8} {'int8 us':>8} {'fp32 us':>8} | {'bytes/w ggml':>12}")
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for name in args.types:
+            qtype = T[name]
+            for layer, n, k in SHAPES:
+                dense = torch.randn(n, k, generator=g) * k ** -0.5
+                raw = ggml.quantize(dense, qtype)
+                copies = max(2, POOL_BYTES // (n * k * 4))
+                raws = [raw.clone() for _ in range(copies)]
+                fp32 = [dense.clone() for _ in range(max(2, copies // 4))]
+                parts = None
+                if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+                    q, d, m = (torch.from_numpy(a) for a in block_parts(raw.numpy(), name, (n, k)))
+                    parts = [(q.clone(), d.clone(), m.clone()) for _ in range(max(2, copies // 2))]
+                for m_rows in args.m:
+                    x = torch.randn(m_rows, k, generator=g)
+                    t_ggml = per_call(lambda i: ggml.linear(x, [raws[i]], [qtype]), len(raws))
+                    t_fp32 = per_call(lambda i: linear(x, fp32[i]), len(fp32))
+                    t_int8 = per_call(lambda i: linear_q8(x, *parts[i]), len(parts)) if parts else float("nan")
+                    print(f"{name:5} {layer:8} {m_rows:4d} | {t_ggml * 1e6:8.0f} {t_int8 * 1e6:8.0f} {t_fp32 * 1e6:8.0f}"
+                          f" | {raw.numel() / (n * k):12.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
