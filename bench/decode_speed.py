@@ -24,8 +24,8 @@ def measure_runlm(model: str, tokens: int, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
+    from runlm.engine.detokenizer import DELTA
     from runlm.engine.llm import LLM
-    from runlm.engine.output import DELTA
     from runlm.engine.sampling_params import SamplingParams
     from runlm.store.builtin import resolve_model
 
@@ -96,8 +96,8 @@ def main() -> None:
         for peer in runs:
             res = _child(peer, args)
             runs[peer].append(res)
-            print(f"round {r + 1} {peer:9s} decode {res['decode_tok_s']:6.1f} tok/s  ttft {res['ttft_s'] * 1000:6.0f} ms",
-                  flush=True)
+            print(f"round {r + 1} {peer:9s} decode {res['decode_tok_s']:6.1f} tok/s  "
+                  f"ttft {res['ttft_s'] * 1000:6.0f} ms", flush=True)
     summary = {peer: {"decode_tok_s": statistics.median(x["decode_tok_s"] for x in v),
                       "ttft_s": statistics.median(x["ttft_s"] for x in v)} for peer, v in runs.items()}
     ratio = summary["runlm"]["decode_tok_s"] / summary["llamacpp"]["decode_tok_s"]

@@ -67,8 +67,8 @@ def run_runlm(files: dict[str, str], threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
+    from runlm.engine.detokenizer import DELTA
     from runlm.engine.llm import LLM
-    from runlm.engine.output import DELTA
     from runlm.engine.sampling_params import SamplingParams
 
     llm = LLM(files["weights"], max_num_seqs=max(CONCURRENCY), max_model_len=1024, enable_prefix_caching=False)
@@ -195,10 +195,10 @@ def table(summary: dict) -> str:
         for m in METRICS:
             vals = [peers.get(p, {}).get(m) for p in PEERS]
 
-            def fmt(v):
+            def fmt(v, m=m):  # called in this iteration; bound so the closure says so
                 return "—" if v is None else (f"{v * 1000:.0f} ms" if m == "ttft_s" else f"{v:.1f}")
 
-            def ratio(a, b):
+            def ratio(a, b, m=m):
                 if a is None or b is None:
                     return "—"
                 return f"{(b / a if m == 'ttft_s' else a / b):.2f}x"

@@ -30,8 +30,8 @@ def main() -> None:
     import runlm.kernels.ggml as ggml
     import runlm.models.attention as attention_mod
     import runlm.models.linear as model_linear
+    from runlm.engine.detokenizer import DELTA
     from runlm.engine.llm import LLM
-    from runlm.engine.output import DELTA
     from runlm.engine.sampling_params import SamplingParams
     from runlm.store.builtin import resolve_model
 

@@ -78,8 +78,8 @@ def _peak_rss() -> int:
 
 
 def child_runlm(path: Path, ids: list[int], gen: int, threads: int, exact: bool) -> dict:
+    from runlm.engine.detokenizer import DELTA
     from runlm.engine.llm import LLM
-    from runlm.engine.output import DELTA
     from runlm.engine.sampling_params import SamplingParams
 
     t0 = time.perf_counter()

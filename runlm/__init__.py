@@ -18,10 +18,10 @@ def __getattr__(name: str):
     if name == "SamplingParams":
         from runlm.engine.sampling_params import SamplingParams
         return SamplingParams
-    if name in ("PoolingParams", "PoolingRequestOutput"):
-        from runlm.engine import pooling_params
-        return getattr(pooling_params, name)
-    if name in ("RequestOutput", "CompletionOutput"):
-        from runlm.engine import request
-        return getattr(request, name)
+    if name == "PoolingParams":
+        from runlm.engine.pooling_params import PoolingParams
+        return PoolingParams
+    if name in ("RequestOutput", "CompletionOutput", "PoolingRequestOutput"):
+        from runlm.engine import outputs
+        return getattr(outputs, name)
     raise AttributeError(f"module 'runlm' has no attribute {name!r}")

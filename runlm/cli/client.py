@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any, Literal, overload
 
 from runlm.runner.daemon import find_daemon
 
@@ -50,6 +51,10 @@ class Daemon:
                     yield json.loads(line)
 
 
+@overload
+def connect(required: Literal[True]) -> Daemon: ...
+@overload
+def connect(required: bool = False) -> Daemon | None: ...
 def connect(required: bool = False) -> Daemon | None:
     """The daemon for this RUNLM_HOME (or RUNLM_HOST), if one answers."""
     import httpx

@@ -12,7 +12,7 @@ from runlm.store.progress import ProgressBar, PullProgress, human_bytes
 
 
 def _ago(unix: int) -> str:
-    seconds = max(0, int(dt.datetime.now(dt.timezone.utc).timestamp()) - unix)
+    seconds = max(0, int(dt.datetime.now(dt.UTC).timestamp()) - unix)
     for size, unit in ((86400, "day"), (3600, "hour"), (60, "minute")):
         if seconds >= size:
             n = seconds // size
@@ -108,7 +108,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     daemon = connect()
     for name in args.models:
         if daemon:
-            daemon.call("DELETE", f"/models/{name}", **({"force": "true"} if args.force else {}))
+            daemon.call("DELETE", f"/models/{name}", None, **({"force": "true"} if args.force else {}))
         else:
             _store_call(ModelStore().remove, name)
         print(f"deleted '{name}'")

@@ -7,7 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from runlm.engine.output import DELTA
+from runlm.engine.detokenizer import DELTA
+from runlm.engine.outputs import RequestOutput
 from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.formats import ModelFormatError
 from runlm.formats.chat_template import ChatTemplateError
@@ -35,11 +36,13 @@ class Chat:
 
     def __init__(self, model_ref: str, params: SamplingParams, system: str | None, exact_numerics: bool = False,
                  threads: int | None = None) -> None:
+        from runlm.engine.factory import engine_config, engine_from_config
         from runlm.engine.llm import LLM
 
         # one conversation at a time; the prefix cache keeps earlier turns, so each turn computes only itself
-        self.llm = LLM(str(local_model_path(model_ref)), max_num_seqs=1, exact_numerics=exact_numerics,
-                       threads=threads)
+        config = engine_config(local_model_path(model_ref), max_num_seqs=1, exact_numerics=exact_numerics,
+                               threads=threads)
+        self.llm = LLM(engine=engine_from_config(config))
         self.engine = self.llm.engine
         self.params = params
         self.history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
@@ -56,6 +59,7 @@ class Chat:
         try:
             while self.engine.has_unfinished_requests():
                 for o in self.engine.step():
+                    assert isinstance(o, RequestOutput)  # add_request refused anything but generation
                     text.append(o.outputs[0].text)
                     out.write(o.outputs[0].text)
                     out.flush()

@@ -13,6 +13,7 @@ import socket
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from runlm.cli import add_numerics_arguments
 from runlm.store.builtin import UnknownModelError, resolve_model
@@ -91,7 +92,7 @@ def _server_class() -> type:
     import uvicorn
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: object) -> None:
+        def handle_exit(self, sig: int, frame: Any) -> None:
             super().handle_exit(sig, frame)
             # uvicorn re-raises the signal after a graceful shutdown; a requested stop is a clean exit
             # (status 0, the Unix socket removed), not death by signal
@@ -105,11 +106,12 @@ def run_serve_engine(args: argparse.Namespace) -> int:
 
     from runlm.engine.async_llm import AsyncLLM
     from runlm.engine.config import parse_size
+    from runlm.engine.factory import engine_config, engine_from_config
     from runlm.server import ServerSettings, build_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        resolve_model(args.model)
+        model_path = resolve_model(args.model)  # once: the engine takes the path
         settings = ServerSettings(served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
                                   cors_origins=list(args.cors_origins), max_body_bytes=parse_size(args.max_body_size),
                                   max_waiting=args.max_waiting)
@@ -125,13 +127,19 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                        exact_numerics=args.exact_numerics, threads=args.threads)
     if args.dtype or args.device.startswith("cuda"):
         engine_args["dtype"] = args.dtype or "bfloat16"
+    try:
+        engine_cfg = engine_config(model_path, **engine_args)  # typed and frozen, built once
+    except ValueError as exc:
+        print(f"runlm serve-engine: {exc}", file=sys.stderr)
+        return 1
     failed: list[BaseException] = []
 
     def on_load_error(exc: BaseException) -> None:
         failed.append(exc)
         server.should_exit = True
 
-    app = build_app(settings, load_engine=lambda: AsyncLLM(args.model, **engine_args), on_load_error=on_load_error)
+    app = build_app(settings, load_engine=lambda: AsyncLLM(engine=engine_from_config(engine_cfg)),
+                    on_load_error=on_load_error)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_level == "debug",
                             timeout_graceful_shutdown=5, lifespan="on")
     server = _server_class()(config)

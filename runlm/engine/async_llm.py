@@ -4,6 +4,11 @@ The engine core runs in its own thread, so the asyncio loop stays responsive whi
 model computes (torch releases the GIL in its kernels). Everything that touches the engine
 runs on that thread: callers submit commands and await their results; outputs come back to
 each request's asyncio queue through ``call_soon_threadsafe``.
+
+A request is added in an awaited step (``add_request``) that runs the engine's own checks on the
+engine thread (prompt, sampling values, the grammar compile) and raises its typed errors
+(runlm/engine/errors.py) before anything is streamed; a server answers them before it sends a
+header. ``generate`` is add_request and the stream together.
 """
 from __future__ import annotations
 
@@ -13,25 +18,78 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Generic, TypeVar
 
-from runlm.engine.llm_engine import LLMEngine, PromptType, engine_from_model
-from runlm.engine.output import DELTA, FINAL_ONLY
-from runlm.engine.pooling_engine import PoolingEngine, PoolingPromptType
-from runlm.engine.pooling_params import PoolingParams, PoolingRequestOutput
-from runlm.engine.request import RequestOutput
+from runlm.engine.core import EngineOutput, EngineStats
+from runlm.engine.detokenizer import DELTA, FINAL_ONLY
+from runlm.engine.errors import EngineDeadError
+from runlm.engine.factory import EngineCoreType, engine_from_model
+from runlm.engine.llm_engine import PromptType
+from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
+from runlm.engine.pooling_engine import PoolingPromptType
+from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.sampling_params import SamplingParams
 from runlm.formats.tokenizer import Tokenizer
 
+__all__ = ["AsyncLLM", "EngineDeadError", "RequestStream"]
 
-class EngineDeadError(RuntimeError):
-    """The engine thread died; every request fails and check_health() raises."""
+OutputT = TypeVar("OutputT", RequestOutput, PoolingRequestOutput)
+
+
+class RequestStream(Generic[OutputT]):
+    """The outputs of one added request. Iterate it to the end, or ``aclose()`` it: a stream closed
+    (or dropped) before its last output aborts the request and frees its KV blocks."""
+
+    def __init__(self, llm: AsyncLLM, request_id: str, queue: asyncio.Queue) -> None:
+        self.llm, self.request_id, self._queue = llm, request_id, queue
+        self.finished = False
+        self._closed = False
+
+    def __aiter__(self) -> RequestStream[OutputT]:
+        return self
+
+    async def __anext__(self) -> OutputT:
+        if self.finished or self._closed:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:  # cancelled while waiting: the consumer has gone
+            self.close()
+            raise
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        if item.finished:
+            self.finished = True
+            self.close()
+        return item
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.llm._streams.pop(self.request_id, None)
+        if not self.finished and self.llm._dead is None:
+            self.llm._abort_soon(self.request_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # dropped without being read to the end or closed
+        if not self._closed:
+            try:
+                self.close()
+            except Exception:  # at interpreter exit the engine may be gone already
+                pass
 
 
 class AsyncLLM:
-    def __init__(self, model: str | None = None, *, engine: LLMEngine | PoolingEngine | None = None,
+    def __init__(self, model: str | None = None, *, engine: EngineCoreType | None = None,
                  **engine_args: Any) -> None:
-        self.engine = engine or engine_from_model(model, **engine_args)
+        if (model is None) == (engine is None):
+            raise ValueError("give either a model or an engine")
+        self.engine: EngineCoreType = engine or engine_from_model(str(model), **engine_args)
         self._cond = threading.Condition()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._held: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()  # adds while paused
@@ -68,7 +126,7 @@ class AsyncLLM:
             for rid in list(self._streams):
                 self._deliver(rid, EngineDeadError(f"the engine died: {exc!r}"))
 
-    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+    def _deliver(self, request_id: str, item: EngineOutput | BaseException) -> None:
         entry = self._streams.get(request_id)
         if entry is not None:
             loop, queue = entry
@@ -87,41 +145,78 @@ class AsyncLLM:
             self._cond.notify()
         return await asyncio.wrap_future(fut)
 
+    # ---- what a server needs to know (so it never reaches into the engine core) ------------------
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Sequences the engine runs at once; a server bounds waiting work beyond this."""
+        return self.engine.max_num_seqs
+
+    def stats(self) -> EngineStats:
+        """The engine's EngineStats (read from the event loop: counters only, no engine state changes)."""
+        return self.engine.stats()
+
     # ---- requests ---------------------------------------------------------------------------
-    async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None, priority: int = 0,
-                       output_kind: str = DELTA) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs (by default each carries only what is new); aborted if the caller stops."""
+    async def add_request(self, request_id: str | None, prompt: PromptType | PoolingPromptType,
+                          params: SamplingParams | PoolingParams | None = None, priority: int = 0,
+                          output_kind: str = DELTA) -> RequestStream:
+        """Check and queue a request on the engine thread; raises the engine's typed errors (PromptError,
+        SamplingParamsError, StructuredOutputsError, TaskError...) before any output. Returns its stream."""
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        finished = False
+        stream: RequestStream = RequestStream(self, request_id, queue)
+        if params is None:
+            params = SamplingParams()
         try:
-            params = sampling_params or SamplingParams()
-            await self._call(lambda: self.engine.add_request(request_id, prompt, params, priority,
+            await self._call(lambda: self.engine.add_request(request_id, prompt, params, priority,  # type: ignore
                                                              time.monotonic(), output_kind), hold_while_paused=True)
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished and self._dead is None:
-                self._abort_soon(request_id)
+        except asyncio.CancelledError:  # the add may still run on the engine thread: abort it after
+            stream.close()
+            raise
+        except BaseException:
+            stream.finished = True  # the engine refused it: nothing was queued, nothing to abort
+            stream.close()
+            raise
+        return stream
 
-    def encode(self, prompt: PoolingPromptType, pooling_params: PoolingParams | None = None,
-               request_id: str | None = None, priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:
+    async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None, priority: int = 0,
+                       output_kind: str = DELTA) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs (by default each carries only what is new); aborted if the caller stops."""
+        stream = await self.add_request(request_id, prompt, sampling_params or SamplingParams(), priority,
+                                        output_kind)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()
+
+    async def encode(self, prompt: PoolingPromptType, pooling_params: PoolingParams | None = None,
+                     request_id: str | None = None, priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:
         """An embedding or score, batched with other requests by the same scheduler: a stream that
         yields one finished PoolingRequestOutput (the request is aborted if the caller stops waiting)."""
         params = pooling_params or PoolingParams(task="embed" if "embed" in self.get_supported_tasks() else "score")
-        # the engine dispatches on the params' type, so generate()'s stream machinery serves both
-        return self.generate(prompt, params, request_id, priority, FINAL_ONLY)  # type: ignore[arg-type]
+        # the engine dispatches on the params' type, so one add step and stream serve both
+        stream = await self.add_request(request_id, prompt, params, priority, FINAL_ONLY)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()
 
     def _abort_soon(self, request_id: str) -> None:
         with self._cond:

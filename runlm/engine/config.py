@@ -45,8 +45,9 @@ def physical_cores() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class EngineConfig:
+    """Built once (by the CLI or LLM/AsyncLLM) and passed down unchanged; ``model`` is a resolved path."""
     model: str
     max_model_len: int | None = None
     max_num_seqs: int = 64

@@ -115,7 +115,7 @@ class BlockManager:
         self.stats.hits += cached
         for block_id in hits:
             self._reuse(block_id)
-            table.hashes.append(self.blocks[block_id].hash)
+            table.hashes.append(self.blocks[block_id].hash)  # type: ignore[arg-type]  # a cached block has one
         table.blocks = list(hits) + [self._take_free() for _ in range(need)]
         table.num_cached_tokens = cached
         return n

@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, cast
 
 from tqdm import tqdm
 
-from runlm.engine.llm_engine import LLMEngine, PromptType, engine_from_model
-from runlm.engine.pooling_engine import PoolingEngine, PoolingPromptType
-from runlm.engine.pooling_params import PoolingParams, PoolingRequestOutput, TaskError
-from runlm.engine.scoring import cosine_output, score_pairs
-from runlm.engine.request import RequestOutput
+from runlm.engine.errors import TaskError
+from runlm.engine.factory import EngineCoreType, engine_from_model
+from runlm.engine.llm_engine import PromptType
+from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
+from runlm.engine.pooling_engine import PoolingPromptType
+from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.scoring import cosine_output, score_pairs
 from runlm.formats.chat_template import render_chat
 from runlm.formats.tokenizer import Tokenizer
 
@@ -21,8 +25,12 @@ _PROGRESS_MIN = 8  # show a progress bar for batches at least this long
 class LLM:
     """``LLM(model).generate(prompts, params)`` -> one RequestOutput per prompt, in order."""
 
-    def __init__(self, model: str, **engine_args: Any) -> None:
-        self.engine: LLMEngine | PoolingEngine = engine_from_model(model, **engine_args)
+    def __init__(self, model: str | None = None, *, engine: EngineCoreType | None = None,
+                 **engine_args: Any) -> None:
+        """``model``: a built-in name, a .gguf file or a model directory; or ``engine``: a built one."""
+        if (model is None) == (engine is None):
+            raise ValueError("give either a model or an engine")
+        self.engine: EngineCoreType = engine or engine_from_model(str(model), **engine_args)
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:
@@ -50,7 +58,8 @@ class LLM:
              chat_template: str | None = None, add_generation_prompt: bool = True,
              tools: list[dict] | None = None) -> list[RequestOutput]:
         """One conversation (a list of messages) or several; rendered with the model's chat template."""
-        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        conversations = cast(list[Sequence[Mapping[str, Any]]],
+                             [messages] if messages and isinstance(messages[0], Mapping) else list(messages))
         prompts = [{"prompt_token_ids": self.encode_chat(c, chat_template, add_generation_prompt, tools)}
                    for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
@@ -123,7 +132,8 @@ def _as_list(prompts: Any) -> list:
 
 
 def encode_chat(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
-                add_generation_prompt: bool = True, tools: list[dict] | None = None, **template_kwargs: Any) -> list[int]:
+                add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                **template_kwargs: Any) -> list[int]:
     """A conversation -> prompt token ids, through the model's chat template (LLM.chat and the server)."""
     text = render_chat(messages, chat_template or tok.chat_template, add_generation_prompt=add_generation_prompt,
                        bos_token=tok.bos_token, eos_token=tok.eos_token, tools=tools, **template_kwargs)
@@ -132,6 +142,4 @@ def encode_chat(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], chat_temp
 
 def _copy(p: SamplingParams) -> SamplingParams:
     """Each request gets its own params (the engine fills in max_tokens when it is None)."""
-    from dataclasses import replace
-
     return replace(p)

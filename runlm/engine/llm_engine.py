@@ -1,83 +1,65 @@
-"""The synchronous engine core: add requests, step, collect outputs. LLM and AsyncLLM drive it.
+"""The synchronous engine core for generation: add requests, step, collect outputs. LLM and AsyncLLM
+drive it.
 
-One step is: schedule, run, postprocess.
+One step is: schedule -> run the model and sample (ModelRunner) -> process the sampled tokens
+(detokenize, stops, finish) -> outputs.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any
 
-import torch
-
-from runlm.engine.config import EngineConfig, kv_cache_blocks, physical_cores
+from runlm.engine.config import EngineConfig, kv_cache_blocks
+from runlm.engine.core import EngineCore
+from runlm.engine.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
+from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.kv_cache import BlockManager
-from runlm.engine.model_runner import ModelRunner, kv_bytes_per_token
-from runlm.engine.output import (
-    CUMULATIVE,
-    RequestState,
-    append_token,
-    make_output,
-    new_request_state,
-)
-from runlm.engine.pooling_params import TaskError
-from runlm.engine.request import RequestOutput, Sequence
+from runlm.engine.model_runner import ModelRunner, SampledToken
+from runlm.engine.outputs import RequestOutput
+from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.sampler import make_generator
-from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
-from runlm.engine.scheduler import Scheduler, SchedulerConfig
+from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from runlm.engine.sequence import Sequence
 from runlm.engine.structured.backend import StructuredOutputManager
-from runlm.models.load import LoadedModel, load_decoder, model_task
-from runlm.store.builtin import resolve_model
-
-if TYPE_CHECKING:
-    from runlm.engine.pooling_engine import PoolingEngine
+from runlm.kv_size import kv_bytes_per_token
+from runlm.models.load import LoadedModel, load_decoder
 
 PromptType = str | Mapping[str, Any] | list[int]
 
 
-class PromptError(ValueError):
-    """A prompt the engine cannot take: empty, too long for the context, or with unknown token ids."""
-
-
-@dataclass(slots=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
-
-
-class LLMEngine:
-    supported_tasks: tuple[str, ...] = ("generate",)
-
+class LLMEngine(EngineCore):
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        self.device = torch.device(config.device)
-        torch.set_num_threads(config.threads or physical_cores())
-        self.loaded = loaded or load_decoder(resolve_model(str(config.model)), dtype=config.dtype,
-                                             device=config.device, exact_numerics=config.exact_numerics)
+        self._set_threads()
+        self.loaded = loaded or self._load(Path(config.model))
         self.tokenizer = self.loaded.tokenizer
         mc = self.loaded.config
+        self.vocab_size = mc.vocab_size
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
-        self.kv_bytes_per_token = per_token = kv_bytes_per_token(self.loaded, config.dtype)
+        self.kv_bytes_per_token = per_token = kv_bytes_per_token(
+            mc.num_layers, mc.num_kv_heads, mc.head_dim, config.dtype.itemsize)
         num_blocks = kv_cache_blocks(config, per_token, self.max_model_len)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(self.max_model_len, config.max_num_seqs,
                                                    config.max_num_batched_tokens), self.blocks)
-        self.runner = ModelRunner(self.loaded, self.blocks, config.dtype, self.device)
-        self.requests: dict[str, RequestState] = {}
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids) | frozenset(mc.eos_token_ids)
-        self.structured = self.runner.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_ids)
-        self._stop_ids: dict[int, frozenset[int]] = {}
+        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_ids)
+        self.runner = ModelRunner(config, self.loaded, self.blocks, self.structured)
+        self.requests: dict[str, RequestState] = {}
         self.num_preemptions = 0
         self.sleep_level = 0
+        self.log_start(num_blocks * config.block_size * per_token)
+
+    def _load(self, path: Path) -> LoadedModel:
+        c = self.config
+        return load_decoder(path, dtype=c.dtype, device=c.device, exact_numerics=c.exact_numerics)
+
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
 
     # ---- requests -------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -92,22 +74,20 @@ class LLMEngine:
         raise PromptError("a prompt is a string, a list of token ids or {'prompt_token_ids': [...]}")
 
     def check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        """Everything that makes a prompt unrunnable, raised before it is queued (the one owner of these checks)."""
         if not ids:
             raise PromptError("the prompt is empty")
         if len(ids) >= self.max_model_len:
-            raise PromptError(f"the prompt has {len(ids)} tokens, but the model's context length is "
-                              f"{self.max_model_len} tokens; shorten the prompt")
-        vocab = self.loaded.config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise PromptError(f"token id {bad} in the prompt is outside the vocabulary (size {vocab})")
+            raise PromptTooLongError(f"the prompt has {len(ids)} tokens, but the model's context length is "
+                                     f"{self.max_model_len} tokens; shorten the prompt", len(ids), self.max_model_len)
+        self.check_token_ids(ids, "prompt")
         needed = self.blocks.blocks_needed(len(ids) + 1)
         if needed > len(self.blocks.blocks):
             raise PromptError(f"the prompt needs {needed} KV-cache blocks but the cache holds only "
-                              f"{len(self.blocks.blocks)}; raise kv_cache_memory")
-        params.check_vocab(vocab)
+                              f"{len(self.blocks.blocks)}; raise kv_cache_memory (--kv-cache-memory)")
+        params.check_vocab(self.vocab_size)
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams | None = None,
                     priority: int = 0, arrival_time: float | None = None,
                     output_kind: str = CUMULATIVE) -> None:
         if request_id in self.requests:
@@ -118,17 +98,18 @@ class LLMEngine:
                             "model")
         text, ids = self.tokenize_prompt(prompt)
         self.check_prompt(ids, params)
-        grammar = self.structured.compile(params)  # an invalid schema fails here, before anything is queued
+        # an invalid schema fails here, on the engine's thread, before anything is queued
+        grammar = self.structured.compile(params)
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - len(ids)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
         seqs = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
             seq = Sequence(request_id, i, list(ids), len(ids), params, priority, arrival,
-                           generator=make_generator(seed), logprobs=[] if params.logprobs is not None else None)
-            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-            self._stop_ids[seq.seq_id] = frozenset(stops)
+                           generator=make_generator(seed), logprobs=[] if params.logprobs is not None else None,
+                           stop_ids=stop_ids)
             self.structured.add(seq, grammar)
             seqs.append(seq)
         self.requests[request_id] = new_request_state(request_id, text, ids, seqs, self.tokenizer, output_kind)
@@ -154,40 +135,49 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
-        self._stop_ids.pop(seq.seq_id, None)
         self.structured.remove(seq)
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
 
     # ---- the loop -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        if self.sleep_level:
-            raise RuntimeError("the engine is asleep; call wake_up() first")
-        sched = self.scheduler.schedule()
-        self.num_preemptions += len(sched.preempted)
+        """schedule -> run (forward + sample) -> process the tokens -> outputs."""
+        self.check_awake()
+        sched = self._schedule()
         if not sched.seqs:
             return []
+        sampled = self.runner.execute(sched)
+        self.scheduler.update(sched)
+        return self._outputs(self._process(sampled))
+
+    def _schedule(self) -> SchedulerOutput:
+        sched = self.scheduler.schedule()
+        self.num_preemptions += len(sched.preempted)
         now = time.monotonic()
         for seq in sched.seqs:
             metrics = self.requests[seq.request_id].metrics
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
-        sampled = self.runner.execute(sched, self._stop_ids)
-        self.scheduler.update(sched)
+        return sched
+
+    def _process(self, sampled: list[SampledToken]) -> dict[str, RequestState]:
+        """Append each sampled token: logprobs, text, stop checks; finished sequences free their blocks."""
         touched: dict[str, RequestState] = {}
         for s in sampled:
-            state = self.requests[s.seq.request_id]
-            if s.logprobs is not None:
-                s.seq.logprobs.append(s.logprobs)
-                s.seq.cumulative_logprob += s.logprobs[s.token].logprob
-            reason = append_token(state, s.seq.index, s.token, self._stop_ids[s.seq.seq_id])
-            if reason is None and s.seq.num_tokens >= self.max_model_len:
+            seq = s.seq
+            state = self.requests[seq.request_id]
+            if s.logprobs is not None and seq.logprobs is not None:  # both exist when logprobs were asked for
+                seq.logprobs.append(s.logprobs)
+                seq.cumulative_logprob += s.logprobs[s.token].logprob
+            reason = append_token(state, seq.index, s.token)
+            if reason is None and seq.num_tokens >= self.max_model_len:
                 reason = "length"
             if reason is not None:
-                s.seq.finish_reason = reason
-                self._finish(s.seq)
+                seq.finish_reason = reason
+                self._finish(seq)
             touched[state.request_id] = state
+        return touched
+
+    def _outputs(self, touched: dict[str, RequestState]) -> list[RequestOutput]:
+        """What to hand out now (per the request's output kind); finished requests are forgotten."""
         outputs = []
         for rid, state in touched.items():
             out = make_output(state)
@@ -197,51 +187,17 @@ class LLMEngine:
                 del self.requests[rid]
         return outputs
 
-    # ---- control --------------------------------------------------------------------------
-    def reset_prefix_cache(self) -> None:
-        self.blocks.reset_prefix_cache()
-
-    @property
-    def is_sleeping(self) -> bool:
-        return self.sleep_level > 0
-
-    def sleep(self, level: int = 1) -> None:
-        """Give memory back while idle. 1: drop the KV cache; 2: also drop the weights (reloaded on wake)."""
-        if level not in (1, 2):
-            raise ValueError("sleep level must be 1 or 2")
-        if self.has_unfinished_requests():
-            raise RuntimeError("cannot sleep with requests in flight; pause or drain first")
+    # ---- control: sleep drops what EngineCore.sleep asks, wake_up restores it -----------------
+    def _drop(self, level: int) -> None:
         self.runner.free_kv_cache()
         self.blocks.reset_prefix_cache()
         if level == 2:
             self.loaded.model.release_weights()
-        self.sleep_level = max(self.sleep_level, level)
 
-    def wake_up(self) -> None:
-        if self.sleep_level == 2:
-            fresh = load_decoder(self.loaded.path, dtype=self.config.dtype, device=self.config.device,
-                                 exact_numerics=self.config.exact_numerics)
-            self.loaded.model = fresh.model
-        if self.sleep_level:
-            self.runner.allocate_kv_cache()
-        self.sleep_level = 0
-
-    def stats(self) -> EngineStats:
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.usage,
-                           self.blocks.stats.queries, self.blocks.stats.hits, self.num_preemptions)
+    def _reload(self, level: int) -> None:
+        if level == 2:
+            self.loaded.model = self._load(self.loaded.path).model
+        self.runner.allocate_kv_cache()
 
 
-def engine_from_model(model: str | Path, **kwargs: Any) -> LLMEngine | PoolingEngine:
-    """An LLMEngine for a model that generates; a PoolingEngine for one that embeds or scores."""
-    if isinstance(kwargs.get("dtype"), str):
-        kwargs["dtype"] = getattr(torch, kwargs["dtype"])
-    config = EngineConfig(model=str(model), **kwargs)
-    if config.task in ("embed", "score") or (
-            config.task == "auto" and model_task(resolve_model(config.model)) != "generate"):
-        from runlm.engine.pooling_engine import PoolingEngine
-
-        return PoolingEngine(config)
-    return LLMEngine(config)
-
-
-__all__ = ["LLMEngine", "PromptError", "SamplingParamsError", "engine_from_model"]
+__all__ = ["LLMEngine", "PromptError", "PromptType"]

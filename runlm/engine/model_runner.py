@@ -1,18 +1,23 @@
-"""Runs one scheduled batch through the model: flatten, forward, sample.
+"""Runs one scheduled batch through the model, in named phases (nano-vllm's and mini-sglang's order):
+
+    prepare (flatten the batch into ids, positions and KV slots) -> run_model (the forward pass)
+    -> prompt logprobs -> compute_logits -> sample (penalties, grammar masks, the draw, logprobs)
 
 Owns the KV cache tensors (one K and one V tensor per layer, addressed by flat slot =
 block * block_size + offset) and turns a SchedulerOutput into the model's forward context.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from runlm.engine.config import EngineConfig
 from runlm.engine.kv_cache import BlockManager
-from runlm.engine.request import Logprob, Sequence
+from runlm.engine.outputs import Logprob
 from runlm.engine.sampler import process_logits, sample, token_logprobs
 from runlm.engine.scheduler import SchedulerOutput
+from runlm.engine.sequence import Sequence
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.load import LoadedModel
@@ -25,16 +30,32 @@ class SampledToken:
     logprobs: dict[int, Logprob] | None
 
 
-def kv_bytes_per_token(loaded: LoadedModel, dtype: torch.dtype) -> int:
-    c = loaded.config
-    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * torch.empty((), dtype=dtype).element_size()
+@dataclass(slots=True)
+class PromptLogprobRows:
+    """Hidden rows ``first_row .. first_row + count`` predict prompt positions ``first_pos + 1 ..``."""
+    seq: Sequence
+    first_row: int
+    first_pos: int
+    count: int
+
+
+@dataclass(slots=True)
+class PreparedBatch:
+    """A step's tokens flattened for one forward pass, and which rows to sample from."""
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    context: ForwardContext
+    sample_rows: list[int] = field(default_factory=list)
+    sample_seqs: list[Sequence] = field(default_factory=list)
+    prompt_logprob_rows: list[PromptLogprobRows] = field(default_factory=list)
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, blocks: BlockManager, dtype: torch.dtype, device: torch.device) -> None:
-        self.loaded, self.blocks, self.dtype, self.device = loaded, blocks, dtype, device
+    def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: BlockManager,
+                 structured: StructuredOutputManager | None = None) -> None:
+        self.loaded, self.blocks, self.structured = loaded, blocks, structured
+        self.dtype, self.device = config.dtype, torch.device(config.device)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.structured: StructuredOutputManager | None = None  # the engine's grammar masks, if any
         self.allocate_kv_cache()
 
     def allocate_kv_cache(self) -> None:
@@ -48,10 +69,24 @@ class ModelRunner:
         self.kv_caches = []
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, stop_ids: dict[int, frozenset[int]]) -> list[SampledToken]:
+    def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
         """Compute the scheduled tokens; sample for every sequence whose known tokens are now all computed."""
-        ids, positions, slot_maps, context_slots, sample_rows, sample_seqs = [], [], [], [], [], []
-        prompt_lp_rows: list[tuple[Sequence, int, int, int]] = []  # seq, first row, first position, count
+        batch = self.prepare(sched)
+        hidden = self.run_model(batch)
+        for rows in batch.prompt_logprob_rows:
+            self._prompt_logprobs(rows, hidden)
+        if not batch.sample_seqs:
+            return []
+        raw = self.loaded.model.compute_logits(hidden[batch.sample_rows]).float().cpu()
+        return self.sample(raw, batch.sample_seqs)
+
+    def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
+        """Prefill chunks and decode tokens alike: each sequence contributes rows start..end."""
+        ids: list[int] = []
+        positions, slot_maps, context_slots = [], [], []
+        sample_rows: list[int] = []
+        sample_seqs: list[Sequence] = []
+        lp_rows: list[PromptLogprobRows] = []
         row = 0
         for seq, n in zip(sched.seqs, sched.num_new_tokens):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
@@ -59,52 +94,55 @@ class ModelRunner:
             positions.append(torch.arange(start, end))
             slot_maps.append(self.blocks.slots(seq.table, start, end))
             context_slots.append(self.blocks.slots(seq.table, 0, end))
+            # a preempted sequence recomputes its prompt: its prompt logprobs are already there
             if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1 \
                     and seq.num_preemptions == 0:
                 last = min(end, seq.num_prompt_tokens - 1)
-                prompt_lp_rows.append((seq, row, start, last - start))
+                lp_rows.append(PromptLogprobRows(seq, row, start, last - start))
             row += n
             if end == seq.num_tokens:
                 sample_rows.append(row - 1)
                 sample_seqs.append(seq)
-        ctx = ForwardContext(list(sched.num_new_tokens), [s.num_computed_tokens + n for s, n in
-                                                          zip(sched.seqs, sched.num_new_tokens)],
-                             torch.cat(slot_maps).to(self.device), [c.to(self.device) for c in context_slots],
-                             self.kv_caches)
-        model = self.loaded.model
-        with forward_context(ctx):
-            hidden = model(torch.tensor(ids, device=self.device), torch.cat(positions).to(self.device))
-        for seq, first_row, first_pos, count in prompt_lp_rows:
-            self._prompt_logprobs(seq, model.compute_logits(hidden[first_row:first_row + count]).float().cpu(),
-                                  first_pos)
-        if not sample_seqs:
-            return []
-        raw = model.compute_logits(hidden[sample_rows]).float().cpu()
-        params = [s.params for s in sample_seqs]
-        logits = process_logits(raw, params, [s.token_ids[:s.num_prompt_tokens] for s in sample_seqs],
-                                 [s.output_token_ids for s in sample_seqs], [stop_ids[s.seq_id] for s in sample_seqs])
+        context_lens = [s.num_computed_tokens + n for s, n in zip(sched.seqs, sched.num_new_tokens)]
+        ctx = ForwardContext(list(sched.num_new_tokens), context_lens, torch.cat(slot_maps).to(self.device),
+                             [c.to(self.device) for c in context_slots], self.kv_caches)
+        return PreparedBatch(torch.tensor(ids, device=self.device), torch.cat(positions).to(self.device), ctx,
+                             sample_rows, sample_seqs, lp_rows)
+
+    def run_model(self, batch: PreparedBatch) -> torch.Tensor:
+        with forward_context(batch.context):
+            return self.loaded.model(batch.input_ids, batch.positions)
+
+    def sample(self, raw: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
+        """Penalties and bias, grammar masks, the draw, then logprobs of the raw distribution (as vLLM)."""
+        params = [s.params for s in seqs]
+        logits = process_logits(raw, params, [s.token_ids[:s.num_prompt_tokens] for s in seqs],
+                                [s.output_token_ids for s in seqs], [s.stop_ids for s in seqs])
         if self.structured is not None and self.structured.seqs:
             if logits is raw:  # the mask writes in place; logprobs are reported from the unmasked logits
                 logits = raw.clone()
-            self.structured.mask_logits(logits, sample_seqs)
-        tokens = sample(logits, params, [s.generator for s in sample_seqs]).tolist()
+            self.structured.mask_logits(logits, seqs)
+        tokens = sample(logits, params, [s.generator for s in seqs]).tolist()
         if self.structured is not None:
-            self.structured.accept(sample_seqs, tokens)
-        results = []
+            self.structured.accept(seqs, tokens)
         want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
         lps = torch.log_softmax(raw[want_lp], dim=-1) if want_lp else None
-        for i, (seq, token) in enumerate(zip(sample_seqs, tokens)):
+        results = []
+        for i, (seq, token) in enumerate(zip(seqs, tokens)):
             entry = None
-            if seq.params.logprobs is not None:
+            if lps is not None and seq.params.logprobs is not None:
                 entry = token_logprobs(lps[want_lp.index(i)], token, seq.params.logprobs)
             results.append(SampledToken(seq, token, entry))
         return results
 
-    def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor, first_pos: int) -> None:
+    def _prompt_logprobs(self, rows: PromptLogprobRows, hidden: torch.Tensor) -> None:
         """Row j predicts prompt position first_pos + j + 1; position 0 has no logprob."""
+        seq = rows.seq
+        logits = self.loaded.model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count]).float().cpu()
         if seq.prompt_logprobs is None:
             seq.prompt_logprobs = [None]
         lps = torch.log_softmax(logits, dim=-1)
+        k = seq.params.prompt_logprobs
+        assert k is not None
         for j in range(lps.shape[0]):
-            target = seq.token_ids[first_pos + j + 1]
-            seq.prompt_logprobs.append(token_logprobs(lps[j], target, seq.params.prompt_logprobs))
+            seq.prompt_logprobs.append(token_logprobs(lps[j], seq.token_ids[rows.first_pos + j + 1], k))

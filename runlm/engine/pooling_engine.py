@@ -9,23 +9,25 @@ sized for one full step.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from runlm.engine.config import EngineConfig
+from runlm.engine.core import EngineCore
+from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.kv_cache import BlockManager
-from runlm.engine.llm_engine import EngineStats, PromptError
-from runlm.engine.pooling_params import PoolingOutput, PoolingParams, PoolingParamsError, PoolingRequestOutput, \
-    TaskError
+from runlm.engine.outputs import PoolingOutput, PoolingRequestOutput, RequestMetrics
+from runlm.engine.pooling_params import PoolingParams, PoolingParamsError
 from runlm.engine.pooling_runner import PoolingRunner
-from runlm.engine.request import RequestMetrics, Sequence
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.scheduler import Scheduler, SchedulerConfig
+from runlm.engine.sequence import Sequence
 from runlm.models.pooling_models import LoadedPoolingModel, load_pooling_model
-from runlm.store.builtin import resolve_model
 
 PoolingPromptType = str | list[int] | Mapping[str, Any]  # also {"text": query, "text_pair": document}
 
@@ -44,14 +46,16 @@ class _Request:
     metrics: RequestMetrics
 
 
-class PoolingEngine:
+class PoolingEngine(EngineCore):
+    holds_kv_cache = False
+
     def __init__(self, config: EngineConfig, loaded: LoadedPoolingModel | None = None) -> None:
         self.config = config
         self.device = torch.device(config.device)
         task = config.task if config.task in ("embed", "score") else "auto"
-        self.loaded = loaded or load_pooling_model(resolve_model(str(config.model)), task, config.dtype,
-                                                   config.device)
+        self.loaded = loaded or load_pooling_model(Path(config.model), task, config.dtype, config.device)
         self.tokenizer = self.loaded.tokenizer
+        self.vocab_size = self.loaded.vocab_size
         self.max_model_len = min(config.max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
         # a prompt is pooled whole in one step, so one step must hold the longest prompt
         budget = max(config.max_num_batched_tokens, self.max_model_len)
@@ -64,6 +68,7 @@ class PoolingEngine:
         self._truncating = HFTokenizer.from_str(self.tokenizer.hf.to_str())
         self._truncating.enable_truncation(self.max_model_len)
         self.sleep_level = 0
+        self.log_start(0)
 
     @property
     def supported_tasks(self) -> tuple[str, ...]:
@@ -78,8 +83,9 @@ class PoolingEngine:
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = prompt[-params.truncate_prompt_tokens:] if params.truncate_prompt_tokens else list(prompt)
             if len(ids) > self.max_model_len:
-                raise PromptError(f"the input has {len(ids)} tokens, but this model takes at most "
-                                  f"{self.max_model_len}; shorten it or set truncate_prompt_tokens")
+                raise PromptTooLongError(f"the input has {len(ids)} tokens, but this model takes at most "
+                                         f"{self.max_model_len}; shorten it or set truncate_prompt_tokens",
+                                         len(ids), self.max_model_len)
             return PooledPrompt(ids, None, len(prompt) - len(ids))
         if isinstance(prompt, str):
             text, pair = prompt, None
@@ -112,7 +118,8 @@ class PoolingEngine:
                 raise PoolingParamsError("dimensions", f"{params.dimensions} is more than the model's "
                                          f"{loaded.hidden_size} dimensions")
 
-    def add_request(self, request_id: str, prompt: PoolingPromptType, params: PoolingParams | None = None,
+    def add_request(self, request_id: str, prompt: PoolingPromptType,
+                    params: PoolingParams | SamplingParams | None = None,
                     priority: int = 0, arrival_time: float | None = None, output_kind: str = "") -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -122,12 +129,7 @@ class PoolingEngine:
         params = params or PoolingParams(task="embed" if self.loaded.task == "embed" else "score")
         self.check_params(params)
         pooled = self.tokenize_prompt(prompt, params)
-        if not pooled.token_ids:
-            raise PromptError("the input is empty")
-        vocab = self.loaded.vocab_size
-        bad = next((t for t in pooled.token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise PromptError(f"token id {bad} in the input is outside the vocabulary (size {vocab})")
+        self.check_token_ids(pooled.token_ids, "input")
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         seq = Sequence(request_id, 0, pooled.token_ids, len(pooled.token_ids), SamplingParams(max_tokens=1),
                        priority, arrival, pooling_params=params)
@@ -144,13 +146,9 @@ class PoolingEngine:
                                                  True, req.prompt.num_truncated_tokens, True, req.metrics))
         return outs
 
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
-
     # ---- the loop -------------------------------------------------------------------------
     def step(self) -> list[PoolingRequestOutput]:
-        if self.sleep_level:
-            raise RuntimeError("the engine is asleep; call wake_up() first")
+        self.check_awake()
         sched = self.scheduler.schedule()
         if not sched.seqs:
             return []
@@ -170,29 +168,12 @@ class PoolingEngine:
                                                 req.prompt.num_truncated_tokens, False, req.metrics))
         return outputs
 
-    # ---- control --------------------------------------------------------------------------
-    def reset_prefix_cache(self) -> None:
-        """Nothing is cached between steps."""
-
-    @property
-    def is_sleeping(self) -> bool:
-        return self.sleep_level > 0
-
-    def sleep(self, level: int = 1) -> None:
-        """1: nothing to drop (no KV cache); 2: drop the weights (reloaded on wake)."""
-        if level not in (1, 2):
-            raise ValueError("sleep level must be 1 or 2")
-        if self.has_unfinished_requests():
-            raise RuntimeError("cannot sleep with requests in flight; pause or drain first")
+    # ---- control: no KV cache to drop (nothing is cached between steps); level 2 drops the weights ----
+    def _drop(self, level: int) -> None:
         if level == 2:
             self.loaded.model.to_empty(device="meta")
-        self.sleep_level = max(self.sleep_level, level)
 
-    def wake_up(self) -> None:
-        if self.sleep_level == 2:
+    def _reload(self, level: int) -> None:
+        if level == 2:
             fresh = load_pooling_model(self.loaded.path, self.loaded.task, self.config.dtype, self.config.device)
             self.loaded.model = fresh.model
-        self.sleep_level = 0
-
-    def stats(self) -> EngineStats:
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), 0.0, 0, 0, 0)

@@ -1,12 +1,8 @@
-"""PoolingParams and PoolingRequestOutput: what an embedding or scoring request asks for and gets
-(vLLM's names: ``outputs.data`` is the pooled tensor; ``EmbeddingOutput.embedding`` its list)."""
+"""PoolingParams: what an embedding or scoring request asks for (vLLM's names); what it gets is
+``PoolingRequestOutput`` in runlm/engine/outputs.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
-
-from runlm.engine.request import RequestMetrics
 
 POOLING_TASKS = ("embed", "score", "classify")
 
@@ -17,10 +13,6 @@ class PoolingParamsError(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(f"{param}: {message}")
         self.param = param
-
-
-class TaskError(ValueError):
-    """The request asks a model for something it cannot do (text from an embedder, vectors from a chat model)."""
 
 
 @dataclass(slots=True)
@@ -37,27 +29,3 @@ class PoolingParams:
             raise PoolingParamsError("dimensions", f"must be a positive integer, not {self.dimensions!r}")
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise PoolingParamsError("truncate_prompt_tokens", "must be a positive integer")
-
-
-@dataclass(slots=True)
-class PoolingOutput:
-    data: torch.Tensor  # [dim] for embeddings; [num_labels] for classification; [1] for a score
-
-    @property
-    def embedding(self) -> list[float]:
-        return self.data.tolist()
-
-    @property
-    def score(self) -> float:
-        return float(self.data[-1])
-
-
-@dataclass(slots=True)
-class PoolingRequestOutput:
-    request_id: str
-    outputs: PoolingOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
-    num_truncated_tokens: int = 0  # prompt tokens dropped to fit the model's maximum length
-    aborted: bool = False          # ended by abort(): ``outputs.data`` is empty
-    metrics: RequestMetrics | None = None

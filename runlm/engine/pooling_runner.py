@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from runlm.engine.pooling_params import PoolingParams
-from runlm.engine.request import Sequence
+from runlm.engine.sequence import Sequence
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.pooling import finish_embedding
 from runlm.models.pooling_models import LoadedPoolingModel
@@ -41,7 +41,7 @@ class PoolingRunner:
         with forward_context(ForwardContext.no_cache(lens)):
             hidden = model(ids, positions, types)
             pooled = model.pooled(hidden, lens).cpu()
-        return [self._finish(vec, s.pooling_params) for vec, s in zip(pooled, seqs)]
+        return [self._finish(vec, s.pooling_params) for vec, s in zip(pooled, seqs)]  # type: ignore[arg-type]
 
     def _finish(self, vec: torch.Tensor, params: PoolingParams) -> torch.Tensor:
         if self.loaded.num_labels == 0:

@@ -5,11 +5,11 @@ request samples the same tokens whatever else is in the batch.
 """
 from __future__ import annotations
 
-from typing import Sequence as Seq
+from collections.abc import Sequence as Seq
 
 import torch
 
-from runlm.engine.request import Logprob
+from runlm.engine.outputs import Logprob
 from runlm.engine.sampling_params import SamplingParams
 
 

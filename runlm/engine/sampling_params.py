@@ -1,21 +1,14 @@
 """SamplingParams: how to pick each next token and when to stop (vLLM's names and meanings)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any
 
-if TYPE_CHECKING:
-    from runlm.engine.structured.params import StructuredOutputsParams
+from runlm.engine.errors import SamplingParamsError
+from runlm.engine.structured.params import StructuredOutputsParams, coerce_structured_outputs
 
 _MAX_INT = 2**31 - 1
-
-
-class SamplingParamsError(ValueError):
-    """An invalid sampling value; ``param`` names the offending field."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
 
 
 @dataclass(slots=True)
@@ -50,8 +43,6 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         if self.structured_outputs is not None:
-            from runlm.engine.structured.params import coerce_structured_outputs  # it imports this module
-
             self.structured_outputs = coerce_structured_outputs(self.structured_outputs)
         self.validate()
 
@@ -65,8 +56,8 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or not 1 <= self.n <= 128:
             bad("n", f"must be an integer from 1 to 128, got {self.n!r}")
-        if not 0.0 <= self.temperature <= 100.0:
-            bad("temperature", f"must be between 0 and 100, got {self.temperature}")
+        if not 0.0 <= self.temperature <= 2.0:  # OpenAI's range; past 2 the distribution is noise
+            bad("temperature", f"must be between 0 and 2, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             bad("top_p", f"must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or self.top_k < 0:

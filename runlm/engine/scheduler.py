@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runlm.engine.kv_cache import BlockManager
-from runlm.engine.request import Sequence, SequenceStatus
+from runlm.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass(slots=True)
@@ -94,10 +94,10 @@ class Scheduler:
             if seq.pooling_params is not None and seq.num_tokens > budget:
                 break  # a pooling prompt is pooled whole in one step: it waits for a step with room
             # prompt logprobs (and pooling) need every prompt position computed, so they skip the cache
-            n = self.blocks.allocate_prompt(seq.table, seq.token_ids, budget,
-                                            use_cache=seq.params.prompt_logprobs is None
-                                            and seq.pooling_params is None)
-            if n is None:
+            admitted = self.blocks.allocate_prompt(seq.table, seq.token_ids, budget,
+                                                   use_cache=seq.params.prompt_logprobs is None
+                                                   and seq.pooling_params is None)
+            if admitted is None:
                 victim = self.running[-1] if self.running else None
                 if victim is None or victim.sort_key() <= seq.sort_key():
                     break
@@ -111,8 +111,8 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.seqs.append(seq)
-            out.num_new_tokens.append(n)
-            budget -= n
+            out.num_new_tokens.append(admitted)
+            budget -= admitted
         return out
 
     def update(self, out: SchedulerOutput) -> None:

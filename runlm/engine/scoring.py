@@ -1,12 +1,11 @@
 """Pairing rules for scores (vLLM's ``LLM.score``) and the embedding-model fallback (cosine similarity)."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-import torch
 import torch.nn.functional as F
 
-from runlm.engine.pooling_params import PoolingOutput, PoolingRequestOutput
+from runlm.engine.outputs import PoolingOutput, PoolingRequestOutput
 
 
 class ScoreInputError(ValueError):

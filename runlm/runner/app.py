@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError

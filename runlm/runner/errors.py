@@ -3,6 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from runlm.openai_error import error_body
+
+__all__ = ["BackendUnavailable", "BadRequest", "Busy", "Conflict", "ModelTooLarge", "NotFound", "RunnerError",
+           "error_body"]
+
 
 class RunnerError(Exception):
     status = 500
@@ -19,7 +24,7 @@ class RunnerError(Exception):
         self.param, self.code = param, code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return error_body(self.message, self.type, self.param, self.code)
 
 
 class BadRequest(RunnerError):
@@ -48,7 +53,3 @@ class BackendUnavailable(RunnerError):
     """The backend is not installed, failed to start, or died while answering."""
     status, type = 503, "backend_error"
 
-
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}

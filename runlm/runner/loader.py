@@ -12,9 +12,9 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
-from typing import AsyncIterator
 
 import httpx
 
@@ -112,7 +112,7 @@ class Loader:
             if task is None:
                 task = asyncio.create_task(self._load(key, backend, model, mode))
                 self._loading[key] = task
-                task.add_done_callback(lambda t, key=key: self._loading.pop(key, None))
+                task.add_done_callback(lambda _t, key=key: self._loading.pop(key, None))  # type: ignore[misc]
             await asyncio.shield(task)  # a client that gives up does not cancel the shared load
 
     def release(self, runner: Runner, keep_alive: float | None = None) -> None:

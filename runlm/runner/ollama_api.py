@@ -4,7 +4,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -158,7 +159,8 @@ async def _generate(request: Request, body: dict, route: str, payload: dict,
         raise
 
     async def chunks() -> AsyncIterator[dict]:
-        usage, finish, t_first, tools = None, "stop", None, []
+        usage, finish, t_first = None, "stop", None
+        tools: list[dict] = []
         try:
             async for ev in sse_events(runner, resp):
                 if ev.get("error"):

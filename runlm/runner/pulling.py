@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from runlm.store import InvalidNameError, ModelStore, StoredModel
 from runlm.store.progress import PullProgress

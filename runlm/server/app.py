@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -10,14 +11,14 @@ from starlette.responses import JSONResponse, Response
 
 from runlm.server.body import parse_body
 from runlm.server.errors import APIError
-from runlm.server.generation import Generation, TicketedStreamingResponse, admit, new_id
+from runlm.server.generation import Generation, TicketedStreamingResponse, new_id, start_generation
 from runlm.server.logprobs import TokenTexts, chat_logprobs
-from runlm.server.prompts import chat_prompt_ids, check_prompts
+from runlm.server.prompts import chat_prompt_ids, check_room_for_completion
 from runlm.server.protocol import ChatCompletionRequest
 from runlm.server.sampling import to_sampling_params
 from runlm.server.sse import DONE, HEADERS, error_event, event, usage
 from runlm.server.state import ServerState
-from runlm.server.structured import check_structured_outputs
+from runlm.server.structured import constraint_source
 from runlm.server.tool_calls import DeltaBuilder, tool_plan, whole_message
 from runlm.tools.choice import ToolPlan
 
@@ -36,17 +37,17 @@ async def chat_completions(request: Request) -> Response:
         params.skip_special_tokens = False  # the call markers are special tokens
     prompt = chat_prompt_ids(engine, req.messages, req.add_generation_prompt, plan.template_tools,
                              req.chat_template_kwargs)
-    check_prompts(engine, [prompt], params, "messages")
-    await check_structured_outputs(engine, params, req, plan.structured_outputs)
-    ticket = admit(state, engine, params.n)
-    gen = Generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority)
-    texts = TokenTexts(engine.engine.tokenizer) if params.logprobs is not None else None
+    check_room_for_completion(engine, [prompt], params, "messages")
+    gen, ticket = await start_generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority,
+                                         "messages", constraint_source(req, plan.structured_outputs))
+    texts = TokenTexts(engine.tokenizer) if params.logprobs is not None else None
     if req.stream:
-        return TicketedStreamingResponse(_stream(gen, req, state.model_name, texts, plan), ticket,
+        return TicketedStreamingResponse(_stream(gen, req, state.model_name, texts, plan), ticket, gen,
                                          media_type="text/event-stream", headers=HEADERS)
     try:
         body = await _whole(gen, state.model_name, texts, plan)
     finally:
+        gen.close()
         ticket.release()
     return JSONResponse(body)
 
@@ -71,7 +72,7 @@ async def _whole(gen: Generation, model: str, texts: TokenTexts | None, plan: To
                 lps[c.index] += c.logprobs
     choices = []
     for i in range(n):
-        logprobs = chat_logprobs(texts, ids[i], lps[i], gen.params.logprobs) if texts is not None else None
+        logprobs = chat_logprobs(texts, ids[i], lps[i], gen.params.logprobs or 0) if texts is not None else None
         message, reason = whole_message(plan, content[i], finish[i])
         choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
     return {"id": gen.request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
@@ -103,7 +104,7 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, model: str,
                 if not c.text and not c.token_ids and c.finish_reason is None:
                     continue
                 delta, reason = builders[c.index].delta(c.text, c.finish_reason)
-                logprobs = (chat_logprobs(texts, c.token_ids, c.logprobs or [], gen.params.logprobs)
+                logprobs = (chat_logprobs(texts, c.token_ids, c.logprobs or [], gen.params.logprobs or 0)
                             if texts is not None and c.token_ids else None)
                 if not delta and reason is None and logprobs is None:
                     continue  # text held back (it may be the start of a tool call)

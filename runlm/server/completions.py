@@ -5,24 +5,25 @@ Choice ``index`` runs over prompts, then over n: prompt p's k-th completion is `
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from runlm.engine.request import CompletionOutput, RequestOutput
+from runlm.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from runlm.server.body import parse_body
 from runlm.server.errors import APIError
-from runlm.server.generation import Generation, TicketedStreamingResponse, admit, new_id
+from runlm.server.generation import Generation, TicketedStreamingResponse, new_id, start_generation
 from runlm.server.logprobs import TokenTexts, completion_logprobs
-from runlm.server.prompts import check_prompts, completion_prompt_ids
+from runlm.server.prompts import check_room_for_completion, completion_prompt_ids
 from runlm.server.protocol import CompletionRequest
 from runlm.server.sampling import to_sampling_params
-from runlm.server.structured import check_structured_outputs
 from runlm.server.sse import DONE, HEADERS, error_event, event, usage
 from runlm.server.state import ServerState
+from runlm.server.structured import constraint_source
 
 router = APIRouter()
 
@@ -35,18 +36,18 @@ async def completions(request: Request) -> Response:
     engine = state.require_task("generate", "text completions")
     params = to_sampling_params(req)
     prompts = completion_prompt_ids(engine, req.prompt, state.settings.max_prompts_per_request)
-    check_prompts(engine, prompts, params, "prompt")
-    await check_structured_outputs(engine, params, req)
-    ticket = admit(state, engine, params.n * len(prompts))
-    gen = Generation(state, engine, request, prompts, params, new_id("cmpl"), req.priority)
-    view = _View(gen, TokenTexts(engine.engine.tokenizer), bool(req.echo), state.model_name)
+    check_room_for_completion(engine, prompts, params, "prompt")
+    gen, ticket = await start_generation(state, engine, request, prompts, params, new_id("cmpl"), req.priority,
+                                         "prompt", constraint_source(req))
+    view = _View(gen, TokenTexts(engine.tokenizer), bool(req.echo), state.model_name)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return TicketedStreamingResponse(_stream(view, include_usage), ticket,
+        return TicketedStreamingResponse(_stream(view, include_usage), ticket, gen,
                                          media_type="text/event-stream", headers=HEADERS)
     try:
         body = await _whole(view)
     finally:
+        gen.close()
         ticket.release()
     return JSONResponse(body)
 
@@ -68,7 +69,8 @@ class _View:
         index = p * self.gen.params.n + c.index
         self.prompt_tokens[p], self.cached_tokens[p] = len(out.prompt_token_ids), out.num_cached_tokens
         self.completion_tokens += len(c.token_ids)
-        text, ids, entries = c.text, list(c.token_ids), list(c.logprobs or [])
+        text, ids = c.text, list(c.token_ids)
+        entries: list[dict[int, Logprob] | None] = list(c.logprobs or [])
         first = index not in self.offsets
         if first and self.echo:
             prompt_text = out.prompt if out.prompt is not None else self.texts.tok.decode(out.prompt_token_ids)

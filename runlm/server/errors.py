@@ -7,6 +7,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from runlm.openai_error import error_body as openai_error_body
+
 log = logging.getLogger("runlm.server")
 
 # OpenAI's "type" for each status we answer with
@@ -29,8 +31,8 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code}}
+    """The OpenAI body for an answer with ``status`` (its "type" follows the status)."""
+    return openai_error_body(message, _TYPES.get(status, "invalid_request_error"), param, code)
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,

@@ -1,23 +1,27 @@
-"""One HTTP request's engine requests: admitted against the queue bound, run together, merged into
-one stream of (prompt index, RequestOutput), aborted together when the client goes away."""
+"""One HTTP request's engine requests: admitted against the queue bound, added to the engine (whose
+typed errors become HTTP errors here, before any header is sent), run together, merged into one stream
+of (prompt index, RequestOutput), aborted together when the client goes away."""
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from runlm.engine.async_llm import AsyncLLM, EngineDeadError
-from runlm.engine.llm_engine import PromptError
-from runlm.engine.request import RequestOutput
-from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
+from runlm.engine.async_llm import AsyncLLM, RequestStream
+from runlm.engine.errors import EngineDeadError, PromptError, PromptTooLongError, SamplingParamsError, TaskError
+from runlm.engine.outputs import RequestOutput
+from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.structured.params import StructuredOutputsError
 from runlm.server.errors import APIError, bad_request
 from runlm.server.state import ServerState
+from runlm.server.structured import structured_error
 
 _DONE = object()
 
@@ -41,7 +45,7 @@ class Ticket:
 
 def admit(state: ServerState, engine: AsyncLLM, seqs: int) -> Ticket:
     """Take ``seqs`` places, or answer 503 with Retry-After when the waiting queue is full."""
-    capacity = engine.engine.config.max_num_seqs + state.settings.max_waiting
+    capacity = engine.max_num_seqs + state.settings.max_waiting
     if seqs > capacity:
         raise bad_request(f"this request asks for {seqs} sequences (n x prompts), more than the server holds "
                           f"at once ({capacity})", "n")
@@ -54,16 +58,18 @@ def admit(state: ServerState, engine: AsyncLLM, seqs: int) -> Ticket:
 
 
 class TicketedStreamingResponse(StreamingResponse):
-    """Gives the ticket back however the response ends, even if its body never starts."""
+    """Gives the ticket back, and aborts what has not finished, however the response ends, even if its
+    body never starts."""
 
-    def __init__(self, content: Any, ticket: Ticket, **kwargs: Any) -> None:
+    def __init__(self, content: Any, ticket: Ticket, generation: Generation, **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
-        self.ticket = ticket
+        self.ticket, self.generation = ticket, generation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
+            self.generation.close()
             self.ticket.release()
 
 
@@ -74,9 +80,25 @@ async def _wait_for_disconnect(request: Request) -> None:
             return
 
 
+async def start_generation(state: ServerState, engine: AsyncLLM, http_request: Request, prompts: list[list[int]],
+                           params: SamplingParams, request_id: str, priority: int, prompt_param: str,
+                           constraint_source: str | None) -> tuple[Generation, Ticket]:
+    """Admit the request, then add it to the engine; on a refusal the places are given back."""
+    ticket = admit(state, engine, params.n * len(prompts))
+    gen = Generation(state, engine, http_request, prompts, params, request_id, priority, prompt_param,
+                     constraint_source)
+    try:
+        await gen.start()
+    except BaseException:
+        ticket.release()
+        raise
+    return gen, ticket
+
+
 @dataclass(slots=True)
 class Generation:
-    """The engine requests behind one HTTP request. Iterate ``stream()`` once."""
+    """The engine requests behind one HTTP request: ``await start()`` (raises APIError before any
+    output), then iterate ``stream()`` once; ``close()`` aborts whatever has not finished."""
     state: ServerState
     engine: AsyncLLM
     http_request: Request
@@ -84,18 +106,36 @@ class Generation:
     params: SamplingParams
     request_id: str
     priority: int = 0
+    prompt_param: str = "prompt"              # the request field that holds the prompt, for errors
+    constraint_source: str | None = None      # the request field a structured-output constraint came from
     disconnected: bool = False
     arrival: float = field(default_factory=time.monotonic)
+    streams: list[RequestStream] = field(default_factory=list)
+
+    async def start(self) -> None:
+        """Add every prompt to the engine, which checks it; the first refusal aborts the rest."""
+        try:
+            for i, prompt in enumerate(self.prompts):
+                self.streams.append(await self.engine.add_request(
+                    f"{self.request_id}-{i}", {"prompt_token_ids": prompt}, replace(self.params), self.priority))
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, Exception):
+                raise engine_error(exc, self.prompt_param, self.constraint_source) from None
+            raise
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.close()
 
     async def stream(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         queue: asyncio.Queue = asyncio.Queue()
         metrics = self.state.metrics
 
-        async def pump(i: int, prompt: list[int]) -> None:
+        async def pump(i: int, stream: RequestStream) -> None:
             timer = metrics.timer()
             try:
-                async for out in self.engine.generate({"prompt_token_ids": prompt}, replace(self.params),
-                                                      request_id=f"{self.request_id}-{i}", priority=self.priority):
+                async for out in stream:
                     timer.on_output(out)
                     queue.put_nowait((i, out))
             except asyncio.CancelledError:  # the client went away: the engine request is aborted
@@ -104,9 +144,10 @@ class Generation:
             except BaseException as exc:
                 queue.put_nowait((i, exc))
             finally:
+                stream.close()
                 queue.put_nowait((i, _DONE))
 
-        tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(self.prompts)]
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
         watcher = asyncio.create_task(_wait_for_disconnect(self.http_request))
 
         def on_disconnect(t: asyncio.Task) -> None:
@@ -122,7 +163,7 @@ class Generation:
                 if item is _DONE:
                     remaining -= 1
                 elif isinstance(item, BaseException):
-                    raise engine_error(item)
+                    raise engine_error(item, self.prompt_param, self.constraint_source)
                 else:
                     yield i, item
         finally:
@@ -130,16 +171,24 @@ class Generation:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self.close()
 
 
-def engine_error(exc: BaseException) -> APIError:
-    """An engine exception as the error the client should see."""
+def engine_error(exc: BaseException, prompt_param: str = "prompt", constraint_source: str | None = None) -> APIError:
+    """An engine exception as the error the client should see: the engine's typed errors are 400s
+    naming the request field; anything else is the server's fault."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, StructuredOutputsError) and constraint_source is not None:
+        return structured_error(exc, constraint_source)
     if isinstance(exc, SamplingParamsError):
         return bad_request(str(exc), exc.param)
+    if isinstance(exc, TaskError):
+        return APIError(400, str(exc), param="model", code="unsupported_task")
+    if isinstance(exc, PromptTooLongError):
+        return bad_request(str(exc), prompt_param, "context_length_exceeded")
     if isinstance(exc, (PromptError, ValueError)):
-        return bad_request(str(exc), "prompt")
+        return bad_request(str(exc), prompt_param)
     if isinstance(exc, EngineDeadError):
         return APIError(500, str(exc), code="engine_dead")
     return APIError(500, f"generation failed: {type(exc).__name__}: {exc}", code="internal_error")

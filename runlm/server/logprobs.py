@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from runlm.engine.request import Logprob
+from runlm.engine.outputs import Logprob
 from runlm.formats.tokenizer import Tokenizer, bytes_to_unicode
 
 _MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI and vLLM clamp the same way
@@ -43,7 +43,7 @@ class TokenTexts:
 
 def _top(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
     ranked = sorted(((t, lp) for t, lp in entry.items() if lp.rank is not None and lp.rank <= k),
-                    key=lambda x: x[1].rank)
+                    key=lambda x: x[1].rank or 0)  # every entry kept has a rank
     return ranked[:k]
 
 
@@ -63,7 +63,10 @@ def chat_logprobs(texts: TokenTexts, token_ids: list[int], entries: list[dict[in
 def completion_logprobs(texts: TokenTexts, token_ids: list[int], entries: list[dict[int, Logprob] | None],
                         k: int, offset: int) -> dict[str, Any]:
     """``offset`` is where this piece's text starts in the choice's whole text."""
-    tokens, token_lps, tops, offsets = [], [], [], []
+    tokens: list[str] = []
+    token_lps: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     for tid, entry in zip(token_ids, entries):
         text, _ = texts.get(tid)
         tokens.append(text)

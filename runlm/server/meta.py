@@ -23,7 +23,7 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
     card: dict[str, Any] = {"id": name, "object": "model", "created": state.created, "owned_by": "runlm",
                             "root": state.model_name, "parent": None}
     if state.engine is not None:
-        card["max_model_len"] = state.engine.engine.max_model_len
+        card["max_model_len"] = state.engine.max_model_len
     return card
 
 

@@ -6,13 +6,14 @@ engine when scraped; token counters and latency histograms are observed as outpu
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from runlm.engine.request import RequestOutput
+from runlm.engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from runlm.engine.async_llm import AsyncLLM
@@ -32,7 +33,7 @@ class _EngineCollector:
         engine = self.get_engine()
         if engine is None:
             return
-        s = engine.engine.stats()
+        s = engine.stats()
         label = ["model_name"]
         for name, doc, value in (("runlm:num_requests_running", "Sequences running in the engine.", s.num_running),
                                  ("runlm:num_requests_waiting", "Sequences waiting for a slot.", s.num_waiting),

@@ -19,8 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from runlm.engine.async_llm import AsyncLLM
-from runlm.engine.llm_engine import PromptError
-from runlm.engine.pooling_params import PoolingParams, PoolingParamsError, PoolingRequestOutput, TaskError
+from runlm.engine.errors import PromptError
+from runlm.engine.outputs import PoolingRequestOutput
+from runlm.engine.pooling_params import PoolingParams, PoolingParamsError
 from runlm.engine.scoring import ScoreInputError, score_pairs
 from runlm.server.body import parse_body
 from runlm.server.errors import APIError, bad_request
@@ -34,11 +35,9 @@ router = APIRouter()
 def pooling_error(exc: BaseException) -> APIError:
     if isinstance(exc, PoolingParamsError):
         return bad_request(str(exc), exc.param)
-    if isinstance(exc, TaskError):
-        return APIError(400, str(exc), param="model", code="unsupported_task")
     if isinstance(exc, (PromptError, ScoreInputError)):
         return bad_request(str(exc), "input")
-    return engine_error(exc)
+    return engine_error(exc, "input")
 
 
 async def pool_all(state: ServerState, engine: AsyncLLM, prompts: list[Any], params: PoolingParams,

@@ -1,12 +1,16 @@
-"""Prompts from requests: chat messages through the chat template, completion prompts as given;
-every limit checked here, before the engine sees anything."""
+"""Prompts from requests: chat messages through the chat template, completion prompts as given.
+
+Only what is HTTP's is checked here (message roles and content parts, how many prompts, OpenAI's
+prompt + max_tokens rule); whether a prompt fits the model (empty, too long, token ids, KV blocks)
+is the engine's check, raised as a typed error when the request is added (runlm/engine/errors.py)."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from runlm.engine.async_llm import AsyncLLM
 from runlm.engine.llm import encode_chat
-from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
+from runlm.engine.sampling_params import SamplingParams
 from runlm.formats.chat_template import ChatTemplateError
 from runlm.server.errors import bad_request
 
@@ -52,7 +56,7 @@ def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]], add
                     tools: list[dict] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
     try:
-        return encode_chat(engine.engine.tokenizer, normalise_messages(messages),
+        return encode_chat(engine.tokenizer, normalise_messages(messages),
                            add_generation_prompt=add_generation_prompt, tools=tools, **extra)
     except ChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None
@@ -61,8 +65,9 @@ def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]], add
 
 
 def completion_prompt_ids(engine: AsyncLLM, prompt: Any, max_prompts: int) -> list[list[int]]:
-    """``prompt`` as OpenAI allows it: a string, a list of strings, token ids, or lists of token ids."""
-    tok = engine.engine.tokenizer
+    """``prompt`` as OpenAI allows it: a string, a list of strings, token ids, or lists of token ids.
+    Whether the ids fit the model is the engine's check, when the request is added."""
+    tok = engine.tokenizer
     if isinstance(prompt, str):
         prompts: list[Any] = [prompt]
     elif prompt and all(isinstance(t, int) for t in prompt):
@@ -73,42 +78,18 @@ def completion_prompt_ids(engine: AsyncLLM, prompt: Any, max_prompts: int) -> li
         raise bad_request("prompt must not be empty", "prompt")
     if len(prompts) > max_prompts:
         raise bad_request(f"at most {max_prompts} prompts per request, got {len(prompts)}", "prompt")
-    vocab = engine.engine.loaded.config.vocab_size
-    out = []
-    for p in prompts:
-        if isinstance(p, str):
-            out.append(tok.encode(p))
-            continue
-        bad = next((t for t in p if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise bad_request(f"token id {bad} in the prompt is outside the vocabulary (size {vocab})", "prompt")
-        out.append(list(p))
-    return out
+    return [tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]
 
 
-def check_prompts(engine: AsyncLLM, prompts: list[list[int]], params: SamplingParams, param: str) -> None:
-    """Each prompt, and prompt + max_tokens, must fit the context (the numbers are in the message);
-    token ids in the sampling settings must exist."""
-    core = engine.engine
-    limit = core.max_model_len
-    max_tokens = params.max_tokens
-    try:
-        params.check_vocab(core.loaded.config.vocab_size)
-    except SamplingParamsError as exc:
-        raise bad_request(str(exc), exc.param) from None
+def check_room_for_completion(engine: AsyncLLM, prompts: list[list[int]], params: SamplingParams,
+                              param: str) -> None:
+    """OpenAI's contract: prompt + max_tokens must fit the context, or the request is a 400 (the engine
+    itself would just stop at the context's end with finish_reason 'length', as vLLM's does). A prompt
+    that alone does not fit is left to the engine's own check."""
+    limit, max_tokens = engine.max_model_len, params.max_tokens
     for ids in prompts:
-        if not ids:
-            raise bad_request("the prompt is empty", param)
-        if len(ids) >= limit:
-            raise bad_request(f"This model's maximum context length is {limit} tokens. However, your "
-                              f"{param} has {len(ids)} tokens. Please shorten the {param}.", param,
-                              "context_length_exceeded")
-        if max_tokens is not None and len(ids) + max_tokens > limit:
+        if max_tokens is not None and len(ids) < limit < len(ids) + max_tokens:
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
                               f"{len(ids) + max_tokens} tokens ({len(ids)} in the {param}, {max_tokens} in the "
                               f"completion). Please reduce the length of the {param} or completion.",
                               "max_tokens", "context_length_exceeded")
-        needed = core.blocks.blocks_needed(len(ids) + 1)
-        if needed > len(core.blocks.blocks):
-            raise bad_request(f"the prompt needs {needed} KV-cache blocks but the cache holds only "
-                              f"{len(core.blocks.blocks)}; the server needs a larger --kv-cache-memory", param)

@@ -1,7 +1,10 @@
-"""Request bodies (pydantic): what the ``openai`` client can send, checked before the engine sees it.
+"""Request bodies (pydantic): what the ``openai`` client can send, with its JSON types checked.
 
-Unknown fields are ignored, as vLLM does, so newer clients keep working. Bounds on numbers are
-here so that huge values are a 400 naming the field, not an engine error. ``response_format``,
+Unknown fields are ignored, as vLLM does, so newer clients keep working. Types are checked here
+(strings like "0.5" and booleans are refused where numbers go); the bounds of sampling values are
+SamplingParams' (runlm/engine/sampling_params.py, the one owner), whose errors name the field, so a
+huge value is a 400 naming it. Only limits that are the server's own (list sizes, best_of, priority)
+are here. ``response_format``,
 ``tools``, ``tool_choice`` and the structured-output extras are accepted loosely typed; the
 request -> SamplingParams translation (runlm/server/sampling.py) is where they take effect.
 """
@@ -28,24 +31,24 @@ class StreamOptions(_Body):
 class _Sampling(_Body):
     """The sampling fields shared by chat and completions (OpenAI's, then vLLM's extras)."""
     model: StrictStr | None = None
-    n: Int = Field(1, ge=1, le=128)
+    n: Int = 1
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     stop: StrictStr | list[StrictStr] | None = None
-    seed: Int | None = Field(None, ge=-2**63, lt=2**64)
-    temperature: Float | None = Field(None, ge=0.0, le=2.0)
-    top_p: Float | None = Field(None, gt=0.0, le=1.0)
-    max_tokens: Int | None = Field(None, ge=1, le=_MAX_INT)
-    presence_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
+    seed: Int | None = None
+    temperature: Float | None = None
+    top_p: Float | None = None
+    max_tokens: Int | None = None
+    presence_penalty: Float | None = None
+    frequency_penalty: Float | None = None
     logit_bias: dict[StrictStr, Float] | None = Field(None, max_length=2048)
     user: StrictStr | None = None
     # vLLM extras
-    top_k: Int | None = Field(None, ge=-1, le=_MAX_INT)
-    min_p: Float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: Float | None = Field(None, gt=0.0, le=10.0)
+    top_k: Int | None = None
+    min_p: Float | None = None
+    repetition_penalty: Float | None = None
     ignore_eos: StrictBool = False
-    min_tokens: Int = Field(0, ge=0, le=_MAX_INT)
+    min_tokens: Int = 0
     stop_token_ids: list[Int] | None = Field(None, max_length=1024)
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True
@@ -61,9 +64,9 @@ class _Sampling(_Body):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[dict[str, Any]] = Field(..., min_length=1)
-    max_completion_tokens: Int | None = Field(None, ge=1, le=_MAX_INT)
+    max_completion_tokens: Int | None = None
     logprobs: StrictBool | None = False
-    top_logprobs: Int | None = Field(None, ge=0, le=20)
+    top_logprobs: Int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: StrictBool | None = None
@@ -73,7 +76,7 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictStr] | list[Int] | list[list[Int]]
-    logprobs: Int | None = Field(None, ge=0, le=20)
+    logprobs: Int | None = None
     echo: StrictBool | None = False
     suffix: StrictStr | None = None
     best_of: Int | None = Field(None, ge=1, le=128)

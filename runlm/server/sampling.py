@@ -1,4 +1,6 @@
-"""Request -> SamplingParams: the one place where a request's fields become engine settings.
+"""Request -> SamplingParams: the one place where a request's fields become engine settings. The
+values' bounds are SamplingParams' own; only what is HTTP's (how many stop strings, best_of, suffix,
+logit_bias keys written as strings) is checked here.
 
 Structured outputs (``response_format``, ``structured_outputs``, the ``guided_*`` extras, and the
 grammar a forcing ``tool_choice`` brings) are translated in runlm/server/structured.py.
@@ -21,15 +23,13 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest,
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS:
         raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stop)}", "stop")
-    if any(not s for s in stop):
-        raise bad_request("stop strings must not be empty", "stop")
     logit_bias = None
     if req.logit_bias:
         try:
             logit_bias = {int(k): float(v) for k, v in req.logit_bias.items()}
         except ValueError:
             raise bad_request("logit_bias keys must be token ids (integers written as strings)", "logit_bias") from None
-    if is_chat:
+    if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
@@ -43,8 +43,6 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest,
             raise bad_request("best_of other than n is not supported", "best_of")
         if req.suffix:
             raise bad_request("suffix is not supported by this model", "suffix")
-    if max_tokens is not None and req.min_tokens > max_tokens:
-        raise bad_request(f"min_tokens ({req.min_tokens}) must not exceed max_tokens ({max_tokens})", "min_tokens")
     try:
         params = SamplingParams(
             n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
@@ -57,8 +55,14 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest,
             max_tokens=max_tokens, min_tokens=req.min_tokens, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, logit_bias=logit_bias,
             skip_special_tokens=req.skip_special_tokens)
-    except SamplingParamsError as exc:
-        raise bad_request(str(exc), exc.param) from None
+    except SamplingParamsError as exc:  # SamplingParams owns the bounds; name the field as the client sent it
+        param = exc.param
+        if is_chat and param == "logprobs":
+            param = "top_logprobs"
+        elif isinstance(req, ChatCompletionRequest) and param == "max_tokens" \
+                and req.max_completion_tokens is not None:
+            param = "max_completion_tokens"
+        raise bad_request(str(exc), param) from None
     found = structured_outputs_for(req, forced_constraint)
     if found is not None:
         params.structured_outputs = found[1]

@@ -3,19 +3,17 @@
 Accepted: OpenAI's ``response_format`` (``text``, ``json_object``, ``json_schema``), vLLM's
 ``structured_outputs`` object (json, json_object, regex, choice, grammar...) and its older
 ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``, and the grammar that a
-forcing ``tool_choice`` brings. At most one of them per request. The constraint is compiled up
-front (off the event loop), so a bad schema is a 400 naming the request field, even when streaming.
+forcing ``tool_choice`` brings. At most one of them per request. The engine compiles the constraint
+when the request is added (on its own thread), before any response header, so a bad schema is a 400
+naming the request field, even when streaming; ``structured_error`` names that field.
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from runlm.engine.async_llm import AsyncLLM
-from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.structured.params import StructuredOutputsError, StructuredOutputsParams
-from runlm.server.errors import bad_request
+from runlm.server.errors import APIError, bad_request
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
@@ -85,16 +83,14 @@ def structured_outputs_for(req: Any, forced: dict[str, Any] | None = None,
                           _param_name(source, err)) from None
 
 
-async def check_structured_outputs(engine: AsyncLLM, params: SamplingParams, req: Any,
-                                   forced: dict[str, Any] | None = None) -> None:
-    """Compile the constraint now (cached for the engine), so a bad one is a 400 before any output."""
-    if params.structured_outputs is None:
-        return
-    source = _sources(req, forced)[0][0]
-    manager = engine.engine.structured
-    try:
-        await asyncio.to_thread(manager.compile, params)
-    except StructuredOutputsError as err:
-        prefix = "" if source == "structured_outputs" else f"{source}: "
-        message = f"{prefix}invalid {err.param.rsplit('.', 1)[-1]} constraint: {err.message}"
-        raise bad_request(message, _param_name(source, err)) from None
+def constraint_source(req: Any, forced: dict[str, Any] | None = None) -> str | None:
+    """The request field the constraint came from (to name it in errors), or None."""
+    found = _sources(req, forced)
+    return found[0][0] if found else None
+
+
+def structured_error(err: StructuredOutputsError, source: str) -> APIError:
+    """A constraint the engine could not compile, as a 400 naming the client's own field."""
+    prefix = "" if source == "structured_outputs" else f"{source}: "
+    message = f"{prefix}invalid {err.param.rsplit('.', 1)[-1]} constraint: {err.message}"
+    return bad_request(message, _param_name(source, err))

@@ -27,8 +27,9 @@ async def _tokens(request: Request) -> tuple[TokenizeRequest, list[int], int, Se
             raise bad_request("messages must not be empty", "messages")
         ids = chat_prompt_ids(engine, req.messages, req.add_generation_prompt, req.tools, req.chat_template_kwargs)
     else:
-        ids = engine.engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-    return req, ids, engine.engine.max_model_len, state
+        assert req.prompt is not None  # exactly one of the two, checked above
+        ids = engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    return req, ids, engine.max_model_len, state
 
 
 @router.post("/v1/tokenize")
@@ -37,7 +38,7 @@ async def tokenize(request: Request) -> JSONResponse:
     req, ids, max_len, state = await _tokens(request)
     body = {"count": len(ids), "max_model_len": max_len, "tokens": ids}
     if req.return_token_strs:
-        texts = TokenTexts(state.ready_engine().engine.tokenizer)
+        texts = TokenTexts(state.ready_engine().tokenizer)
         body["token_strs"] = [texts.get(i)[0] for i in ids]
     return JSONResponse(body)
 
@@ -54,7 +55,7 @@ async def detokenize(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.server
     req = await parse_body(request, DetokenizeRequest)
     state.check_model(req.model)
-    tok = state.ready_engine().engine.tokenizer
+    tok = state.ready_engine().tokenizer
     bad = next((t for t in req.tokens if not 0 <= t < tok.vocab_size), None)
     if bad is not None:
         raise bad_request(f"token id {bad} is outside the vocabulary (size {tok.vocab_size})", "tokens")

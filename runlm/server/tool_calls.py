@@ -17,7 +17,7 @@ from runlm.tools.streaming import ToolCallStreamer
 
 def tool_plan(req: ChatCompletionRequest, engine: AsyncLLM) -> ToolPlan:
     try:
-        return plan_tools(req.tools, req.tool_choice, engine.engine.tokenizer.chat_template,
+        return plan_tools(req.tools, req.tool_choice, engine.tokenizer.chat_template,
                           req.parallel_tool_calls)
     except ToolError as exc:
         raise bad_request(str(exc), exc.param) from None

@@ -6,8 +6,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 CHUNK = 1 << 20

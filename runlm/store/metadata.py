@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runlm.formats import ModelFormatError
+from runlm.kv_size import kv_bytes_per_token
 
 # GGUF types whose 2-D tensors runlm's engine keeps as int8 blocks in memory (about 1.25 bytes per weight)
 _EMBEDDING_ARCHS = {"bert", "nomic-bert", "xlm-roberta", "BertModel", "XLMRobertaModel"}
@@ -44,7 +45,7 @@ class ModelInfo:
         return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
     def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, bytes_per_value)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,7 +112,7 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ModelFormatError(f"{directory.name}: no *.safetensors weights next to config.json")
-    params, dtypes = 0, {}
+    params, dtypes = 0, dict[str, int]()
     for f in files:
         for name, t in _safetensors_header(f).items():
             if name != "__metadata__":
@@ -133,7 +134,7 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
     hidden = int(cfg.get("hidden_size", 0))
     return ModelInfo(
         format="safetensors", architecture=arch, parameters=params,
-        quantization=max(dtypes, key=dtypes.get) if dtypes else "unknown",
+        quantization=max(dtypes, key=lambda d: dtypes[d]) if dtypes else "unknown",
         context_length=int(cfg.get("max_position_embeddings", 2048)),
         template=template if isinstance(template, str) else None, capabilities=caps,
         num_layers=int(cfg.get("num_hidden_layers", 0)),

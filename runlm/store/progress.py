@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable, TextIO
+from typing import TextIO
 
 
 @dataclass(slots=True)

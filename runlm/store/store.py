@@ -12,16 +12,17 @@ A ref is written last and atomically, so an interrupted pull never lists a half 
 """
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from runlm.store.blobs import BlobStore
 from runlm.store.builtin import BUILTIN_MODELS
@@ -185,13 +186,13 @@ class ModelStore:
             files.append({"path": rel, "digest": digest, "size": size})
         return self._manifest(files, "file" if path.is_file() else "dir", info, source)
 
-    def _manifest(self, files: list[dict], layout: str, info: ModelInfo, source: Source) -> dict:
+    def _manifest(self, files: builtins.list[dict], layout: str, info: ModelInfo, source: Source) -> dict:
         content = json.dumps(sorted((f["path"], f["digest"]) for f in files)).encode()
         identity = source.identity() if source.kind != "hf" else f"hf:{source.location}"
         return {"schema": 1, "id": "sha256:" + hashlib.sha256(content).hexdigest(), "layout": layout,
                 "files": files, "info": info.to_json(),
                 "source": {"kind": source.kind, "location": source.location, "identity": identity},
-                "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
 
     def _write_ref(self, ref: ModelName, manifest: dict) -> StoredModel:
         path = self._ref_path(ref)

@@ -159,7 +159,7 @@ def parse_tool_calls(parser: ToolParser, text: str) -> tuple[str | None, list[To
     if not scan.calls or not all(c.valid for c in scan.calls):
         return text, []
     content = scan.content if scan.content.strip() else None
-    return content, [ToolCall(new_call_id(), c.name, c.final_arguments) for c in scan.calls]
+    return content, [ToolCall(new_call_id(), c.name or "", c.final_arguments) for c in scan.calls]
 
 
 def arguments_object(arguments: str | dict | None) -> dict:

@@ -24,7 +24,7 @@ TOOLS_PREAMBLE = (
 
 
 def template_knows_tools(template: str | None) -> bool:
-    return bool(template) and "tools" in template
+    return template is not None and "tools" in template
 
 
 def _call_text(call: Mapping[str, Any]) -> str:
@@ -56,12 +56,12 @@ def _text(content: Any) -> str:
 def prepare_tool_messages(messages: Sequence[Mapping[str, Any]], tools: list[dict] | None,
                           template: str | None) -> tuple[list[dict[str, Any]], list[dict] | None]:
     """(messages, tools) as the template should see them."""
-    messages = [_with_dict_arguments(dict(m)) for m in messages]
-    has_tool_turns = any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+    copies = [_with_dict_arguments(dict(m)) for m in messages]
+    has_tool_turns = any(m.get("tool_calls") or m.get("role") == "tool" for m in copies)
     if template_knows_tools(template) or not (tools or has_tool_turns):
-        return messages, tools
+        return copies, tools
     out: list[dict[str, Any]] = []
-    for m in messages:
+    for m in copies:
         if m.get("role") == "assistant" and m.get("tool_calls"):
             parts = [_text(m.get("content"))] if _text(m.get("content")) else []
             out.append({"role": "assistant", "content": "\n".join(parts + [_call_text(c) for c in m["tool_calls"]])})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from runlm.engine.errors import PromptError
 from runlm.engine.llm import LLM
-from runlm.engine.llm_engine import PromptError
 from runlm.engine.sampling_params import SamplingParams
 from tests.engine.conftest import prompt_ids
 
@@ -88,4 +88,4 @@ def test_no_memory_growth_over_thousands_of_requests(llm: LLM) -> None:
     assert (len(engine.blocks.blocks), sum(k.numel() for k, _ in engine.runner.kv_caches)) == before
     assert len(engine.blocks.cached) <= len(engine.blocks.blocks)
     assert engine.blocks.num_free_blocks == len(engine.blocks.blocks)
-    assert not engine.requests and not engine._stop_ids
+    assert not engine.requests and not engine.structured.seqs  # stop ids now live on the sequence

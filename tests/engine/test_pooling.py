@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from runlm.engine.async_llm import AsyncLLM
+from runlm.engine.errors import PromptError, TaskError
 from runlm.engine.llm import LLM
-from runlm.engine.llm_engine import PromptError
-from runlm.engine.pooling_params import PoolingParams, PoolingParamsError, TaskError
+from runlm.engine.pooling_params import PoolingParams, PoolingParamsError
 from runlm.engine.sampling_params import SamplingParams
 from tests.models.sentences import varied_sentences
 

@@ -7,6 +7,7 @@ from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
 from runlm.server.logprobs import TokenTexts
 
+
 @pytest.mark.parametrize("fixture", ["smollm2_gguf", "tinycoder_gguf"])
 def test_token_bytes_join_to_the_utf8_text(fixture: str, request) -> None:
     tok = Tokenizer.from_gguf(GGUFFile(request.getfixturevalue(fixture)))

@@ -22,9 +22,10 @@ import llguidance
 import numpy as np
 import torch
 
-from runlm.engine.request import Sequence
 from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.sequence import Sequence
 from runlm.engine.structured.compiler import GrammarCompiler
+from runlm.engine.structured.params import coerce_structured_outputs
 from runlm.formats.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class StructuredOutputManager:
     def compile(self, params: SamplingParams) -> str | None:
         """The checked grammar for a request (raises StructuredOutputsError naming the problem)."""
         so = params.structured_outputs
-        return None if so is None else self.compiler.compile(so)
+        return None if so is None else self.compiler.compile(coerce_structured_outputs(so))
 
     def add(self, seq: Sequence, grammar: str | None) -> None:
         if grammar is not None:

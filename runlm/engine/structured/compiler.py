@@ -45,14 +45,18 @@ def grammar_text(p: StructuredOutputsParams) -> str:
     kind = p.kind
     try:
         if kind in ("json", "json_object"):
-            schema = {"type": "object"} if kind == "json_object" else p.json
+            schema: Any = {"type": "object"} if kind == "json_object" else p.json
             if p.disable_additional_properties:
                 schema = _no_additional_properties(copy.deepcopy(schema))
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_json_options(p))
+            # the options are llguidance's JsonCompileOptions keys, built as a plain dict
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_json_options(p))  # type: ignore[arg-type]
+        # kind names the one field that is set
         if kind == "regex":
+            assert p.regex is not None
             return llguidance.LLMatcher.grammar_from_regex(p.regex)
         if kind == "choice":
-            return llguidance.grammar_from("choice", p.choice)
+            return llguidance.grammar_from("choice", p.choice)  # type: ignore[arg-type]  # a list works; the stub says str
+        assert p.grammar is not None
         return llguidance.grammar_from("gbnf", p.grammar)  # Lark passes through unchanged
     except (ValueError, TypeError) as exc:
         raise StructuredOutputsError(f"structured_outputs.{kind}", str(exc)) from None

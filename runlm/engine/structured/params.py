@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from runlm.engine.sampling_params import SamplingParamsError
+from runlm.engine.errors import SamplingParamsError
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 

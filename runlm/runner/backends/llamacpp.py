@@ -107,8 +107,9 @@ class LlamaCppBackend(ProcessBackend):
         host, _, port = address.rpartition(":")
         ctx = str(self.context_size(stored, config) if stored else config.context_size or DEFAULT_CONTEXT)
         flags = self.check_flags(config.runtime_flags)
-        if self._binary():
-            argv = [self._binary(), "-m", model, "--host", host, "--port", port, "--alias", model_ref, "-c", ctx]
+        binary = self._binary()
+        if binary:
+            argv = [binary, "-m", model, "--host", host, "--port", port, "--alias", model_ref, "-c", ctx]
             if mode is BackendMode.EMBEDDING:
                 argv.append("--embedding")
             elif mode is BackendMode.RERANKING:

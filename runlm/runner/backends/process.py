@@ -65,7 +65,7 @@ class ProcessBackend(Backend):
             return
         try:
             await asyncio.wait_for(asyncio.shield(proc.wait()), STOP_GRACE_SECONDS)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:

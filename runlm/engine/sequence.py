@@ -1,19 +1,17 @@
-"""A request's state inside the engine, and what the engine hands back (vLLM's RequestOutput)."""
+"""A sequence: one of a request's n completions, the unit the scheduler and the KV cache work with."""
 from __future__ import annotations
 
 import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from runlm.engine.kv_cache import BlockTable
+from runlm.engine.outputs import PromptLogprobs, SampleLogprobs
+from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from runlm.engine.pooling_params import PoolingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -21,17 +19,6 @@ class SequenceStatus(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
 
-
-@dataclass(slots=True)
-class Logprob:
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-# one dict per position: token id -> Logprob (the chosen token plus the top-k)
-SampleLogprobs = list[dict[int, Logprob]]
-PromptLogprobs = list[dict[int, Logprob] | None]
 
 _seq_counter = itertools.count()
 
@@ -59,6 +46,8 @@ class Sequence:
     num_preemptions: int = 0
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission
     first_token_time: float | None = None
+    # token ids that end this sequence: the request's stop_token_ids, plus the model's EOS unless ignore_eos
+    stop_ids: frozenset[int] = frozenset()
     pooling_params: PoolingParams | None = None  # set for embedding/scoring: the whole prompt runs in one step
 
     @property
@@ -82,35 +71,3 @@ class Sequence:
         return (self.priority, self.arrival_time, self.seq_id)
 
 
-@dataclass(slots=True)
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    cumulative_logprob: float | None
-    logprobs: SampleLogprobs | None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass(slots=True)
-class RequestMetrics:
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    finished_time: float | None = None
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    prompt_logprobs: PromptLogprobs | None
-    outputs: list[CompletionOutput]
-    finished: bool
-    num_cached_tokens: int = 0
-    metrics: RequestMetrics | None = None

@@ -1,10 +1,12 @@
-"""Per-request bookkeeping after sampling: detokenize, find stops, build RequestOutputs."""
+"""After sampling, per request: detokenize incrementally, find stop tokens and stop strings, and build
+the RequestOutputs to hand out (whole, delta or final only)."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from runlm.engine.request import CompletionOutput, RequestMetrics, RequestOutput, Sequence
+from runlm.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from runlm.engine.sequence import Sequence
 from runlm.formats.tokenizer import IncrementalDetokenizer, Tokenizer
 
 # vLLM's RequestOutputKind: every output carries everything so far, only what is new, or one final output.
@@ -43,7 +45,7 @@ def new_request_state(request_id: str, prompt: str | None, prompt_ids: list[int]
     return RequestState(request_id, prompt, prompt_ids, seqs, texts, output_kind)
 
 
-def append_token(state: RequestState, index: int, token: int, eos_ids: frozenset[int]) -> str | None:
+def append_token(state: RequestState, index: int, token: int) -> str | None:
     """Add a sampled token to sequence ``index``; returns the finish reason if it ends the sequence."""
     seq, st = state.seqs[index], state.texts[index]
     p = seq.params
@@ -52,8 +54,7 @@ def append_token(state: RequestState, index: int, token: int, eos_ids: frozenset
         seq.first_token_time = time.monotonic()
         if state.metrics.first_token_time is None:
             state.metrics.first_token_time = seq.first_token_time
-    is_stop_token = token in p.stop_token_ids or (not p.ignore_eos and token in eos_ids)
-    if is_stop_token and seq.num_output_tokens > p.min_tokens:
+    if token in seq.stop_ids and seq.num_output_tokens > p.min_tokens:
         seq.stop_reason = token if token in p.stop_token_ids else None
         st.text += st.detok.flush()
         return "stop"

@@ -1,0 +1,155 @@
+"""What every engine core shares: the surface AsyncLLM and LLM drive, and the control plane
+(sleep / wake, prefix-cache reset, statistics) written once for generation and pooling alike.
+
+An engine core is synchronous and single-threaded: ``add_request`` checks and queues, ``step``
+schedules and runs one batch, ``abort_request`` ends requests now. LLMEngine (generation) and
+PoolingEngine (embeddings, scores) subclass ``EngineCore`` and supply the model-specific parts:
+what a request looks like, what a step computes, and how weights are dropped and reloaded.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from runlm import kernels
+from runlm.engine.config import EngineConfig, physical_cores
+from runlm.engine.errors import PromptError
+from runlm.engine.kv_cache import BlockManager
+from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
+from runlm.engine.pooling_params import PoolingParams
+from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.scheduler import Scheduler
+from runlm.formats.tokenizer import Tokenizer
+
+# what a step hands out: text for generation, a vector or score for pooling
+EngineOutput = RequestOutput | PoolingRequestOutput
+# either kind of params reaches either engine, which refuses the other kind with TaskError
+RequestParams = SamplingParams | PoolingParams
+
+log = logging.getLogger("runlm.engine")
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+class EngineCore:
+    """The base of LLMEngine and PoolingEngine. Subclasses set the attributes below in ``__init__``
+    and implement add_request, abort_request, step, ``_drop(level)`` and ``_reload()``."""
+
+    # whether the block manager stands for real KV tensors (pooling uses it for admission only)
+    holds_kv_cache: ClassVar[bool] = True
+
+    config: EngineConfig
+    device: torch.device
+    tokenizer: Tokenizer
+    max_model_len: int
+    vocab_size: int
+    blocks: BlockManager
+    scheduler: Scheduler
+    requests: dict[str, Any]
+    sleep_level: int = 0
+    num_preemptions: int = 0
+
+    def _set_threads(self) -> None:
+        self.device = torch.device(self.config.device)
+        torch.set_num_threads(self.config.threads or physical_cores())
+
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Sequences the engine runs at once (the server bounds waiting work beyond this)."""
+        return self.config.max_num_seqs
+
+    def log_start(self, kv_bytes: int) -> None:
+        """One line at start: what memory the cache holds and which kernels compute (why it is fast or not)."""
+        from runlm.kernels import fused, ggml
+
+        kinds = [name for name, ok in (("ggml blocks", ggml.available()), ("linear", kernels.available()),
+                                       ("attention", kernels.attention_available()), ("fused", fused.available()))
+                 if ok]
+        log.info("engine ready: %s; max_model_len %d; KV cache %d blocks x %d tokens (%.1f MiB); "
+                 "%s numerics; kernels: %s; %d threads", type(self).__name__, self.max_model_len,
+                 len(self.blocks.blocks), self.blocks.block_size, kv_bytes / (1 << 20),
+                 "exact" if self.config.exact_numerics else "fast", ", ".join(kinds) or "torch fallback",
+                 torch.get_num_threads())
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: Any, params: RequestParams | None = None, priority: int = 0,
+                    arrival_time: float | None = None, output_kind: str = "cumulative") -> None:
+        """Check the request (raising runlm.engine.errors' typed errors) and queue it."""
+        raise NotImplementedError
+
+    def abort_request(self, request_ids: str | list[str]) -> Sequence[EngineOutput]:
+        """End requests now and free their blocks; returns their final outputs."""
+        raise NotImplementedError
+
+    def step(self) -> Sequence[EngineOutput]:
+        raise NotImplementedError
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def check_token_ids(self, ids: list[int], what: str) -> None:
+        """A prompt (or pooling input) must have tokens, each in the vocabulary."""
+        if not ids:
+            raise PromptError(f"the {what} is empty")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise PromptError(f"token id {bad} in the {what} is outside the vocabulary (size {self.vocab_size})")
+
+    def check_awake(self) -> None:
+        if self.sleep_level:
+            raise RuntimeError("the engine is asleep; call wake_up() first")
+
+    # ---- control --------------------------------------------------------------------------
+    def reset_prefix_cache(self) -> None:
+        self.blocks.reset_prefix_cache()
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.sleep_level > 0
+
+    def sleep(self, level: int = 1) -> None:
+        """Give memory back while idle. 1: drop the KV cache; 2: also drop the weights (reloaded on wake)."""
+        if level not in (1, 2):
+            raise ValueError("sleep level must be 1 or 2")
+        if self.has_unfinished_requests():
+            raise RuntimeError("cannot sleep with requests in flight; pause or drain first")
+        self._drop(level)
+        self.sleep_level = max(self.sleep_level, level)
+
+    def wake_up(self) -> None:
+        if self.sleep_level:
+            self._reload(self.sleep_level)
+        self.sleep_level = 0
+
+    def _drop(self, level: int) -> None:
+        raise NotImplementedError
+
+    def _reload(self, level: int) -> None:
+        raise NotImplementedError
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler
+        if not self.holds_kv_cache:
+            return EngineStats(len(s.running), len(s.waiting), 0.0, 0, 0, 0)
+        return EngineStats(len(s.running), len(s.waiting), self.blocks.usage, self.blocks.stats.queries,
+                           self.blocks.stats.hits, self.num_preemptions)

@@ -1,0 +1,32 @@
+"""The engine's typed errors: raised when a request is added, before it is queued, so a caller (the
+HTTP server, LLM) can answer them before any output. The engine is their one owner; the server only
+maps them to HTTP (runlm/server/generation.py)."""
+from __future__ import annotations
+
+
+class SamplingParamsError(ValueError):
+    """An invalid sampling value; ``param`` names the offending field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+class PromptError(ValueError):
+    """A prompt the engine cannot take: empty, too long for the context, or with unknown token ids."""
+
+
+class PromptTooLongError(PromptError):
+    """The prompt does not fit the model's context (both numbers are in the message)."""
+
+    def __init__(self, message: str, num_tokens: int, max_model_len: int) -> None:
+        super().__init__(message)
+        self.num_tokens, self.max_model_len = num_tokens, max_model_len
+
+
+class TaskError(ValueError):
+    """The request asks a model for something it cannot do (text from an embedder, vectors from a chat model)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread died; every request fails and check_health() raises."""

@@ -1,0 +1,40 @@
+"""Which engine core a model gets: LLMEngine for one that generates, PoolingEngine for one that embeds
+or scores. Neither engine imports the other; this module is the one place that knows both.
+
+``engine_from_config`` takes a config whose ``model`` is already a path (the CLI resolves the name once
+and builds the config once). ``engine_from_model`` is the convenience behind ``LLM(name)`` and
+``AsyncLLM(name)``: it resolves a built-in name through the store, then does the same.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runlm.engine.config import EngineConfig
+from runlm.engine.llm_engine import LLMEngine
+from runlm.engine.pooling_engine import PoolingEngine
+from runlm.models.load import model_task
+
+EngineCoreType = LLMEngine | PoolingEngine
+
+
+def engine_from_config(config: EngineConfig) -> EngineCoreType:
+    if config.task in ("embed", "score") or (config.task == "auto" and model_task(Path(config.model)) != "generate"):
+        return PoolingEngine(config)
+    return LLMEngine(config)
+
+
+def engine_config(model: str | Path, **kwargs: Any) -> EngineConfig:
+    """A config from LLM-style keyword arguments (``dtype`` may be a name such as "bfloat16")."""
+    if isinstance(kwargs.get("dtype"), str):
+        kwargs["dtype"] = getattr(torch, kwargs["dtype"])
+    return EngineConfig(model=str(model), **kwargs)
+
+
+def engine_from_model(model: str | Path, **kwargs: Any) -> EngineCoreType:
+    """A built-in name, a .gguf file or a model directory -> the engine core for it."""
+    from runlm.store.builtin import resolve_model  # names are the store's; the engine cores take paths
+
+    return engine_from_config(engine_config(resolve_model(str(model)), **kwargs))
