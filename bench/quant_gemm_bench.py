@@ -68,8 +68,8 @@ def main() -> None:
                     t_ggml = per_call(lambda i: ggml.linear(x, [raws[i]], [qtype]), len(raws))
                     t_fp32 = per_call(lambda i: linear(x, fp32[i]), len(fp32))
                     t_int8 = per_call(lambda i: linear_q8(x, *parts[i]), len(parts)) if parts else float("nan")
-                    print(f"{name:5} {layer:8} {m_rows:4d} | {t_ggml * 1e6:8.0f} {t_int8 * 1e6:8.0f} {t_fp32 * 1e6:8.0f}"
-                          f" | {raw.numel() / (n * k):12.3f}", flush=True)
+                    print(f"{name:5} {layer:8} {m_rows:4d} | {t_ggml * 1e6:8.0f} {t_int8 * 1e6:8.0f} "
+                          f"{t_fp32 * 1e6:8.0f} | {raw.numel() / (n * k):12.3f}", flush=True)
 
 
 if __name__ == "__main__":

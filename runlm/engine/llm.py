@@ -16,8 +16,8 @@ from runlm.engine.pooling_engine import PoolingPromptType
 from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.scoring import cosine_output, score_pairs
-from runlm.formats.chat_template import render_chat
 from runlm.formats.tokenizer import Tokenizer
+from runlm.tools.prompt import render_tool_chat
 
 _PROGRESS_MIN = 8  # show a progress bar for batches at least this long
 
@@ -135,8 +135,8 @@ def encode_chat(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], chat_temp
                 add_generation_prompt: bool = True, tools: list[dict] | None = None,
                 **template_kwargs: Any) -> list[int]:
     """A conversation -> prompt token ids, through the model's chat template (LLM.chat and the server)."""
-    text = render_chat(messages, chat_template or tok.chat_template, add_generation_prompt=add_generation_prompt,
-                       bos_token=tok.bos_token, eos_token=tok.eos_token, tools=tools, **template_kwargs)
+    text = render_tool_chat(messages, chat_template or tok.chat_template, add_generation_prompt=add_generation_prompt,
+                            bos_token=tok.bos_token, eos_token=tok.eos_token, tools=tools, **template_kwargs)
     return tok.encode(text, add_special_tokens=not (tok.bos_token and text.startswith(tok.bos_token)))
 
 

@@ -12,15 +12,14 @@ for base models, where any format is a guess.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-from runlm.tools.prompt import prepare_tool_messages
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -82,10 +81,9 @@ def render_chat(messages: Sequence[Mapping[str, Any]], template: str | None, *,
                 add_generation_prompt: bool = True, bos_token: str | None = None,
                 eos_token: str | None = None, tools: list[dict] | None = None,
                 **extra: Any) -> str:
-    """Render ``messages`` with ``template`` (ChatML when None) to the prompt text. Templates that
-    know no tools get them in a system message (runlm.tools.prompt)."""
+    """Render ``messages`` with ``template`` (ChatML when None) to the prompt text. ``tools`` reach the
+    template as given (runlm.tools.prompt.render_tool_chat first fits tool turns to the template)."""
     source = template if template else CHATML_TEMPLATE
-    messages, tools = prepare_tool_messages(messages, tools, source)
     try:
         compiled = _compile(source)
         return compiled.render(messages=[_normalise(m) for m in messages],

@@ -8,9 +8,9 @@ instead of taking cache arguments through every layer (nano-vllm's design).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -64,9 +64,10 @@ def _mask(q_len: int, kv_len: int, window: int | None, device: torch.device) -> 
     return allowed
 
 
-def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                    window: int | None = None) -> torch.Tensor:
-    """q: [T, H, D]; k, v: [T, KVH, D] for the new tokens. Returns [T, H, D]."""
+def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                        window: int | None = None) -> torch.Tensor:
+    """Store the new tokens' K/V in layer ``layer``'s cache slots, then attend over each sequence's cached
+    context (kernels.paged_attention, or torch). q: [T, H, D]; k, v: [T, KVH, D]. Returns [T, H, D]."""
     ctx = get_forward_context()
     if ctx.kv_caches is not None:
         k_cache, v_cache = ctx.kv_caches[layer]

@@ -8,8 +8,9 @@ into one matmul as in the decoder; parameter names otherwise follow Hugging Face
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -1,8 +1,9 @@
 """One typed description of a decoder model, read from a HF config.json or GGUF metadata."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from runlm.formats import ModelFormatError
 
@@ -49,7 +50,8 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
         arch = (cfg.get("architectures") or [None])[0]
-        family = _HF_ARCHITECTURES.get(arch) or (cfg.get("model_type") if cfg.get("model_type") in DECODER_FAMILIES else None)
+        model_type = cfg.get("model_type")
+        family = _HF_ARCHITECTURES.get(arch) or (model_type if model_type in DECODER_FAMILIES else None)
         if family is None:
             raise ModelFormatError(f"{source}: architecture {arch or cfg.get('model_type')!r} is not a supported "
                                    f"decoder (supported: {', '.join(sorted(_HF_ARCHITECTURES))})")

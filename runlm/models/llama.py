@@ -6,7 +6,7 @@ decode step is bound by), and ``load_weights`` stacks the separate checkpoint te
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +14,7 @@ from torch import nn
 
 from runlm import kernels
 from runlm.kernels import fused, linear
-from runlm.models.attention import get_forward_context, paged_attention
+from runlm.models.attention import get_forward_context, write_kv_and_attend
 from runlm.models.config import ModelConfig
 from runlm.models.linear import BlockQuantized, Embedding, GGMLWeight, Int8Parts, Linear, Weight
 from runlm.models.rope import RotaryEmbedding
@@ -59,7 +59,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(positions, q, k)
-        o = paged_attention(self.layer, q, k, v, self.scale, self.window)
+        o = write_kv_and_attend(self.layer, q, k, v, self.scale, self.window)
         return self.o_proj(o.reshape(t, self.q_size))
 
 

@@ -8,6 +8,7 @@ import torch
 
 from runlm import kernels
 from runlm.formats import ModelFormatError
+from runlm.formats.architectures import ENCODER_GGUF_ARCHS, ENCODER_HF_ARCHS
 from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
 from runlm.kernels import fused, ggml
@@ -22,9 +23,6 @@ from runlm.models.weights import (
     safetensors_weights,
 )
 
-_ENCODER_GGUF_ARCHS = {"bert", "nomic-bert", "jina-bert-v2"}
-_ENCODER_HF_ARCHS = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "XLMRobertaModel",
-                     "RobertaModel", "NomicBertModel")
 _DECODER_BODY_ARCHS = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
 
 
@@ -43,12 +41,19 @@ class LoadedModel:
 def model_task(path: Path) -> str:
     """'generate', 'embed' or 'score', from the file's own metadata (no weights read)."""
     if path.is_file():
-        return "embed" if GGUFFile(path).architecture in _ENCODER_GGUF_ARCHS else "generate"
-    cfg = read_hf_config(path)
+        return _gguf_task(GGUFFile(path))
+    return _hf_task(read_hf_config(path), path)
+
+
+def _gguf_task(gguf: GGUFFile) -> str:
+    return "embed" if gguf.architecture in ENCODER_GGUF_ARCHS else "generate"
+
+
+def _hf_task(cfg: dict, path: Path) -> str:
     archs = cfg.get("architectures") or []
     if any(a.endswith("ForSequenceClassification") for a in archs) or cfg.get("classifier_from_token"):
         return "score"
-    is_encoder = any(a in _ENCODER_HF_ARCHS for a in archs) or cfg.get("model_type") in ("bert", "roberta")
+    is_encoder = any(a in ENCODER_HF_ARCHS for a in archs) or cfg.get("model_type") in ("bert", "roberta")
     # a bare decoder body (Qwen3Model) or one shipped with a sentence-transformers pooler embeds
     is_embedder = any(a in _DECODER_BODY_ARCHS for a in archs) or has_sentence_transformers_pooling(path)
     return "embed" if is_encoder or is_embedder else "generate"
@@ -80,11 +85,12 @@ def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     parity tests against transformers use); the default computes on GGUF blocks as stored with
     8-bit activations, llama.cpp's numerics."""
     path = Path(path)
-    if model_task(path) != "generate":
-        raise NotAGeneratorError(f"{path}: this is an embedding model (or a reranker); it cannot "
-                                 f"generate text (use it for embeddings or scores instead)")
+    not_a_generator = NotAGeneratorError(f"{path}: this is an embedding model (or a reranker); it cannot "
+                                         f"generate text (use it for embeddings or scores instead)")
     if path.is_file():
         gguf = GGUFFile(path)
+        if _gguf_task(gguf) != "generate":
+            raise not_a_generator
         gguf.check_architecture()
         cfg = ModelConfig.from_gguf(gguf)
         tokenizer = Tokenizer.from_gguf(gguf)
@@ -94,7 +100,10 @@ def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: s
             model.model.rope.use_interleaved_pairs()
         weights = gguf_weights(gguf, cfg, mode)
     else:
-        cfg = ModelConfig.from_hf(read_hf_config(path), source=str(path / "config.json"))
+        hf_config = read_hf_config(path)
+        if _hf_task(hf_config, path) != "generate":
+            raise not_a_generator
+        cfg = ModelConfig.from_hf(hf_config, source=str(path / "config.json"))
         tokenizer = Tokenizer.from_dir(path)
         model = _empty_model(cfg)
         weights = safetensors_weights(path, "ggml" if gguf_weight_mode(dtype, device, exact_numerics) == "ggml"

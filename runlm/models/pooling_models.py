@@ -3,9 +3,9 @@
 ``score`` head on the last token, as transformers' decoder rerankers)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from torch import nn
@@ -107,7 +107,8 @@ def load_pooling_model(path: str | Path, task: str = "auto", dtype: torch.dtype 
         if task == "embed":
             cfg = replace(cfg, num_labels=0)
         model: BertModel | DecoderPoolingModel = BertModel(cfg, pooler.mode)
-        num_labels, hidden, vocab, max_len = cfg.num_labels, cfg.hidden_size, cfg.vocab_size, cfg.max_position_embeddings
+        num_labels, hidden, vocab = cfg.num_labels, cfg.hidden_size, cfg.vocab_size
+        max_len = cfg.max_position_embeddings
     else:
         dcfg = ModelConfig.from_hf(hf, source)
         num_labels = (len(hf.get("id2label") or {}) or int(hf.get("num_labels", 2))) if task == "score" else 0

@@ -8,7 +8,8 @@ per-head permutation of their features, which leaves every attention score uncha
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from runlm.formats import ModelFormatError
+from runlm.formats.architectures import ENCODER_GGUF_ARCHS, ENCODER_HF_ARCHS
 from runlm.kv_size import kv_bytes_per_token
 
 # GGUF types whose 2-D tensors runlm's engine keeps as int8 blocks in memory (about 1.25 bytes per weight)
-_EMBEDDING_ARCHS = {"bert", "nomic-bert", "xlm-roberta", "BertModel", "XLMRobertaModel"}
 
 
 @dataclass(slots=True)
@@ -58,16 +58,16 @@ class ModelInfo:
 def inspect_gguf(path: Path) -> ModelInfo:
     import gguf
 
-    from runlm.formats.gguf import GGUFFile
+    from runlm.formats.gguf_header import read_header
 
     try:
-        reader = GGUFFile(path)
-    except ModelFormatError as exc:
-        raise ModelFormatError(f"{path.name}: not a readable GGUF file ({exc})") from exc
-    tensors = list(reader.tensors.values())
+        _, metadata, index = read_header(path)
+    except (ValueError, IndexError, KeyError) as exc:
+        raise ModelFormatError(f"{path.name}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+    tensors = list(index.values())
 
     def get(key: str, default: Any = None) -> Any:
-        return reader.metadata.get(key, default)
+        return metadata.get(key, default)
 
     arch = str(get("general.architecture", "unknown"))
     ftype = get("general.file_type")
@@ -88,12 +88,12 @@ def inspect_gguf(path: Path) -> ModelInfo:
         parameters=sum(t.n_values for t in tensors),
         quantization=quant, context_length=int(get(f"{arch}.context_length", 2048)),
         template=get("tokenizer.chat_template"),
-        capabilities=["embedding"] if arch in _EMBEDDING_ARCHS else ["completion"],
+        capabilities=["embedding"] if arch in ENCODER_GGUF_ARCHS else ["completion"],
         num_layers=int(get(f"{arch}.block_count", 0) or 0), num_kv_heads=kv_heads,
         head_dim=int(get(f"{arch}.attention.key_length", 0) or (hidden // heads if hidden else 0)),
         stored_matrix_bytes=sum(int(t.n_bytes) for t in stored),
         stored_matrix_params=sum(t.n_values for t in stored),
-        tied_embeddings="output.weight" not in reader.tensors)
+        tied_embeddings="output.weight" not in index)
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:
@@ -121,10 +121,10 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
                 dtypes[t["dtype"]] = dtypes.get(t["dtype"], 0) + n
     arch = (cfg.get("architectures") or [cfg.get("model_type", "unknown")])[0]
     caps = ["completion"]
-    if arch in _EMBEDDING_ARCHS or (directory / "modules.json").exists() and "CausalLM" not in arch:
-        caps = ["embedding"]
-    elif arch.endswith("ForSequenceClassification"):
+    if arch.endswith("ForSequenceClassification"):
         caps = ["reranking"]
+    elif arch in ENCODER_HF_ARCHS or (directory / "modules.json").exists() and "CausalLM" not in arch:
+        caps = ["embedding"]
     template = None
     if (directory / "chat_template.jinja").exists():
         template = (directory / "chat_template.jinja").read_text()

@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from runlm.formats.chat_template import CHATML_TEMPLATE, render_chat
 from runlm.tools.parsers import arguments_object
 
 TOOLS_PREAMBLE = (
@@ -51,6 +52,14 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
     return "" if content is None else str(content)
+
+
+def render_tool_chat(messages: Sequence[Mapping[str, Any]], template: str | None, *,
+                     tools: list[dict] | None = None, **kwargs: Any) -> str:
+    """``render_chat`` for a conversation that may hold tools and tool turns: templates that know no
+    tools get them in a Hermes-style system message, and tool-call arguments reach templates as dicts."""
+    messages, tools = prepare_tool_messages(messages, tools, template or CHATML_TEMPLATE)
+    return render_chat(messages, template, tools=tools, **kwargs)
 
 
 def prepare_tool_messages(messages: Sequence[Mapping[str, Any]], tools: list[dict] | None,

@@ -35,7 +35,7 @@ def _our_logits(loaded, ids: list[int]) -> torch.Tensor:
 
 def _reference_greedy(ref, ids: list[int]) -> list[int]:
     """transformers' forward with its own KV cache, argmax each step, never stopping at EOS."""
-    out, tokens = None, []
+    tokens = []
     with torch.inference_mode():
         step = ref(torch.tensor([ids]), use_cache=True)
         for _ in range(GREEDY_TOKENS):

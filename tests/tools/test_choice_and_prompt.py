@@ -5,9 +5,8 @@ import json
 
 import pytest
 
-from runlm.formats.chat_template import render_chat
 from runlm.tools.choice import ToolError, plan_tools
-from runlm.tools.prompt import prepare_tool_messages
+from runlm.tools.prompt import prepare_tool_messages, render_tool_chat
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
                                             "parameters": {"type": "object", "required": ["city"],
@@ -70,7 +69,7 @@ def test_templates_that_know_tools_get_them_and_dict_arguments() -> None:
             {"role": "assistant", "content": "", "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "-3 C"}]
-    text = render_chat(msgs, HERMES_TEMPLATE, tools=[WEATHER])
+    text = render_tool_chat(msgs, HERMES_TEMPLATE, tools=[WEATHER])
     assert text.startswith("get_weather;[user]hi[assistant]<tool_call>")
     assert '{"city": "Oslo"}</tool_call>[tool]-3 C' in text  # arguments reached the template as a dict
 
