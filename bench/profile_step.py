@@ -21,6 +21,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--exact-numerics", action="store_true")
+    ap.add_argument("--no-fused", action="store_true", help="fast mode without the fused small ops (torch's)")
     args = ap.parse_args()
 
     import sys
@@ -49,12 +50,15 @@ def main() -> None:
                 calls[label] += 1
         return wrapper
 
-    ggml_linear = timed("linear (ggml blocks)", ggml.linear)
-    model_linear.ggml.linear = ggml_linear  # the module object is shared; patch its attribute
+    if ggml.available():  # the extension's own function: layers bind it directly (Linear.direct_call)
+        ext = ggml.module()
+        ext.linear = timed("linear (ggml blocks)", ext.linear)
     model_linear.linear = timed("linear (fp32)", linear_mod.linear)
     model_linear.linear_q8 = timed("linear (int8 blocks)", linear_mod.linear_q8)
     attention_mod.kernels.paged_attention = timed("paged attention", kernels_pkg.paged_attention)
-    if fused.available():  # the fused small ops: timed too, but they are not matmul or attention
+    if args.no_fused:
+        fused.available = lambda: False  # the loader then leaves the model on torch's small ops
+    elif fused.available():  # the fused small ops: timed too, but they are not matmul or attention
 
         class TimedOps:
             pass

@@ -59,7 +59,7 @@ def available() -> bool:
     return _state
 
 
-def _module() -> ModuleType:
+def module() -> ModuleType:
     if not available():
         raise RuntimeError("runlm's ggml kernels are unavailable (see the log for why)")
     return _ext
@@ -78,23 +78,23 @@ def linear(x: torch.Tensor, weights: list[torch.Tensor], types: list[int],
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] fp32 times the concatenated segments' rows -> [..., sum N_i]; a segment is a raw
     uint8 [N_i, row_bytes] tensor of ggml type types[i]."""
-    return _module().linear(x, weights, types, bias)
+    return module().linear(x, weights, types, bias)
 
 
 def embedding(ids: torch.Tensor, table: torch.Tensor, qtype: int, dim: int) -> torch.Tensor:
     """Rows ``ids`` of a raw [V, row_bytes] table, dequantized to fp32 [..., dim]."""
-    return _module().embedding(ids, table, int(qtype), dim)
+    return module().embedding(ids, table, int(qtype), dim)
 
 
 def dequantize(table: torch.Tensor, qtype: int, dim: int) -> torch.Tensor:
     """A raw [N, row_bytes] table of ggml type ``qtype`` as fp32 [N, dim]."""
-    return _module().dequantize(table, int(qtype), dim)
+    return module().dequantize(table, int(qtype), dim)
 
 
 def quantize(weight: torch.Tensor, qtype: int) -> torch.Tensor:
     """fp32 [N, K] -> raw uint8 [N, row_bytes] of ggml type ``qtype`` (ggml's own quantizer)."""
-    return _module().quantize(weight, int(qtype))
+    return module().quantize(weight, int(qtype))
 
 
 def row_bytes(qtype: int, dim: int) -> int:
-    return int(_module().row_bytes(int(qtype), dim))
+    return int(module().row_bytes(int(qtype), dim))

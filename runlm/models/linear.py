@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -82,6 +84,13 @@ class Linear(nn.Linear):
         self._ggml_raw = [s.raw for s in segments]
         self._ggml_types = [s.qtype for s in segments]
         self.weight = None
+
+    def direct_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` with this layer's weights bound once: for loops that call it thousands of times."""
+        if self.ggml:
+            return functools.partial(ggml.module().linear, weights=self._ggml_raw, types=self._ggml_types,
+                                     bias=self.bias)
+        return self.forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ggml:
