@@ -24,54 +24,55 @@ from types import ModuleType
 
 import torch
 
-from runlm.kernels.build import load_kernel
+from runlm.kernels.build import LazyKernel
 
 logger = logging.getLogger(__name__)
 
-_ext: ModuleType | None = None
-_state: bool | None = None
 
-
-def _libggml() -> Path | None:
+def _kernel() -> LazyKernel | None:
+    """The extension, linked against the wheel's libggml; None where libggml-python is not installed."""
     try:
-        import libggml
+        import libggml  # a data-only package: importing it loads nothing
     except ImportError:
         return None
     root = Path(libggml.__file__).parent
-    return root if (root / "include" / "ggml-cpu.h").is_file() else None
+    if not (root / "include" / "ggml-cpu.h").is_file():
+        return None
+    lib = root / "lib64" if (root / "lib64").is_dir() else root / "lib"
+    return LazyKernel("runlm_ggml_linear", "ggml_linear.cpp", cflags=(f"-I{root / 'include'}", "-mf16c"),
+                      ldflags=(f"-L{lib}", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{lib}"))
+
+
+_KERNEL = _kernel()
+_reported = False
 
 
 def available() -> bool:
     """True once the extension is built and loaded. Never raises; cached."""
-    global _ext, _state
-    if _state is None:
-        root = _libggml()
-        if root is None:
+    global _reported
+    ok = _KERNEL is not None and _KERNEL.available()
+    if not _reported:
+        _reported = True
+        if _KERNEL is None:
             logger.info("runlm.kernels: libggml-python is not installed; quantized weights are dequantized")
-            _ext = None
-        else:
-            lib = root / "lib64" if (root / "lib64").is_dir() else root / "lib"
-            _ext = load_kernel("runlm_ggml_linear", "ggml_linear.cpp", cflags=(f"-I{root / 'include'}", "-mf16c"),
-                               ldflags=(f"-L{lib}", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{lib}"))
-        _state = _ext is not None
-        if _state:
-            logger.info("runlm.kernels: ggml dot products on %s", _ext.cpu_features() or "no SIMD")
-    return _state
+        elif ok:
+            logger.info("runlm.kernels: ggml dot products on %s", _KERNEL.module.cpu_features() or "no SIMD")
+    return ok
 
 
 def module() -> ModuleType:
     if not available():
         raise RuntimeError("runlm's ggml kernels are unavailable (see the log for why)")
-    return _ext
+    return _KERNEL.module
 
 
 def supported(qtype: int) -> bool:
     """Whether ggml has a CPU dot product for weights of this type (and the extension is here)."""
-    return available() and bool(_ext.supported(int(qtype)))
+    return available() and bool(module().supported(int(qtype)))
 
 
 def cpu_features() -> str:
-    return _ext.cpu_features() if available() else ""
+    return module().cpu_features() if available() else ""
 
 
 def linear(x: torch.Tensor, weights: list[torch.Tensor], types: list[int],

@@ -193,8 +193,10 @@ class LlamaForCausalLM(nn.Module):
         """Every tensor holding weights, each once: parameters, buffers and views of the GGUF file."""
         found = [*self.parameters(), *self.buffers()]
         for m in self.modules():
-            found += [s.raw for s in getattr(m, "ggml", None) or []] if isinstance(m, Linear) else \
-                [m.ggml.raw] if isinstance(m, Embedding) and m.ggml is not None else []
+            if isinstance(m, Linear):
+                found += [s.raw for s in m.ggml]
+            elif isinstance(m, Embedding) and m.ggml is not None:
+                found.append(m.ggml.raw)
         unique = {(t.data_ptr(), t.numel() * t.element_size()): t for t in found if t.device.type != "meta"}
         return list(unique.values())
 
