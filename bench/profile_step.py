@@ -22,6 +22,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--exact-numerics", action="store_true")
     ap.add_argument("--no-fused", action="store_true", help="fast mode without the fused small ops (torch's)")
+    ap.add_argument("--prefill", type=int, default=0, metavar="N",
+                    help="profile prefills of N-token prompts (--steps of them) instead of decode steps")
     args = ap.parse_args()
 
     import sys
@@ -31,7 +33,6 @@ def main() -> None:
     import runlm.kernels.ggml as ggml
     import runlm.models.attention as attention_mod
     import runlm.models.linear as model_linear
-    from runlm.engine.detokenizer import DELTA
     from runlm.engine.llm import LLM
     from runlm.engine.sampling_params import SamplingParams
     from runlm.store.builtin import resolve_model
@@ -75,8 +76,31 @@ def main() -> None:
     engine.add_request("warm", {"prompt_token_ids": ids}, SamplingParams(temperature=0.0, max_tokens=8))
     while engine.has_unfinished_requests():
         engine.step()
+    if args.prefill:
+        steps, total = _prefills(engine, args.prefill, args.steps, spent, calls)
+    else:
+        steps, total = _decode_steps(engine, ids, args.steps, spent, calls)
+    kernel = sum(v for k, v in spent.items() if not k.startswith("fused"))
+    fused_s = sum(v for k, v in spent.items() if k.startswith("fused"))
+    rows = {k: {"ms_per_step": 1e3 * v / steps, "calls_per_step": calls[k] / steps} for k, v in spent.items()}
+    report = {"model": args.model, "exact_numerics": args.exact_numerics, "steps": steps,
+              "ms_per_step": 1e3 * total / steps, "kernel_share": kernel / total, "fused_ops_share": fused_s / total,
+              "kernels": rows}
+    what = f"prefill of {args.prefill} tokens" if args.prefill else "decode step"
+    print(f"{args.model} ({'exact' if args.exact_numerics else 'fast'}): {1e3 * total / steps:.2f} ms per {what}"
+          f"step: {100 * kernel / total:.0f}% in matmul + attention kernels, {100 * fused_s / total:.0f}% in fused "
+          f"small ops, {100 * (1 - (kernel + fused_s) / total):.0f}% everything else (torch ops, Python, sampling)")
+    for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["ms_per_step"]):
+        print(f"  {k:24s} {r['ms_per_step']:6.2f} ms  {r['calls_per_step']:5.0f} calls")
+    print(json.dumps(report))
+
+
+def _decode_steps(engine, ids, n, spent, calls):
+    from runlm.engine.detokenizer import DELTA
+    from runlm.engine.sampling_params import SamplingParams
+
     engine.add_request("p", {"prompt_token_ids": ids},
-                       SamplingParams(temperature=0.0, max_tokens=args.steps + 1, ignore_eos=True), output_kind=DELTA)
+                       SamplingParams(temperature=0.0, max_tokens=n + 1, ignore_eos=True), output_kind=DELTA)
     engine.step()  # the prefill step is not a decode step
     spent.clear(), calls.clear()
     t0 = time.perf_counter()
@@ -84,19 +108,28 @@ def main() -> None:
     while engine.has_unfinished_requests():
         engine.step()
         steps += 1
-    total = time.perf_counter() - t0
-    kernel = sum(v for k, v in spent.items() if not k.startswith("fused"))
-    fused_s = sum(v for k, v in spent.items() if k.startswith("fused"))
-    rows = {k: {"ms_per_step": 1e3 * v / steps, "calls_per_step": calls[k] / steps} for k, v in spent.items()}
-    report = {"model": args.model, "exact_numerics": args.exact_numerics, "steps": steps,
-              "ms_per_step": 1e3 * total / steps, "kernel_share": kernel / total, "fused_ops_share": fused_s / total,
-              "kernels": rows}
-    print(f"{args.model} ({'exact' if args.exact_numerics else 'fast'}): {1e3 * total / steps:.2f} ms per decode "
-          f"step: {100 * kernel / total:.0f}% in matmul + attention kernels, {100 * fused_s / total:.0f}% in fused "
-          f"small ops, {100 * (1 - (kernel + fused_s) / total):.0f}% everything else (torch ops, Python, sampling)")
-    for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["ms_per_step"]):
-        print(f"  {k:24s} {r['ms_per_step']:6.2f} ms  {r['calls_per_step']:5.0f} calls")
-    print(json.dumps(report))
+    return steps, time.perf_counter() - t0
+
+
+def _prefills(engine, length, n, spent, calls):
+    """``n`` prompts of ``length`` random tokens, each prefilled alone (distinct: no prefix-cache hits)."""
+    import random
+
+    from runlm.engine.sampling_params import SamplingParams
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(100, 20000) for _ in range(length)] for _ in range(n + 1)]
+    total = 0.0
+    for i, prompt in enumerate(prompts):
+        if i == 1:
+            spent.clear(), calls.clear()
+        engine.add_request(f"p{i}", {"prompt_token_ids": prompt}, SamplingParams(temperature=0.0, max_tokens=1))
+        t0 = time.perf_counter()
+        while engine.has_unfinished_requests():
+            engine.step()
+        if i:
+            total += time.perf_counter() - t0
+    return n, total
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Quantized linear kernels per type and shape: ggml's dot products (fast mode) against runlm's own
+"""Quantized linear kernels per type and shape: the fast mode's kernel (runlm's block GEMM for the
+32-value block types, ggml's vec_dot for the rest) against ggml's vec_dot for every type, runlm's
 int8-block kernel (exact mode's ``linear_q8``: weights dequantized in registers, fp32 activations)
 and the fp32 kernel, weights streamed from DRAM (enough copies to overflow the last-level cache).
 
@@ -48,12 +49,15 @@ def main() -> None:
     if not ggml.available():
         sys.exit("ggml kernels unavailable")
     print(f"ggml CPU features: {ggml.cpu_features()}; {args.threads} threads\n")
-    print(f"{'type':5} {'layer':8} {'M':>4} | {'ggml us':>8} {'int8 us':>8} {'fp32 us':>8} | {'bytes/w ggml':>12}")
+    print(f"{'type':5} {'layer':8} {'M':>4} | {'fast us':>8} {'vec_dot':>8} {'int8 us':>8} {'fp32 us':>8} | "
+          f"{'bytes/w':>8}")
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for name in args.types:
             qtype = T[name]
             for layer, n, k in SHAPES:
+                if k % ggml.block_size(qtype):
+                    continue  # llama.cpp's quantizer picks another type for such rows
                 dense = torch.randn(n, k, generator=g) * k ** -0.5
                 raw = ggml.quantize(dense, qtype)
                 copies = max(2, POOL_BYTES // (n * k * 4))
@@ -65,11 +69,12 @@ def main() -> None:
                     parts = [(q.clone(), d.clone(), m.clone()) for _ in range(max(2, copies // 2))]
                 for m_rows in args.m:
                     x = torch.randn(m_rows, k, generator=g)
-                    t_ggml = per_call(lambda i: ggml.linear(x, [raws[i]], [qtype]), len(raws))
+                    t_fast = per_call(lambda i: ggml.linear(x, [raws[i]], [qtype]), len(raws))
+                    t_vec_dot = per_call(lambda i: ggml.module().linear_vec_dot(x, [raws[i]], [qtype]), len(raws))
                     t_fp32 = per_call(lambda i: linear(x, fp32[i]), len(fp32))
                     t_int8 = per_call(lambda i: linear_q8(x, *parts[i]), len(parts)) if parts else float("nan")
-                    print(f"{name:5} {layer:8} {m_rows:4d} | {t_ggml * 1e6:8.0f} {t_int8 * 1e6:8.0f} "
-                          f"{t_fp32 * 1e6:8.0f} | {raw.numel() / (n * k):12.3f}", flush=True)
+                    print(f"{name:5} {layer:8} {m_rows:4d} | {t_fast * 1e6:8.0f} {t_vec_dot * 1e6:8.0f} "
+                          f"{t_int8 * 1e6:8.0f} {t_fp32 * 1e6:8.0f} | {raw.numel() / (n * k):8.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,16 @@ The prebuilt ``libggml-python`` wheel ships ggml's CPU backend (its quantizers a
 products for every block type, with run-time AVX2 / AVX-512 / VNNI dispatch) and headers;
 csrc/ggml_linear.cpp links it and adds the loops: quantize each activation row once to the
 weight type's ``vec_dot_type`` (Q8_0, Q8_1, Q8_K, F16...), then one dot product per output,
-threads splitting the output rows. Measured against exact mode's int8-block kernel (fp32
-activations, 1.25 bytes per weight) with bench/quant_gemm_bench.py, one thread, Qwen2.5-0.5B's
-layers: at decode (M = 1) ggml's dot products read 0.56-1.06 bytes per weight and are 1.3-2x
-faster; in prefill (M = 64) one vec_dot per (row, row) pair is no faster than the int8 kernel.
-So Q8_0 and Q4_0, the two types with Q8_0 activations and simple blocks, go through our own
-register-tiled kernel (csrc/q8_tiles.h, the same block arithmetic at every M): decode as fast as
-ggml's, prefill 1.3-1.6x faster than vec_dot. Every other type (K-quants, IQ4, Q4_1/Q5, F16, BF16)
-uses ggml's vec_dot, the only CPU kernel runlm has for most of them.
+threads splitting the output rows. ggml's vec_dot computes one (weight row, activation row) pair per call and
+ends each with a horizontal sum, so a prefill of M rows unpacks every weight block M times. For
+the types real files are made of (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 and the K-quants Q4_K, Q5_K,
+Q6_K) runlm has its own kernels (csrc/block_gemm.h, csrc/kquant_gemm.h): 8 weight rows are
+unpacked once per block and multiplied into every activation row, the 8 results landing in 8
+SIMD lanes. bench/quant_gemm_bench.py (Qwen2.5-0.5B's layers, 1 thread, AVX2) measures them
+against vec_dot: at M = 128 3-4x faster for the 32-value types and 1.6-3x for the K-quants; at
+M = 1 (decode, memory-bound) level or faster. Each output's arithmetic is the exact integer dot
+product per block, converted once and accumulated in block order, so every M, chunk and thread
+count gives the same bits. Other types (IQ4_NL, IQ4_XS, Q2_K, Q3_K, F16, BF16) use ggml's vec_dot.
 
 Types are ggml's enum values (``gguf.GGMLQuantizationType``). Unavailable (no libggml, no
 compiler, no AVX2/FMA, RUNLM_NO_KERNELS) means callers fall back to dequantized fp32 weights.
@@ -95,6 +97,11 @@ def dequantize(table: torch.Tensor, qtype: int, dim: int) -> torch.Tensor:
 def quantize(weight: torch.Tensor, qtype: int) -> torch.Tensor:
     """fp32 [N, K] -> raw uint8 [N, row_bytes] of ggml type ``qtype`` (ggml's own quantizer)."""
     return module().quantize(weight, int(qtype))
+
+
+def block_size(qtype: int) -> int:
+    """Values per block of this type (32, or 256 for the K-quants; 1 for F32/F16/BF16)."""
+    return int(module().block_size(int(qtype)))
 
 
 def row_bytes(qtype: int, dim: int) -> int:

@@ -8,8 +8,10 @@
 // row with a quantized x row: llama.cpp's own numerics and SIMD kernels (the prebuilt
 // libggml-cpu picks AVX2 / AVX-512 / VNNI code at load time).
 //
-// Q8_0 and Q4_0 weights go through our own register-tiled kernel instead (q8_tiles.h: the same
-// block arithmetic, but each weight block unpacked once for 4 rows of x: prefill is compute-bound).
+// The 32-value block types (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1) and the K-quants Q4_K, Q5_K, Q6_K go
+// through our own kernels instead (block_gemm.h, kquant_gemm.h: 8 weight rows unpacked once per
+// block and multiplied into every activation row, the 8 results in 8 SIMD lanes: no horizontal
+// sums; prefill is compute-bound). bench/quant_gemm_bench.py compares them with vec_dot.
 //
 // Batch invariance: y[m, n] depends only on x row m and weight row n (one pair's dot product),
 // never on M, on the tile a row lands in, or on the thread count; threads split N only.
@@ -21,7 +23,8 @@
 #include <ggml-cpu.h>
 #include <ggml.h>
 
-#include "q8_tiles.h"
+#include "block_gemm.h"
+#include "kquant_gemm.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -69,7 +72,50 @@ struct QuantizedRows {
   std::vector<uint8_t> buf;
   const uint8_t* data = nullptr;
   int64_t stride = 0;
+  std::vector<int32_t> block_sums;  // Q8_0/Q8_1 rows: each block's sum of values, [m][k / 32]
 };
+
+// Our kernel for this weight type, if it has one: rows [n0, n1) of one segment.
+using BlockRows = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, const int32_t*, int64_t, int64_t,
+                           float*, int64_t, int64_t, int64_t, const uint8_t*);
+
+BlockRows block_kernel(int64_t type, bool vec_dot_only = false) {
+  if (vec_dot_only) return nullptr;
+  switch (type) {
+    case GGML_TYPE_Q8_0: return &blockgemm::rows<blockgemm::Q8_0>;
+    case GGML_TYPE_Q4_0: return &blockgemm::rows<blockgemm::Q4_0>;
+    case GGML_TYPE_Q5_0: return &blockgemm::rows<blockgemm::Q5_0>;
+    case GGML_TYPE_Q4_1: return &blockgemm::rows<blockgemm::Q4_1>;
+    case GGML_TYPE_Q5_1: return &blockgemm::rows<blockgemm::Q5_1>;
+    case GGML_TYPE_Q4_K: return &kquant::rows<kquant::Q4_K>;
+    case GGML_TYPE_Q5_K: return &kquant::rows<kquant::Q5_K>;
+    case GGML_TYPE_Q6_K: return &kquant::rows<kquant::Q6_K>;
+    default: return nullptr;
+  }
+}
+
+bool needs_block_sums(int64_t type, bool vec_dot_only) {
+  return !vec_dot_only && (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q4_1 ||
+                           type == GGML_TYPE_Q5_1);
+}
+
+template <class X>
+void block_sums_of(QuantizedRows& q, int64_t m, int64_t nb) {
+  for (int64_t i = 0; i < m; ++i) {
+    const auto* blocks = reinterpret_cast<const X*>(q.data + i * q.stride);
+    for (int64_t b = 0; b < nb; ++b) q.block_sums[i * nb + b] = blockgemm::block_sum(blocks[b].qs);
+  }
+}
+
+// Each x block's sum of values (Q8_0 or Q8_1 rows).
+void compute_block_sums(QuantizedRows& q, int64_t m, int64_t k) {
+  const int64_t nb = k / blockgemm::QK;
+  q.block_sums.resize(static_cast<size_t>(m * nb));
+  if (q.type == GGML_TYPE_Q8_1)
+    block_sums_of<blockgemm::BlockQ8_1>(q, m, nb);
+  else
+    block_sums_of<blockgemm::BlockQ8_0>(q, m, nb);
+}
 
 void quantize_rows(const float* x, int64_t m, int64_t k, ggml_type type, QuantizedRows& out) {
   out.type = type;
@@ -102,8 +148,8 @@ void segment_rows(const uint8_t* w, int64_t wstride, ggml_vec_dot_t dot, const Q
   }
 }
 
-at::Tensor linear(const at::Tensor& x_in, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& types,
-                  const std::optional<at::Tensor>& bias) {
+at::Tensor linear_impl(const at::Tensor& x_in, const std::vector<at::Tensor>& weights,
+                       const std::vector<int64_t>& types, const std::optional<at::Tensor>& bias, bool vec_dot_only) {
   TORCH_CHECK(weights.size() == types.size() && !weights.empty(), "one type per weight segment");
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(), "x must be fp32 on the CPU");
   const at::Tensor x = x_in.contiguous();
@@ -136,29 +182,52 @@ at::Tensor linear(const at::Tensor& x_in, const std::vector<at::Tensor>& weights
     seg_q[s] = static_cast<int>(it - qx.begin());
   }
 
+  for (size_t s = 0; s < weights.size(); ++s)
+    if (needs_block_sums(types[s], vec_dot_only) && qx[seg_q[s]].block_sums.empty()) compute_block_sums(qx[seg_q[s]], m, k);
+
+  // Work items: panels of 8 rows of one segment (our kernel's unit) or kRowTile rows (vec_dot's).
+  struct Item { int seg; int64_t lo, hi; };
+  std::vector<Item> items;
+  std::vector<std::vector<uint8_t>> zero_rows(weights.size());
+  for (size_t s = 0; s < weights.size(); ++s) {
+    const int64_t rows = weights[s].size(0);
+    const bool ours = block_kernel(types[s], vec_dot_only) != nullptr;
+    const int64_t step = ours ? blockgemm::kPanel : kRowTile;
+    if (ours) zero_rows[s].assign(static_cast<size_t>(weights[s].size(1)), 0);
+    for (int64_t r = 0; r < rows; r += step) items.push_back({static_cast<int>(s), r, std::min(rows, r + step)});
+  }
   float* yp = y.data_ptr<float>();
-  const int64_t bytes_per_row = std::max<int64_t>(1, wbytes / std::max<int64_t>(n, 1));
-  const int64_t grain = std::max<int64_t>(kRowTile, kMinBytesPerThread / (bytes_per_row * m));
-  at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
-    for (size_t s = 0; s < weights.size(); ++s) {
-      const int64_t lo = std::max(b, col0[s]), hi = std::min(e, col0[s + 1]);
-      if (lo >= hi) continue;
+  const int64_t bytes_per_item = std::max<int64_t>(1, wbytes / static_cast<int64_t>(items.size()));
+  const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread / (bytes_per_item * m));
+  at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t b, int64_t e) {
+    for (int64_t it = b; it < e; ++it) {
+      const Item& item = items[it];
+      const int s = item.seg;
+      // neighbouring items of one segment run as one call: the kernel then streams their rows in order
+      int64_t hi = item.hi;
+      while (it + 1 < e && items[it + 1].seg == s) hi = items[++it].hi;
       const auto& w = weights[s];
       const QuantizedRows& xq = qx[seg_q[s]];
       const uint8_t* wp = w.data_ptr<uint8_t>();
-      if (types[s] == GGML_TYPE_Q8_0)  // our register-tiled kernel: each weight load serves 4 rows of x
-        q8tiles::rows<q8tiles::BlockQ8_0>(wp, w.size(1), xq.data, xq.stride, m, k / q8tiles::QK, yp + col0[s], n,
-                                          lo - col0[s], hi - col0[s]);
-      else if (types[s] == GGML_TYPE_Q4_0)
-        q8tiles::rows<q8tiles::BlockQ4_0>(wp, w.size(1), xq.data, xq.stride, m, k / q8tiles::QK, yp + col0[s], n,
-                                          lo - col0[s], hi - col0[s]);
+      if (const BlockRows kernel = block_kernel(types[s], vec_dot_only))
+        kernel(wp, w.size(1), xq.data, xq.stride, xq.block_sums.empty() ? nullptr : xq.block_sums.data(), m,
+               k / ggml_blck_size(static_cast<ggml_type>(types[s])), yp + col0[s], n, item.lo, hi, zero_rows[s].data());
       else
-        segment_rows(wp, w.size(1), cpu_traits(types[s])->vec_dot, xq, m, k, yp + col0[s], n, lo - col0[s],
-                     hi - col0[s]);
+        segment_rows(wp, w.size(1), cpu_traits(types[s])->vec_dot, xq, m, k, yp + col0[s], n, item.lo, hi);
     }
   });
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
+}
+
+at::Tensor linear(const at::Tensor& x, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& types,
+                  const std::optional<at::Tensor>& bias) {
+  return linear_impl(x, weights, types, bias, false);
+}
+
+// ggml's vec_dot for every type, our block kernels bypassed: the benchmark's comparison.
+at::Tensor linear_vec_dot(const at::Tensor& x, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& types) {
+  return linear_impl(x, weights, types, std::nullopt, true);
 }
 
 // Rows `ids` of a [V, row_bytes] table, dequantized: the embedding lookup of a quantized table.
@@ -226,10 +295,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   ggml_cpu_init();  // fp16 tables and the CPU feature probe the dot products rely on
   m.def("linear", &linear, "x [..., K] fp32 @ concat(weights)^T (+ bias) -> [..., N]", pybind11::arg("x"),
         pybind11::arg("weights"), pybind11::arg("types"), pybind11::arg("bias") = std::nullopt);
+  m.def("linear_vec_dot", &linear_vec_dot, "linear through ggml's vec_dot for every type (for comparison)");
   m.def("embedding", &embedding, "rows ids of a quantized table, dequantized to fp32");
   m.def("dequantize", &dequantize, "a whole quantized [N, row_bytes] table to fp32 [N, K]");
   m.def("quantize", &quantize, "fp32 [N, K] to a raw [N, row_bytes] table of a ggml type");
   m.def("supported", &supported, "whether ggml has a CPU dot product for this type");
+  m.def("block_size", [](int64_t type) { return static_cast<int64_t>(ggml_blck_size(static_cast<ggml_type>(type))); },
+        "values per block of this type");
   m.def("row_bytes", &row_bytes, "bytes of one row of K values of this type");
   m.def("cpu_features", &cpu_features, "the SIMD features ggml's CPU backend uses");
 }
