@@ -22,6 +22,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--exact-numerics", action="store_true")
     ap.add_argument("--no-fused", action="store_true", help="fast mode without the fused small ops (torch's)")
+    ap.add_argument("--streams", type=int, default=1, help="concurrent requests decoding together")
     ap.add_argument("--prefill", type=int, default=0, metavar="N",
                     help="profile prefills of N-token prompts (--steps of them) instead of decode steps")
     args = ap.parse_args()
@@ -69,7 +70,7 @@ def main() -> None:
             setattr(ops, op, timed(f"fused {op}", getattr(fused.ops(), op)))
         fused._kernel.module = ops
 
-    llm = LLM(str(resolve_model(args.model)), max_num_seqs=1, threads=args.threads,
+    llm = LLM(str(resolve_model(args.model)), max_num_seqs=args.streams, threads=args.threads,
               exact_numerics=args.exact_numerics)
     ids = llm.encode_chat([{"role": "user", "content": "Write a long story about a lighthouse keeper."}])
     engine = llm.engine
@@ -79,7 +80,7 @@ def main() -> None:
     if args.prefill:
         steps, total = _prefills(engine, args.prefill, args.steps, spent, calls)
     else:
-        steps, total = _decode_steps(engine, ids, args.steps, spent, calls)
+        steps, total = _decode_steps(engine, ids, args.steps, spent, calls, args.streams)
     kernel = sum(v for k, v in spent.items() if not k.startswith("fused"))
     fused_s = sum(v for k, v in spent.items() if k.startswith("fused"))
     rows = {k: {"ms_per_step": 1e3 * v / steps, "calls_per_step": calls[k] / steps} for k, v in spent.items()}
@@ -88,20 +89,22 @@ def main() -> None:
               "kernels": rows}
     what = f"prefill of {args.prefill} tokens" if args.prefill else "decode step"
     print(f"{args.model} ({'exact' if args.exact_numerics else 'fast'}): {1e3 * total / steps:.2f} ms per {what}"
-          f"step: {100 * kernel / total:.0f}% in matmul + attention kernels, {100 * fused_s / total:.0f}% in fused "
+          f": {100 * kernel / total:.0f}% in matmul + attention kernels, {100 * fused_s / total:.0f}% in fused "
           f"small ops, {100 * (1 - (kernel + fused_s) / total):.0f}% everything else (torch ops, Python, sampling)")
     for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["ms_per_step"]):
         print(f"  {k:24s} {r['ms_per_step']:6.2f} ms  {r['calls_per_step']:5.0f} calls")
     print(json.dumps(report))
 
 
-def _decode_steps(engine, ids, n, spent, calls):
+def _decode_steps(engine, ids, n, spent, calls, streams=1):
     from runlm.engine.detokenizer import DELTA
     from runlm.engine.sampling_params import SamplingParams
 
-    engine.add_request("p", {"prompt_token_ids": ids},
-                       SamplingParams(temperature=0.0, max_tokens=n + 1, ignore_eos=True), output_kind=DELTA)
-    engine.step()  # the prefill step is not a decode step
+    for i in range(streams):  # distinct prompts: no stream shares another's prefix
+        engine.add_request(f"p{i}", {"prompt_token_ids": [*ids, 100 + i]},
+                           SamplingParams(temperature=0.0, max_tokens=n + 1, ignore_eos=True), output_kind=DELTA)
+    while engine.scheduler.waiting or any(s.num_output_tokens == 0 for s in engine.scheduler.running):
+        engine.step()  # prefill steps are not decode steps
     spent.clear(), calls.clear()
     t0 = time.perf_counter()
     steps = 0

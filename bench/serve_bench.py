@@ -1,16 +1,20 @@
-"""Serving benchmark: runlm serve-engine vs llama-cpp-python's server on the same GGUF, in one run.
+"""Serving benchmark: runlm serve-engine vs llama.cpp's own batching server (``llama-server -np 32``,
+built once by bench/llama_server.py) and llama-cpp-python's server, on the same GGUF, in one run.
 
 Drives each server's HTTP API the way ``vllm bench serve`` does: streaming /v1/completions with
 ``stream_options.include_usage``, a fixed number of prompts at a fixed concurrency, and per
 request TTFT (time to first token), TPOT (time per output token after the first), ITL (gaps
 between streamed chunks) and end-to-end latency; output tokens/s over the whole run. Both servers
 get the same prompts and the same output length (end-of-sequence tokens are banned through
-logit_bias, which both accept), and the peers alternate at each concurrency level.
+logit_bias, which all accept), and the peers rotate at each concurrency level. llama-server gets
+32 slots of the same context length and continuous batching; llama-cpp-python's server answers one
+request at a time.
 
     .venv/bin/python bench/serve_bench.py [--model smollm2] [--concurrency 1 8 32] [--output-len 24]
+        [--peers runlm llama-server llama-cpp-python]
 
 Writes bench/results/serve_bench.json and bench/results/serve_bench.md; prints the table with
-runlm / llama.cpp ratios. The machine is shared: read the figures as rough.
+runlm / peer ratios.
 """
 from __future__ import annotations
 
@@ -83,19 +87,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def servers(model_path: str, threads: int, ctx: int) -> list[Server]:
+PEERS = ("runlm", "llama-server", "llama-cpp-python")
+SLOTS = 32  # llama-server's parallel sequences (-np)
+
+
+def server(name: str, model_path: str, threads: int, ctx: int) -> Server:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=str(ROOT))
-    p1, p2 = free_port(), free_port()
-    runlm = Server("runlm", [sys.executable, "-m", "runlm.cli", "serve-engine", model_path, "--port", str(p1),
-                             "--served-model-name", "bench", "--max-model-len", str(ctx), "--log-level", "warning"],
-                   f"http://127.0.0.1:{p1}", env)
-    llama = Server("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model", model_path, "--port", str(p2),
-                                 "--host", "127.0.0.1", "--model_alias", "bench", "--n_ctx", str(ctx),
-                                 "--n_threads", str(threads), "--n_threads_batch", str(threads),
-                                 "--interrupt_requests", "False"],  # else a new request cuts the running one
-                   f"http://127.0.0.1:{p2}", env)
-    return [runlm, llama]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    if name == "runlm":
+        return Server(name, [sys.executable, "-m", "runlm.cli", "serve-engine", model_path, "--port", str(port),
+                             "--served-model-name", "bench", "--max-model-len", str(ctx), "--threads", str(threads),
+                             "--log-level", "warning"], url, env)
+    if name == "llama-server":
+        from bench.llama_server import llama_server
+
+        return Server(name, [str(llama_server()), "-m", model_path, "--port", str(port), "--host", "127.0.0.1",
+                             "-a", "bench", "-np", str(SLOTS), "-c", str(ctx * SLOTS), "-t", str(threads),
+                             "-tb", str(threads), "--cont-batching", "--log-disable"], url, env)
+    return Server(name, [sys.executable, "-m", "llama_cpp.server", "--model", model_path, "--port", str(port),
+                         "--host", "127.0.0.1", "--model_alias", "bench", "--n_ctx", str(ctx),
+                         "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                         "--interrupt_requests", "False"],  # else a new request cuts the running one
+                  url, env)
 
 
 @dataclass
@@ -179,18 +194,21 @@ def summarise(results: list[RequestResult], duration: float, count_tokens) -> di
                                 ("median", lambda v: pct(v, 50)), ("p99", lambda v: pct(v, 99)))}}
 
 
-def table(rows: list[dict], levels: list[int]) -> str:
+def table(rows: list[dict], levels: list[int], peers: list[str]) -> str:
+    """One row per level and metric: each peer's figure, then runlm / each other peer."""
     cols = [("output_tok_s", "out tok/s", True), ("ttft_median_ms", "TTFT p50 ms", False),
             ("ttft_p99_ms", "TTFT p99 ms", False), ("tpot_median_ms", "TPOT p50 ms", False),
             ("itl_median_ms", "ITL p50 ms", False), ("itl_p99_ms", "ITL p99 ms", False)]
-    lines = ["| concurrency | prompts | metric | runlm | llama.cpp | runlm / llama.cpp |", "|---|---|---|---|---|---|"]
+    others = [p for p in peers if p != "runlm"]
+    head = ["concurrency", "prompts", "metric", *peers, *(f"runlm / {p}" for p in others)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in levels:
-        a = next(r for r in rows if r["server"] == "runlm" and r["concurrency"] == c)
-        b = next(r for r in rows if r["server"] == "llama.cpp" and r["concurrency"] == c)
+        at = {r["server"]: r for r in rows if r["concurrency"] == c}
         for key, label, higher_better in cols:
-            ratio = a[key] / b[key] if b[key] else float("nan")
-            lines.append(f"| {c} | {a['prompts']} | {label} | {a[key]:.1f} | {b[key]:.1f} | {ratio:.2f}"
-                         f"{'' if higher_better else ' (lower is better)'} |")
+            ratios = [at["runlm"][key] / at[p][key] if at[p][key] else float("nan") for p in others]
+            cells = [str(c), str(at["runlm"]["prompts"]), label + ("" if higher_better else " (lower is better)"),
+                     *(f"{at[p][key]:.1f}" for p in peers), *(f"{x:.2f}" for x in ratios)]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -204,13 +222,17 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
     args = ap.parse_args()
+    if "runlm" not in args.peers:
+        ap.error("--peers must include runlm (the ratios are runlm / peer)")
     sys.path.insert(0, str(ROOT))
     from runlm.store.builtin import resolve_model
 
     model_path = str(resolve_model(args.model))
     counts = args.prompts or [max(3, min(2 * c, 32)) for c in args.concurrency]
-    peers = servers(model_path, args.threads, args.ctx)
+    names = ["runlm", *(p for p in args.peers if p != "runlm")]
+    peers = [server(name, model_path, args.threads, args.ctx) for name in names]
     rows: list[dict] = []
     try:
         for s in peers:
@@ -224,7 +246,7 @@ def main() -> int:
             return httpx.post(f"{peers[0].url}/v1/tokenize", json={"prompt": text, "add_special_tokens": False}
                               ).json()["count"]
         for i, (c, n) in enumerate(zip(args.concurrency, counts)):
-            order = peers if i % 2 == 0 else peers[::-1]  # alternate who goes first
+            order = peers[i % len(peers):] + peers[:i % len(peers)]  # rotate who goes first
             for s in order:
                 results, duration = asyncio.run(run_level(s.url, prompts(n), c, args.output_len, banned))
                 row = {"server": s.name, "concurrency": c, "prompts": n, "output_len": args.output_len,
@@ -236,7 +258,7 @@ def main() -> int:
     finally:
         for s in peers:
             s.stop()
-    md = table(rows, args.concurrency)
+    md = table(rows, args.concurrency, names)
     print("\n" + md)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -47,22 +47,6 @@ struct Unpacked {
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline void store32(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
 
-// The 6-bit scales and mins of Q4_K/Q5_K (ggml's get_scale_min_k4), per 16-value group.
-inline void scales_mins_k4(const uint8_t* s, Unpacked& u) {
-  for (int j = 0; j < 8; ++j) {
-    int sc, mn;
-    if (j < 4) {
-      sc = s[j] & 63;
-      mn = s[j + 4] & 63;
-    } else {
-      sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-      mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-    u.scale[2 * j] = u.scale[2 * j + 1] = static_cast<int16_t>(sc);
-    u.corr[2 * j] = u.corr[2 * j + 1] = static_cast<int16_t>(mn);
-  }
-}
-
 // Q4_K/Q5_K's 12 bytes of 6-bit scales and mins as 16 int16: scales 0..7 then mins 0..7 (ggml's utmp trick).
 inline __m256i scales_mins16(const uint8_t* s) {
   uint32_t u[4];
@@ -87,6 +71,16 @@ inline __m256i min_corr(__m256i sm, const BlockQ8_K& xb) {
   const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.bsums)),
                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.bsums + 8)));
   return _mm256_zextsi128_si256(_mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs));
+}
+
+// The 6-bit scales and mins of Q4_K/Q5_K per 16-value group (each 32-value sub-block's, twice).
+inline void scales_mins_k4(const uint8_t* s, Unpacked& u) {
+  const __m256i sm = scales_mins16(s);
+  const __m128i sc = _mm256_castsi256_si128(sm), mn = _mm256_extracti128_si256(sm, 1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(u.scale), _mm_unpacklo_epi16(sc, sc));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(u.scale + 8), _mm_unpackhi_epi16(sc, sc));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(u.corr), _mm_unpacklo_epi16(mn, mn));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(u.corr + 8), _mm_unpackhi_epi16(mn, mn));
 }
 
 struct Q4_K {
@@ -214,9 +208,6 @@ struct Q6_K {
   }
 };
 
-inline int32_t pack16(int16_t lo, int16_t hi) {  // two int16 as one 32-bit lane
-  return static_cast<int32_t>(static_cast<uint16_t>(lo) | (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
-}
 
 // The float step shared by every path: lanes are the 8 weight rows.
 template <class W>
@@ -247,26 +238,27 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
   for (int i = 0; i < mc; ++i) acc[i] = _mm256_setzero_ps();
   Unpacked u[kPanel];
   __m256i dots[kChunk];
-  __m256i corr[kGroups / 2];  // lane r = (corr_2c, corr_2c+1) of row r
+  __m256i corr[kPanel];  // lane r = (corr_2c, corr_2c+1) of row r
   for (int64_t sb = 0; sb < nsb; ++sb) {
     blockgemm::prefetch_next_panel<typename W::Block>(wrow[0], ws, sb);
     __m256 dw, dminw;
     unpack_panel<W>(wrow, sb, u, dw, dminw);
-    alignas(32) int32_t lanes[kPanel];
-    for (int c = 0; c < kGroups / 2; ++c) {
-      for (int r = 0; r < kPanel; ++r) lanes[r] = pack16(u[r].corr[2 * c], u[r].corr[2 * c + 1]);
-      corr[c] = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+    // 16 int16 per row, read as 8 pairs and transposed: vector c, lane r = (v_r[2c], v_r[2c + 1])
+    __m256i scale_pairs[kPanel];
+    for (int r = 0; r < kPanel; ++r) {
+      scale_pairs[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u[r].scale));
+      corr[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u[r].corr));
     }
+    blockgemm::transpose8(scale_pairs);
+    blockgemm::transpose8(corr);
     for (int i = 0; i < mc; ++i) dots[i] = _mm256_setzero_si256();
     for (int c = 0; c < QK_K / 32; ++c) {  // 32 values (groups 2c and 2c + 1) of 8 rows, in registers
       __m256i t[kPanel];  // step s: lane r = values 32c + 4s .. + 3 of row r
       for (int r = 0; r < kPanel; ++r) t[r] = load32(u[r].q + 32 * c);
       blockgemm::transpose8(t);
-      __m256i scale[2];  // lane r = (scale, scale) of row r, for groups 2c and 2c + 1
-      for (int h = 0; h < 2; ++h) {
-        for (int r = 0; r < kPanel; ++r) lanes[r] = pack16(u[r].scale[2 * c + h], u[r].scale[2 * c + h]);
-        scale[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
-      }
+      const __m256i scale[2] = {  // lane r = (scale, scale) of row r, for groups 2c and 2c + 1
+          _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scale_pairs[c], 0xA0), 0xA0),
+          _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scale_pairs[c], 0xF5), 0xF5)};
       for (int i = 0; i < mc; ++i) {
         const int8_t* xq = reinterpret_cast<const BlockQ8_K*>(x + i * xs)[sb].qs + 32 * c;
         __m256i dot = dots[i];
@@ -283,7 +275,7 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
       const BlockQ8_K& xb = reinterpret_cast<const BlockQ8_K*>(x + i * xs)[sb];
       __m256i cs = _mm256_setzero_si256();
       for (int c = 0; c < kGroups / 2; ++c)
-        cs = _mm256_add_epi32(cs, _mm256_madd_epi16(corr[c], _mm256_set1_epi32(pack16(xb.bsums[2 * c], xb.bsums[2 * c + 1]))));
+        cs = _mm256_add_epi32(cs, _mm256_madd_epi16(corr[c], blockgemm::broadcast4(reinterpret_cast<const int8_t*>(xb.bsums + 2 * c))));
       acc[i] = accumulate<W>(acc[i], dw, dminw, xb.d, dots[i], cs);
     }
   }
