@@ -265,27 +265,31 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
   }
 }
 
-// Output columns [n0, n1) of y = x @ w^T for all m activation rows: n0 a multiple of 8 (a panel
-// boundary); rows past n_total read a zero row (their lanes are computed and dropped).
-template <class W>
-void rows(const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, const int32_t* xsum, int64_t m, int64_t nb,
-          float* y, int64_t ldy, int64_t n0, int64_t n1, const uint8_t* zero_row) {
+// Output columns [n0, n1) of y = x @ w^T for all m activation rows, n0 a multiple of 8 (a panel
+// boundary); rows past n1 read a zero row (their lanes are computed and dropped). Chunks of at most
+// kRows activation rows take PanelRow row by row, larger ones Panel (both kernels' driver).
+template <int kRows, auto Panel, auto PanelRow>
+void drive(const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, const int32_t* xsum, int64_t m, int64_t nb,
+           float* y, int64_t ldy, int64_t n0, int64_t n1, const uint8_t* zero_row) {
   for (int64_t m0 = 0; m0 < m; m0 += kChunk) {
     const int mc = static_cast<int>(m - m0 < kChunk ? m - m0 : kChunk);
+    const int32_t* sums = xsum == nullptr ? nullptr : xsum + m0 * nb;
     for (int64_t n = n0; n < n1; n += kPanel) {
       const uint8_t* wrow[kPanel];
       for (int r = 0; r < kPanel; ++r) wrow[r] = n + r < n1 ? w + (n + r) * ws : zero_row;
       const int nvalid = static_cast<int>(n1 - n < kPanel ? n1 - n : kPanel);
-      if (mc <= kRowwise) {
+      if (mc <= kRows) {
         for (int i = 0; i < mc; ++i)
-          panel_row<W>(wrow, ws, x + (m0 + i) * xs, xsum == nullptr ? nullptr : xsum + (m0 + i) * nb, nb,
-                       y + (m0 + i) * ldy + n, nvalid);
-        continue;
+          PanelRow(wrow, ws, x + (m0 + i) * xs, sums == nullptr ? nullptr : sums + i * nb, nb, y + (m0 + i) * ldy + n,
+                   nvalid);
+      } else {
+        Panel(wrow, ws, x + m0 * xs, xs, sums, nb, mc, y + m0 * ldy + n, ldy, nvalid);
       }
-      panel<W>(wrow, ws, x + m0 * xs, xs, xsum == nullptr ? nullptr : xsum + m0 * nb, nb, mc, y + m0 * ldy + n, ldy,
-               nvalid);
     }
   }
 }
+
+template <class W>
+constexpr auto rows = drive<kRowwise, &panel<W>, &panel_row<W>>;
 
 }  // namespace blockgemm

@@ -82,14 +82,14 @@ using BlockRows = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, con
 BlockRows block_kernel(int64_t type, bool vec_dot_only = false) {
   if (vec_dot_only) return nullptr;
   switch (type) {
-    case GGML_TYPE_Q8_0: return &blockgemm::rows<blockgemm::Q8_0>;
-    case GGML_TYPE_Q4_0: return &blockgemm::rows<blockgemm::Q4_0>;
-    case GGML_TYPE_Q5_0: return &blockgemm::rows<blockgemm::Q5_0>;
-    case GGML_TYPE_Q4_1: return &blockgemm::rows<blockgemm::Q4_1>;
-    case GGML_TYPE_Q5_1: return &blockgemm::rows<blockgemm::Q5_1>;
-    case GGML_TYPE_Q4_K: return &kquant::rows<kquant::Q4_K>;
-    case GGML_TYPE_Q5_K: return &kquant::rows<kquant::Q5_K>;
-    case GGML_TYPE_Q6_K: return &kquant::rows<kquant::Q6_K>;
+    case GGML_TYPE_Q8_0: return blockgemm::rows<blockgemm::Q8_0>;
+    case GGML_TYPE_Q4_0: return blockgemm::rows<blockgemm::Q4_0>;
+    case GGML_TYPE_Q5_0: return blockgemm::rows<blockgemm::Q5_0>;
+    case GGML_TYPE_Q4_1: return blockgemm::rows<blockgemm::Q4_1>;
+    case GGML_TYPE_Q5_1: return blockgemm::rows<blockgemm::Q5_1>;
+    case GGML_TYPE_Q4_K: return kquant::rows<kquant::Q4_K>;
+    case GGML_TYPE_Q5_K: return kquant::rows<kquant::Q5_K>;
+    case GGML_TYPE_Q6_K: return kquant::rows<kquant::Q6_K>;
     default: return nullptr;
   }
 }

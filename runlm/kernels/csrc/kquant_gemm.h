@@ -83,53 +83,31 @@ inline void scales_mins_k4(const uint8_t* s, Unpacked& u) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(u.corr + 8), _mm_unpackhi_epi16(mn, mn));
 }
 
-struct Q4_K {
-  using Block = BlockQ4_K;
+// Q4_K and Q5_K: 4-bit values (Q5_K adds a fifth bit from qh), a scale and a min per 32 values.
+template <class B, bool kFifth>
+struct K4 {
+  using Block = B;
   static constexpr bool kCorrInDot = false;
-  static constexpr int kInt16Steps = 4;  // 16 values a group: 4 steps x 2 x 15 x 127 fits int16
-  static void unpack(const Block& b, Unpacked& u) {
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    for (int p = 0; p < 4; ++p) {  // 32 bytes: low nibbles are values 64p.., high nibbles 64p+32..
-      const __m256i v = load32(b.qs + 32 * p);
-      store32(u.q + 64 * p, _mm256_and_si256(v, low));
-      store32(u.q + 64 * p + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
-    }
-    scales_mins_k4(b.scales, u);
-    u.d = fp16(b.d);
-    u.dmin = fp16(b.dmin);
-  }
-  static uint16_t dmin(const Block& b) { return b.dmin; }
-  static void row_dot(const Block& b, const BlockQ8_K& xb, __m256i& dot, __m256i& corr) {
-    const __m256i sm = scales_mins16(b.scales);
-    const __m128i sc = _mm256_castsi256_si128(sm);
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    dot = _mm256_setzero_si256();
-    for (int p = 0; p < 4; ++p) {
-      const __m256i v = load32(b.qs + 32 * p);
-      const __m256i x0 = load32(reinterpret_cast<const uint8_t*>(xb.qs) + 64 * p);
-      const __m256i x1 = load32(reinterpret_cast<const uint8_t*>(xb.qs) + 64 * p + 32);
-      const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(v, low), x0);
-      const __m256i p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), x1);
-      dot = _mm256_add_epi32(dot, _mm256_add_epi32(_mm256_madd_epi16(p0, spread16(sc, 2 * p)),
-                                                   _mm256_madd_epi16(p1, spread16(sc, 2 * p + 1))));
-    }
-    corr = min_corr(sm, xb);
-  }
-};
+  static constexpr int kInt16Steps = kFifth ? 2 : 4;  // 16 values a group: 2 x 2 x 31 (4 x 2 x 15) x 127 fits int16
 
-struct Q5_K {
-  using Block = BlockQ5_K;
-  static constexpr bool kCorrInDot = false;
-  static constexpr int kInt16Steps = 2;  // 2 steps x 2 x 31 x 127 fits int16
+  // Values 64p .. 64p + 31 (low nibbles of qs[32p..]) and 64p + 32 .. 64p + 63 (high nibbles).
+  static void values(const Block& b, int p, __m256i& v0, __m256i& v1) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256i v = load32(b.qs + 32 * p);
+    v0 = _mm256_and_si256(v, low);
+    v1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    if constexpr (kFifth) {  // bit 2p of qh[l] adds 16 to value 64p + l, bit 2p + 1 to value 64p + 32 + l
+      const __m256i hi = load32(b.qh), bit = _mm256_set1_epi8(0x10);
+      v0 = _mm256_or_si256(v0, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hi, 2 * p), 4), bit));
+      v1 = _mm256_or_si256(v1, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hi, 2 * p + 1), 4), bit));
+    }
+  }
   static void unpack(const Block& b, Unpacked& u) {
-    const __m256i low = _mm256_set1_epi8(0x0F), bit = _mm256_set1_epi8(0x10);
-    const __m256i hi = load32(b.qh);  // bit 2p of byte l: value 64p + l gets 16; bit 2p+1: value 64p + 32 + l
     for (int p = 0; p < 4; ++p) {
-      const __m256i v = load32(b.qs + 32 * p);
-      const __m256i h0 = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hi, 2 * p), 4), bit);
-      const __m256i h1 = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hi, 2 * p + 1), 4), bit);
-      store32(u.q + 64 * p, _mm256_or_si256(_mm256_and_si256(v, low), h0));
-      store32(u.q + 64 * p + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), h1));
+      __m256i v0, v1;
+      values(b, p, v0, v1);
+      store32(u.q + 64 * p, v0);
+      store32(u.q + 64 * p + 32, v1);
     }
     scales_mins_k4(b.scales, u);
     u.d = fp16(b.d);
@@ -139,23 +117,21 @@ struct Q5_K {
   static void row_dot(const Block& b, const BlockQ8_K& xb, __m256i& dot, __m256i& corr) {
     const __m256i sm = scales_mins16(b.scales);
     const __m128i sc = _mm256_castsi256_si128(sm);
-    const __m256i low = _mm256_set1_epi8(0x0F), bit = _mm256_set1_epi8(0x10);
-    const __m256i hi = load32(b.qh);
+    const uint8_t* xq = reinterpret_cast<const uint8_t*>(xb.qs);
     dot = _mm256_setzero_si256();
     for (int p = 0; p < 4; ++p) {
-      const __m256i v = load32(b.qs + 32 * p);
-      const __m256i h0 = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hi, 2 * p), 4), bit);
-      const __m256i h1 = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hi, 2 * p + 1), 4), bit);
-      const __m256i x0 = load32(reinterpret_cast<const uint8_t*>(xb.qs) + 64 * p);
-      const __m256i x1 = load32(reinterpret_cast<const uint8_t*>(xb.qs) + 64 * p + 32);
-      const __m256i p0 = _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(v, low), h0), x0);
-      const __m256i p1 = _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), h1), x1);
+      __m256i v0, v1;
+      values(b, p, v0, v1);
+      const __m256i p0 = _mm256_maddubs_epi16(v0, load32(xq + 64 * p));
+      const __m256i p1 = _mm256_maddubs_epi16(v1, load32(xq + 64 * p + 32));
       dot = _mm256_add_epi32(dot, _mm256_add_epi32(_mm256_madd_epi16(p0, spread16(sc, 2 * p)),
                                                    _mm256_madd_epi16(p1, spread16(sc, 2 * p + 1))));
     }
     corr = min_corr(sm, xb);
   }
 };
+using Q4_K = K4<BlockQ4_K, false>;
+using Q5_K = K4<BlockQ5_K, true>;
 
 struct Q6_K {
   using Block = BlockQ6_K;
@@ -232,8 +208,8 @@ inline void unpack_panel(const uint8_t* const* wrow, int64_t sb, Unpacked* u, __
 
 // Chunk of activation rows against a panel of 8 weight rows.
 template <class W>
-void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs, int64_t nsb, int mc, float* y,
-           int64_t ldy, int nvalid) {
+void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs, const int32_t*, int64_t nsb, int mc,
+           float* y, int64_t ldy, int nvalid) {
   __m256 acc[kChunk];
   for (int i = 0; i < mc; ++i) acc[i] = _mm256_setzero_ps();
   Unpacked u[kPanel];
@@ -289,7 +265,8 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
 // One activation row against a panel (decode): each weight row's integer sums straight from its
 // block (W::row_dot, no unpacking to memory) as 8 lanes, then summed across lanes (exact) into lane r.
 template <class W>
-void panel_row(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t nsb, float* y, int nvalid) {
+void panel_row(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, const int32_t*, int64_t nsb, float* y,
+               int nvalid) {
   using Block = typename W::Block;
   __m256 acc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
@@ -312,21 +289,6 @@ void panel_row(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t
 }
 
 template <class W>
-void rows(const uint8_t* w, int64_t ws, const uint8_t* x, int64_t xs, const int32_t*, int64_t m, int64_t nsb,
-          float* y, int64_t ldy, int64_t n0, int64_t n1, const uint8_t* zero_row) {
-  for (int64_t m0 = 0; m0 < m; m0 += kChunk) {
-    const int mc = static_cast<int>(m - m0 < kChunk ? m - m0 : kChunk);
-    for (int64_t n = n0; n < n1; n += kPanel) {
-      const uint8_t* wrow[kPanel];
-      for (int r = 0; r < kPanel; ++r) wrow[r] = n + r < n1 ? w + (n + r) * ws : zero_row;
-      const int nvalid = static_cast<int>(n1 - n < kPanel ? n1 - n : kPanel);
-      if (mc <= kRowwise) {
-        for (int i = 0; i < mc; ++i) panel_row<W>(wrow, ws, x + (m0 + i) * xs, nsb, y + (m0 + i) * ldy + n, nvalid);
-        continue;
-      }
-      panel<W>(wrow, ws, x + m0 * xs, xs, nsb, mc, y + m0 * ldy + n, ldy, nvalid);
-    }
-  }
-}
+constexpr auto rows = blockgemm::drive<kRowwise, &panel<W>, &panel_row<W>>;
 
 }  // namespace kquant
