@@ -174,7 +174,7 @@ class Tokenizer:
             if any(len(m) != 2 for m in merges):
                 raise ModelFormatError(f"{path}: malformed entry in tokenizer.ggml.merges")
         # transformers builds gemma's and phi3's SentencePiece differently; runlm runs neither
-        if kind not in ("gpt2", "llama") or arch in ("gemma", "gemma2", "gemma3", "phi3"):
+        if kind not in ("gpt2", "llama") or (kind == "llama" and arch in ("gemma", "gemma2", "gemma3", "phi3")):
             raise ModelFormatError(f"{path}: tokenizer {kind!r} (architecture {arch!r}) is not supported; "
                                    f"runlm reads 'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies")
         if kind == "llama" and merges is None and scores is None:

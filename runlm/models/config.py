@@ -6,17 +6,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runlm.formats import ModelFormatError
+from runlm.formats.architectures import (
+    DECODER_GGUF_ARCHS,
+    DECODER_HF_ARCHS,
+    DECODER_HF_MODEL_TYPES,
+    supported_decoders,
+)
 
-# HF `architectures[0]` / `model_type` -> our family name.
-_HF_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
-DECODER_FAMILIES = frozenset(_HF_ARCHITECTURES.values())
-# GGUF general.architecture values that are Llama-family decoders.
-_GGUF_FAMILIES = {"llama": "llama", "mistral": "mistral", "smollm": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+DECODER_FAMILIES = frozenset(DECODER_HF_ARCHS.values())
+# local:global layer patterns where a file names none (every n-th layer is global), as llama.cpp fixes them
+_SLIDING_PATTERN = {"gemma2": 2, "gemma3": 6}
 
 
 @dataclass(slots=True)
@@ -37,8 +36,28 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
+    # per layer "sliding_attention" or "full_attention"; None: sliding_window (if any) applies to every layer
+    layer_types: list[str] | None = None
+    hidden_act: str = "silu"              # the MLP's gate activation: "silu" or "gelu_tanh"
+    embed_scale: float | None = None      # embeddings multiplied by this (Gemma: sqrt(hidden_size))
+    norm_offset: float = 0.0              # added to every stored norm weight (HF Gemma's 1 + w convention)
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power (default head_dim)
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    rope_local_theta: float | None = None  # RoPE base of sliding-window layers, when it differs (Gemma 3)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The attention window of ``layer`` (None: it attends to the whole context)."""
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
+
+    @property
+    def sandwich_norms(self) -> bool:
+        """Gemma 2/3: norms after attention and after the MLP as well as before them."""
+        return self.family in ("gemma2", "gemma3")
 
     @property
     def num_params(self) -> int:
@@ -51,19 +70,31 @@ class ModelConfig:
     def from_hf(cls, cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
         arch = (cfg.get("architectures") or [None])[0]
         model_type = cfg.get("model_type")
-        family = _HF_ARCHITECTURES.get(arch) or (model_type if model_type in DECODER_FAMILIES else None)
+        family = DECODER_HF_ARCHS.get(arch) or DECODER_HF_MODEL_TYPES.get(model_type) \
+            or (model_type if model_type in DECODER_FAMILIES else None)
         if family is None:
             raise ModelFormatError(f"{source}: architecture {arch or cfg.get('model_type')!r} is not a supported "
-                                   f"decoder (supported: {', '.join(sorted(_HF_ARCHITECTURES))})")
+                                   f"decoder (supported: {supported_decoders()})")
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         eos = cfg.get("eos_token_id")
         scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
         theta = cfg.get("rope_theta")
+        local_theta = cfg.get("rope_local_base_freq")
+        if isinstance(scaling, Mapping) and "full_attention" in scaling:  # per layer type (Gemma 3)
+            local_theta = (scaling.get("sliding_attention") or {}).get("rope_theta", local_theta)
+            scaling = scaling["full_attention"]
         if isinstance(scaling, Mapping):
             theta = theta or scaling.get("rope_theta")
             if scaling.get("rope_type", scaling.get("type", "default")) == "default":
                 scaling = None
+        gemma = family in ("gemma2", "gemma3")
+        layer_types = cfg.get("layer_types")
+        if gemma and not layer_types:  # configs written before transformers named each layer's type
+            n = int(cfg.get("sliding_window_pattern") or _SLIDING_PATTERN[family])
+            layer_types = ["sliding_attention" if (i + 1) % n else "full_attention"
+                           for i in range(int(cfg["num_hidden_layers"]))]
+        sliding = cfg.get("use_sliding_window", family == "mistral" or gemma)
         return cls(
             family=family, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
@@ -74,8 +105,15 @@ class ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", family == "qwen2")),
-            qk_norm=family == "qwen3",
-            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", family == "mistral") else None,
+            qk_norm=family in ("qwen3", "gemma3"),
+            sliding_window=cfg.get("sliding_window") if sliding else None,
+            layer_types=list(layer_types) if gemma and layer_types else None,
+            hidden_act="gelu_tanh" if gemma else "silu",
+            embed_scale=hidden ** 0.5 if gemma else None, norm_offset=1.0 if gemma else 0.0,
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
+            attn_logit_softcap=cfg.get("attn_logit_softcapping"),
+            final_logit_softcap=cfg.get("final_logit_softcapping"),
+            rope_local_theta=float(local_theta) if gemma and local_theta else None,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=[int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])],
         )
@@ -83,9 +121,10 @@ class ModelConfig:
     @classmethod
     def from_gguf(cls, gguf: Any) -> ModelConfig:
         arch = gguf.architecture
-        family = _GGUF_FAMILIES.get(arch)
+        family = DECODER_GGUF_ARCHS.get(arch)
         if family is None:
-            raise ModelFormatError(f"{gguf.path}: GGUF architecture {arch!r} is not a supported decoder")
+            raise ModelFormatError(f"{gguf.path}: GGUF architecture {arch!r} is not a supported decoder "
+                                   f"(supported: {supported_decoders()})")
 
         def get(key: str, default: Any = None) -> Any:
             return gguf.metadata.get(f"{arch}.{key}", default)
@@ -104,9 +143,16 @@ class ModelConfig:
             if get("rope.scaling.original_context_length"):
                 scaling["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
         eos = gguf.metadata.get("tokenizer.ggml.eos_token_id")
+        window, layer_types = get("attention.sliding_window"), None
+        layers = int(get("block_count"))
+        pattern = get("attention.sliding_window_pattern", _SLIDING_PATTERN.get(arch))
+        if window and pattern:  # llama.cpp: layer i is local unless i % pattern == pattern - 1
+            pattern = pattern if isinstance(pattern, list) else [i % pattern < pattern - 1 for i in range(layers)]
+            layer_types = ["sliding_attention" if p else "full_attention" for p in pattern]
+        gemma = family in ("gemma2", "gemma3")
         return cls(
             family=family, vocab_size=int(vocab), hidden_size=hidden,
-            intermediate_size=int(get("feed_forward_length")), num_layers=int(get("block_count")),
+            intermediate_size=int(get("feed_forward_length")), num_layers=layers,
             num_heads=heads, num_kv_heads=int(kv_heads if not isinstance(kv_heads, list) else kv_heads[0]),
             head_dim=head_dim, rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=scaling,
@@ -114,7 +160,13 @@ class ModelConfig:
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,
-            sliding_window=get("attention.sliding_window"),
+            sliding_window=window, layer_types=layer_types,
+            hidden_act="gelu_tanh" if gemma else "silu", embed_scale=hidden ** 0.5 if gemma else None,
+            # llama.cpp scales queries by key_length ** -0.5 (query_pre_attn_scalar = head_dim, as Gemma's
+            # released models but 27B have), unless the file says otherwise
+            query_pre_attn_scalar=get("attention.scale") ** -2 if get("attention.scale") else None,
+            attn_logit_softcap=get("attn_logit_softcapping"), final_logit_softcap=get("final_logit_softcapping"),
+            rope_local_theta=get("rope.freq_base_swa", 10000.0 if family == "gemma3" else None),
             bos_token_id=gguf.metadata.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[int(eos)] if eos is not None else [],
         )

@@ -6,6 +6,7 @@ decode step is bound by), and ``load_weights`` stacks the separate checkpoint te
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -48,8 +49,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
-        self.scale = cfg.head_dim ** -0.5
-        self.window = cfg.sliding_window
+        self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+        self.window = cfg.layer_window(layer)
+        self.softcap = cfg.attn_logit_softcap
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
@@ -60,7 +62,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(positions, q, k)
-        o = write_kv_and_attend(self.layer, q, k, v, self.scale, self.window)
+        o = write_kv_and_attend(self.layer, q, k, v, self.scale, self.window, self.softcap)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -69,10 +71,16 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act = _ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
+
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
+}
 
 
 class DecoderLayer(nn.Module):
@@ -89,14 +97,20 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    layer_cls: type[nn.Module] = DecoderLayer
+    supports_fused = True  # whether _forward_fused computes this model's layers
+
     def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
+        length = min(cfg.max_position_embeddings, 8192)
         with torch.device("cpu"):  # tables are real data even when the module is built on "meta"
-            rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
-                                   min(cfg.max_position_embeddings, 8192), rope_freq_factors)
+            rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, length, rope_freq_factors)
+            # sliding-window layers with a RoPE base of their own (Gemma 3) rotate unscaled
+            local = RotaryEmbedding(cfg.head_dim, cfg.rope_local_theta, None, length) if cfg.rope_local_theta else rope
         self.rope = rope
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rope) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i, local if cfg.layer_window(i) else rope)
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
         self._plan: list[_FusedLayer] | None = None  # built at the first fused forward
@@ -170,11 +184,12 @@ _STACKED = {
 
 class LlamaForCausalLM(nn.Module):
     """forward(input_ids [T], positions [T]) -> hidden [T, H]; compute_logits(hidden) -> [N, vocab]."""
+    model_cls: type[LlamaModel] = LlamaModel
 
     def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, rope_freq_factors)
+        self.model = self.model_cls(cfg, rope_freq_factors)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # tied embeddings stored quantized: the logits read the blocks (int8 or as stored)
         self.tied_head: Linear | None = None

@@ -28,16 +28,21 @@ _GGUF_LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
 }
+# Gemma's sandwich norms: llama.cpp's ffn_norm is the norm before the MLP there too, but HF names it apart
+_GEMMA_LAYER_NAMES = {**_GGUF_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                      "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_GGUF_LAYER_NAMES_BY_ARCH = {"gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES}
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # llama.cpp stores Q/K of these architectures in the interleaved ("normal") RoPE layout.
 _INTERLEAVED_ROPE_ARCHS = {"llama", "mistral", "smollm"}
 
 
-def hf_name_for_gguf(name: str) -> str | None:
+def hf_name_for_gguf(name: str, arch: str = "llama") -> str | None:
     """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None for non-weights)."""
+    layer_names = _GGUF_LAYER_NAMES_BY_ARCH.get(arch, _GGUF_LAYER_NAMES)
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m and m.group(2) in _GGUF_LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in layer_names:
+        return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{m.group(3)}"
     m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
     if m and m.group(1) in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
@@ -67,7 +72,7 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
     for name, info in gguf.tensors.items():
         if name == "rope_freqs.weight":
             continue
-        hf = hf_name_for_gguf(name)
+        hf = hf_name_for_gguf(name, gguf.architecture)
         if hf is None:
             raise ModelFormatError(f"{gguf.path}: tensor {name!r} is not part of a {gguf.architecture} decoder")
         matrix = hf.endswith(".weight") and len(info.shape) == 2
