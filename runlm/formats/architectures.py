@@ -17,10 +17,11 @@ DECODER_HF_ARCHS: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 DECODER_GGUF_ARCHS: dict[str, str] = {
     "llama": "llama", "mistral": "mistral", "smollm": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-    "gemma2": "gemma2", "gemma3": "gemma3",
+    "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
 }
 # HF ``model_type`` values whose name differs from the family's
 DECODER_HF_MODEL_TYPES: dict[str, str] = {"gemma3_text": "gemma3"}

@@ -45,6 +45,7 @@ class ModelConfig:
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
     rope_local_theta: float | None = None  # RoPE base of sliding-window layers, when it differs (Gemma 3)
+    partial_rotary_factor: float = 1.0    # RoPE rotates the first head_dim * this features of each head
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -53,6 +54,10 @@ class ModelConfig:
         if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
             return None
         return self.sliding_window
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def sandwich_norms(self) -> bool:
@@ -84,17 +89,21 @@ class ModelConfig:
         if isinstance(scaling, Mapping) and "full_attention" in scaling:  # per layer type (Gemma 3)
             local_theta = (scaling.get("sliding_attention") or {}).get("rope_theta", local_theta)
             scaling = scaling["full_attention"]
+        partial = cfg.get("partial_rotary_factor")
         if isinstance(scaling, Mapping):
             theta = theta or scaling.get("rope_theta")
+            partial = partial or scaling.get("partial_rotary_factor")
             if scaling.get("rope_type", scaling.get("type", "default")) == "default":
                 scaling = None
+        if scaling and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
+            scaling = _longrope_scaling(scaling, cfg)
         gemma = family in ("gemma2", "gemma3")
         layer_types = cfg.get("layer_types")
         if gemma and not layer_types:  # configs written before transformers named each layer's type
             n = int(cfg.get("sliding_window_pattern") or _SLIDING_PATTERN[family])
             layer_types = ["sliding_attention" if (i + 1) % n else "full_attention"
                            for i in range(int(cfg["num_hidden_layers"]))]
-        sliding = cfg.get("use_sliding_window", family == "mistral" or gemma)
+        sliding = cfg.get("use_sliding_window", family in ("mistral", "phi3") or gemma)
         return cls(
             family=family, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
@@ -114,6 +123,7 @@ class ModelConfig:
             attn_logit_softcap=cfg.get("attn_logit_softcapping"),
             final_logit_softcap=cfg.get("final_logit_softcapping"),
             rope_local_theta=float(local_theta) if gemma and local_theta else None,
+            partial_rotary_factor=float(partial or 1.0),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=[int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])],
         )
@@ -142,6 +152,15 @@ class ModelConfig:
             scaling = {"rope_type": stype, "factor": float(get("rope.scaling.factor", 1.0))}
             if get("rope.scaling.original_context_length"):
                 scaling["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
+        if "rope_factors_long.weight" in tensors:  # Phi-3's LongRoPE: the factors are tensors of the file
+            orig = int(get("rope.scaling.original_context_length"))
+            scaling = {"rope_type": "longrope", "original_max_position_embeddings": orig,
+                       "factor": int(get("context_length")) / orig,
+                       "long_factor": gguf.load("rope_factors_long.weight").tolist(),
+                       "short_factor": gguf.load("rope_factors_short.weight").tolist()}
+            if get("rope.scaling.attn_factor") is not None:
+                scaling["attention_factor"] = float(get("rope.scaling.attn_factor"))
+        rotary = get("rope.dimension_count")
         eos = gguf.metadata.get("tokenizer.ggml.eos_token_id")
         window, layer_types = get("attention.sliding_window"), None
         layers = int(get("block_count"))
@@ -160,7 +179,8 @@ class ModelConfig:
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,
-            sliding_window=window, layer_types=layer_types,
+            sliding_window=window or None, layer_types=layer_types,
+            partial_rotary_factor=int(rotary) / head_dim if rotary else 1.0,
             hidden_act="gelu_tanh" if gemma else "silu", embed_scale=hidden ** 0.5 if gemma else None,
             # llama.cpp scales queries by key_length ** -0.5 (query_pre_attn_scalar = head_dim, as Gemma's
             # released models but 27B have), unless the file says otherwise
@@ -170,3 +190,13 @@ class ModelConfig:
             bos_token_id=gguf.metadata.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[int(eos)] if eos is not None else [],
         )
+
+
+def _longrope_scaling(scaling: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """LongRoPE's parameters as transformers reads them: original_max_position_embeddings may sit beside
+    rope_scaling, and the factor, when absent, is max_position_embeddings over it."""
+    out = dict(scaling)
+    orig = int(out.get("original_max_position_embeddings") or cfg["original_max_position_embeddings"])
+    out["original_max_position_embeddings"] = orig
+    out["factor"] = out.get("factor") or int(cfg["max_position_embeddings"]) / orig
+    return out

@@ -40,7 +40,6 @@ class GemmaDecoderLayer(nn.Module):
 
 class GemmaModel(LlamaModel):
     layer_cls = GemmaDecoderLayer
-    supports_fused = False
 
     def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
         super().__init__(cfg, rope_freq_factors)

@@ -98,13 +98,13 @@ class DecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     layer_cls: type[nn.Module] = DecoderLayer
-    supports_fused = True  # whether _forward_fused computes this model's layers
 
     def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
         length = min(cfg.max_position_embeddings, 8192)
         with torch.device("cpu"):  # tables are real data even when the module is built on "meta"
-            rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, length, rope_freq_factors)
+            rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, length, rope_freq_factors,
+                                   cfg.rotary_dim)
             # sliding-window layers with a RoPE base of their own (Gemma 3) rotate unscaled
             local = RotaryEmbedding(cfg.head_dim, cfg.rope_local_theta, None, length) if cfg.rope_local_theta else rope
         self.rope = rope
@@ -112,6 +112,8 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(self.layer_cls(cfg, i, local if cfg.layer_window(i) else rope)
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # whether _forward_fused computes this model's layers (one whole-head RoPE table, Llama's layer)
+        self.supports_fused = self.layer_cls is DecoderLayer and rope.fusable
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
         self._plan: list[_FusedLayer] | None = None  # built at the first fused forward
 
@@ -182,6 +184,9 @@ _STACKED = {
 }
 
 
+_WHOLE = -1  # shard key of a checkpoint tensor that is the whole parameter
+
+
 class LlamaForCausalLM(nn.Module):
     """forward(input_ids [T], positions [T]) -> hidden [T, H]; compute_logits(hidden) -> [N, vocab]."""
     model_cls: type[LlamaModel] = LlamaModel
@@ -245,7 +250,7 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in weights:
             if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
                 continue  # tied checkpoints sometimes carry a copy
-            target, shard = name, 0
+            target, shard = name, _WHOLE  # a fused parameter stored fused (Phi-3's qkv_proj, gate_up_proj)
             for frag, (fused_frag, index) in _STACKED.items():
                 if frag in name:
                     target, shard = name.replace(frag, fused_frag), index
@@ -256,11 +261,12 @@ class LlamaForCausalLM(nn.Module):
         if unexpected:
             raise KeyError(f"unexpected weight {unexpected[0]!r}")
         missing = [f"{name}#{i}" for name in params for i in range(self._num_shards(name))
-                   if i not in shards.get(name, {})]
+                   if i not in shards.get(name, {}) and _WHOLE not in shards.get(name, {})]
         if missing:
             raise KeyError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
         for name, parts in shards.items():
-            self._set_weight(name, [parts[i] for i in range(self._num_shards(name))])
+            self._set_weight(name, [parts[_WHOLE]] if _WHOLE in parts else
+                             [parts[i] for i in range(self._num_shards(name))])
 
     def _set_weight(self, name: str, values: list[Weight]) -> None:
         module_name, attr = name.rsplit(".", 1)

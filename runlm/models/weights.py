@@ -31,7 +31,11 @@ _GGUF_LAYER_NAMES = {
 # Gemma's sandwich norms: llama.cpp's ffn_norm is the norm before the MLP there too, but HF names it apart
 _GEMMA_LAYER_NAMES = {**_GGUF_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
                       "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
-_GGUF_LAYER_NAMES_BY_ARCH = {"gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES}
+# Phi-3 stores Q/K/V as one matrix and gate/up as one (ffn_up, the gate's rows first)
+_PHI3_LAYER_NAMES = {**_GGUF_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_GGUF_LAYER_NAMES_BY_ARCH = {"gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
+# tensors that configure the model rather than weigh it (RoPE factors: see ModelConfig.from_gguf)
+_GGUF_NOT_WEIGHTS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # llama.cpp stores Q/K of these architectures in the interleaved ("normal") RoPE layout.
 _INTERLEAVED_ROPE_ARCHS = {"llama", "mistral", "smollm"}
@@ -70,7 +74,7 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
     """
     permute = mode != "ggml" and gguf_rope_interleaved(gguf)
     for name, info in gguf.tensors.items():
-        if name == "rope_freqs.weight":
+        if name in _GGUF_NOT_WEIGHTS:
             continue
         hf = hf_name_for_gguf(name, gguf.architecture)
         if hf is None:

@@ -25,10 +25,13 @@ from tests.fixtures.gguf_convert import converted_gguf
 from tests.fixtures.models import FAMILY_RECIPES
 from tests.models.test_llama import _check, _prompt
 
-# Fast mode on Q8_0 against exact mode on the f32 file, mean KL over 1024 tokens of english_text():
-# measured 0.0017 (gemma2) and 0.0016 (gemma3); the bound leaves a 3x margin. (llama.cpp's own figure on
-# smollm2 Q4_1, test_fast_numerics.py, is 0.0032.)
-FAST_KL_BOUND = 0.005
+# Fast mode on the converter's Q8_0 file against exact mode on its f32 file, mean KL over 1024 tokens of
+# english_text(), measured: gemma2 0.0017, gemma3 0.0016, phi3 0.029. llama.cpp (llama-cpp-python 0.3.36,
+# logits_all) on the same Q8_0 files, first 512 tokens: gemma2 0.00173 (runlm 0.00171), gemma3 0.00169
+# (runlm 0.00170); its f32 logits agree with exact mode's to KL < 1e-6. llama.cpp cannot read the phi3 test
+# file's substituted BPE vocabulary; there the Q8_0 weights alone (exact mode on the Q8_0 file) already
+# give 0.019: LongRoPE's attention factor sharpens this random model's attention. Bounds: ~2-3x measured.
+FAST_KL_BOUND = {"gemma2": 0.005, "gemma3": 0.005, "phi3": 0.06}
 KL_POSITIONS = 1024
 
 
@@ -63,8 +66,10 @@ def test_fast_mode_kl_divergence_from_exact_mode(recipe: str) -> None:
     ids = exact.tokenizer.encode(english_text())[:KL_POSITIONS]
     reference, ours = all_logits(exact.model, ids), all_logits(fast.model, ids)
     kl = mean_kl(reference, ours)
-    assert 0 < kl < FAST_KL_BOUND, f"fast mode's KL divergence {kl:.6f}"
-    assert (reference.argmax(-1) == ours.argmax(-1)).float().mean() > 0.9
+    assert 0 < kl < FAST_KL_BOUND[recipe], f"fast mode's KL divergence {kl:.6f}"
+    # these random models' next-token distributions are flat (top probability ~0.05): the generated Llama
+    # model's Q8_0 file agrees on 84% of top-1 tokens the same way
+    assert (reference.argmax(-1) == ours.argmax(-1)).float().mean() > 0.75
 
 
 @pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
@@ -79,3 +84,14 @@ def test_engine_fast_mode_is_batch_invariant_and_reuses_prefixes(recipe: str) ->
         alone = llm.generate([prompt], params)[0].outputs[0]  # the prompt's blocks now come from the prefix cache
         assert alone.token_ids == out.outputs[0].token_ids
         assert alone.logprobs == out.outputs[0].logprobs
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+def test_longrope_switches_from_short_to_long_factors_as_transformers_does(fmt: str, tiny_model) -> None:
+    """A 40-token prompt is rotated with the short factors; greedy decoding passes the 64 original positions,
+    after which new tokens use the long ones (cached keys keep their rotation, as in transformers)."""
+    source = tiny_model("phi3")
+    loaded = load_decoder(source if fmt == "safetensors" else converted_gguf("phi3"), exact_numerics=True)
+    rope = loaded.model.model.rope
+    assert rope.long is not None and rope.long_after == 64 and rope.rotary_dim == 8
+    _check(loaded, _reference(source), _prompt(loaded.config.vocab_size, 40))
