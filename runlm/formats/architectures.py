@@ -18,10 +18,15 @@ DECODER_HF_ARCHS: dict[str, str] = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Phi3ForCausalLM": "phi3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "OlmoeForCausalLM": "olmoe",
 }
 DECODER_GGUF_ARCHS: dict[str, str] = {
     "llama": "llama", "mistral": "mistral", "smollm": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
     "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
+    "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe",  # Mixtral's files say "llama"
 }
 # HF ``model_type`` values whose name differs from the family's
 DECODER_HF_MODEL_TYPES: dict[str, str] = {"gemma3_text": "gemma3"}

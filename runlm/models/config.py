@@ -46,6 +46,15 @@ class ModelConfig:
     final_logit_softcap: float | None = None
     rope_local_theta: float | None = None  # RoPE base of sliding-window layers, when it differs (Gemma 3)
     partial_rotary_factor: float = 1.0    # RoPE rotates the first head_dim * this features of each head
+    qk_norm_whole: bool = False           # q/k RMSNorm over the whole projection, not per head (OLMoE)
+    clip_qkv: float | None = None         # q, k, v clamped to +-this (OLMoE)
+    # mixture of experts (num_experts 0: a dense MLP in every layer)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0        # each expert's (0: intermediate_size)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert, scaled by a sigmoid gate
+    norm_topk_prob: bool = False          # renormalize the chosen experts' probabilities to sum to 1
+    dense_layers: list[int] = field(default_factory=list)  # layers with a dense MLP in a MoE model
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -64,12 +73,32 @@ class ModelConfig:
         """Gemma 2/3: norms after attention and after the MLP as well as before them."""
         return self.family in ("gemma2", "gemma3")
 
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer not in self.dense_layers
+
+    @property
+    def expert_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    def _params(self, experts: int) -> int:
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attention = h * (q + 2 * kv) + q * h + 2 * h
+        moe = experts * 3 * h * self.expert_size + self.num_experts * h \
+            + (3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0)
+        layers = sum(attention + (moe if self.is_moe_layer(i) else 3 * h * self.intermediate_size)
+                     for i in range(self.num_layers))
+        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return layers + emb + h
+
     @property
     def num_params(self) -> int:
-        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + emb + h
+        """Every weight, every expert included (what memory must hold)."""
+        return self._params(self.num_experts)
+
+    @property
+    def num_active_params(self) -> int:
+        """The weights one token reads: only its num_experts_per_tok experts."""
+        return self._params(self.num_experts_per_tok)
 
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
@@ -98,6 +127,10 @@ class ModelConfig:
         if scaling and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
             scaling = _longrope_scaling(scaling, cfg)
         gemma = family in ("gemma2", "gemma3")
+        experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+        layers = int(cfg["num_hidden_layers"])
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        dense = [i for i in range(layers) if i in (cfg.get("mlp_only_layers") or []) or (i + 1) % step]
         layer_types = cfg.get("layer_types")
         if gemma and not layer_types:  # configs written before transformers named each layer's type
             n = int(cfg.get("sliding_window_pattern") or _SLIDING_PATTERN[family])
@@ -113,8 +146,15 @@ class ModelConfig:
             rope_scaling=dict(scaling) if scaling else None,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", family == "qwen2")),
-            qk_norm=family in ("qwen3", "gemma3"),
+            attention_bias=bool(cfg.get("attention_bias", cfg.get("qkv_bias", family in ("qwen2", "qwen2_moe")))),
+            qk_norm=family in ("qwen3", "gemma3", "qwen3_moe", "olmoe"), qk_norm_whole=family == "olmoe",
+            clip_qkv=cfg.get("clip_qkv"),
+            num_experts=experts, num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+            shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+            # Mixtral always renormalizes; the Qwen MoEs and OLMoE say so in norm_topk_prob
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", family == "mixtral")),
+            dense_layers=dense if experts else [],
             sliding_window=cfg.get("sliding_window") if sliding else None,
             layer_types=list(layer_types) if gemma and layer_types else None,
             hidden_act="gelu_tanh" if gemma else "silu",
@@ -169,6 +209,10 @@ class ModelConfig:
             pattern = pattern if isinstance(pattern, list) else [i % pattern < pattern - 1 for i in range(layers)]
             layer_types = ["sliding_attention" if p else "full_attention" for p in pattern]
         gemma = family in ("gemma2", "gemma3")
+        experts = int(get("expert_count") or 0)
+        if experts and family == "llama":
+            family = "mixtral"
+        q_norm = tensors.get("blk.0.attn_q_norm.weight")
         return cls(
             family=family, vocab_size=int(vocab), hidden_size=hidden,
             intermediate_size=int(get("feed_forward_length")), num_layers=layers,
@@ -178,7 +222,13 @@ class ModelConfig:
             max_position_embeddings=int(get("context_length", 2048)),
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
-            qk_norm="blk.0.attn_q_norm.weight" in tensors,
+            qk_norm=q_norm is not None, qk_norm_whole=q_norm is not None and q_norm.shape[-1] != head_dim,
+            num_experts=experts, num_experts_per_tok=int(get("expert_used_count") or 0),
+            moe_intermediate_size=int(get("expert_feed_forward_length") or 0),
+            shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length") or 0),
+            # llama.cpp's per-architecture choice where the file does not say
+            norm_topk_prob=bool(get("expert_weights_norm", family in ("mixtral", "qwen3_moe"))),
+            dense_layers=[i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors] if experts else [],
             sliding_window=window or None, layer_types=layer_types,
             partial_rotary_factor=int(rotary) / head_dim if rotary else 1.0,
             hidden_act="gelu_tanh" if gemma else "silu", embed_scale=hidden ** 0.5 if gemma else None,

@@ -44,11 +44,12 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         # Llama/Mistral's attention_bias also covers o_proj; Qwen2's bias is on q/k/v only.
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias and cfg.family != "qwen2")
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.qk_norm = cfg.qk_norm
+        self.o_proj = Linear(self.q_size, cfg.hidden_size,
+                             bias=cfg.attention_bias and cfg.family not in ("qwen2", "qwen2_moe"))
+        if cfg.qk_norm:  # per head, or (OLMoE) over the whole projection
+            self.q_norm = RMSNorm(self.q_size if cfg.qk_norm_whole else cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.kv_size if cfg.qk_norm_whole else cfg.head_dim, cfg.rms_norm_eps)
+        self.qk_norm, self.qk_norm_whole, self.clip = cfg.qk_norm, cfg.qk_norm_whole, cfg.clip_qkv
         self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
         self.window = cfg.layer_window(layer)
         self.softcap = cfg.attn_logit_softcap
@@ -56,10 +57,14 @@ class Attention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.heads, self.head_dim)
-        k = k.view(t, self.kv_heads, self.head_dim)
-        v = v.view(t, self.kv_heads, self.head_dim)
-        if self.qk_norm:
+        if self.qk_norm_whole:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip:
+            q, k, v = (t_.clamp(-self.clip, self.clip) for t_ in (q, k, v))
+        q = q.reshape(t, self.heads, self.head_dim)
+        k = k.reshape(t, self.kv_heads, self.head_dim)
+        v = v.reshape(t, self.kv_heads, self.head_dim)
+        if self.qk_norm and not self.qk_norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(positions, q, k)
         o = write_kv_and_attend(self.layer, q, k, v, self.scale, self.window, self.softcap)
@@ -67,10 +72,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        size = intermediate_size or cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * size, bias=False)
+        self.down_proj = Linear(size, cfg.hidden_size, bias=False)
         self.act = _ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -231,15 +237,9 @@ class LlamaForCausalLM(nn.Module):
             elif isinstance(m, Embedding):
                 m.ggml = None
 
-    def _shard_sizes(self, fused: str) -> list[int]:
-        c = self.config
-        if fused == ".qkv_proj.":
-            return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
-        return [c.intermediate_size, c.intermediate_size]
-
-    def _num_shards(self, param: str) -> int:
-        fragment = next((f for f in (".qkv_proj.", ".gate_up_proj.") if f in param), None)
-        return len(self._shard_sizes(fragment)) if fragment else 1
+    @staticmethod
+    def _num_shards(param: str) -> int:
+        return 3 if ".qkv_proj." in param else 2 if ".gate_up_proj." in param else 1
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:

@@ -15,6 +15,7 @@ from runlm.kernels import fused, ggml
 from runlm.models.config import ModelConfig
 from runlm.models.gemma import GemmaForCausalLM
 from runlm.models.llama import LlamaForCausalLM
+from runlm.models.moe import MoeForCausalLM
 from runlm.models.pooling import has_sentence_transformers_pooling
 from runlm.models.weights import (
     gguf_rope_interleaved,
@@ -64,7 +65,8 @@ def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> 
     """No storage and no random init: load_weights materializes each parameter it fills (and a layer
     served from GGUF blocks never gets an fp32 weight)."""
     with torch.device("meta"):
-        return _MODEL_CLASSES.get(cfg.family, LlamaForCausalLM)(cfg, freq_factors)
+        cls = MoeForCausalLM if cfg.num_experts else _MODEL_CLASSES.get(cfg.family, LlamaForCausalLM)
+        return cls(cfg, freq_factors)
 
 
 # families whose decoder differs from Llama's (every other one is LlamaForCausalLM, configured by ModelConfig)

@@ -27,6 +27,12 @@ _GGUF_LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    # mixtures of experts: the router, each layer's experts stacked in one tensor per projection ({e}: the
+    # expert), and Qwen2-MoE's shared expert with its gate
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
+    "ffn_down_exps": "mlp.experts.{e}.down_proj", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 # Gemma's sandwich norms: llama.cpp's ffn_norm is the norm before the MLP there too, but HF names it apart
 _GEMMA_LAYER_NAMES = {**_GGUF_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
@@ -79,6 +85,9 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
         hf = hf_name_for_gguf(name, gguf.architecture)
         if hf is None:
             raise ModelFormatError(f"{gguf.path}: tensor {name!r} is not part of a {gguf.architecture} decoder")
+        if "{e}" in hf:
+            yield from _experts(gguf, name, hf, mode)
+            continue
         matrix = hf.endswith(".weight") and len(info.shape) == 2
         if mode == "ggml" and matrix and info.qtype != "F32" and ggml.supported(ggml_type(info.qtype)):
             yield hf, GGMLWeight(gguf.raw_tensor(name), ggml_type(info.qtype), *info.shape)
@@ -90,6 +99,21 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
         if permute and heads:
             parts = [_unpermute(t, heads) for t in parts]
         yield hf, parts[0] if len(parts) == 1 else BlockQuantized(*parts)
+
+
+def _experts(gguf: GGUFFile, name: str, template: str, mode: str) -> Iterator[tuple[str, Weight]]:
+    """One weight per expert of a stacked [experts, rows, cols] tensor: views of the file's blocks in "ggml"
+    mode (the experts stay quantized), dequantized fp32 otherwise."""
+    info = gguf.tensors[name]
+    experts, rows, cols = info.shape
+    if mode == "ggml" and info.qtype != "F32" and ggml.supported(ggml_type(info.qtype)):
+        raw = gguf.raw_tensor(name).view(experts, rows, -1)
+        for e in range(experts):
+            yield template.format(e=e), GGMLWeight(raw[e], ggml_type(info.qtype), rows, cols)
+        return
+    stacked = gguf.load(name)
+    for e in range(experts):
+        yield template.format(e=e), stacked[e]
 
 
 def read_hf_config(directory: Path) -> dict:

