@@ -82,7 +82,11 @@ class ModelConfig:
 
     def _params(self, experts: int) -> int:
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attention = h * (q + 2 * kv) + q * h + 2 * h
+        attention = h * (q + 2 * kv) + q * h + (4 if self.sandwich_norms else 2) * h
+        if self.attention_bias:  # Llama's covers o_proj too, Qwen2's only q, k and v
+            attention += q + 2 * kv + (h if self.family not in ("qwen2", "qwen2_moe") else 0)
+        if self.qk_norm:
+            attention += q + kv if self.qk_norm_whole else 2 * self.head_dim
         moe = experts * 3 * h * self.expert_size + self.num_experts * h \
             + (3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0)
         layers = sum(attention + (moe if self.is_moe_layer(i) else 3 * h * self.intermediate_size)

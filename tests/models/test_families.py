@@ -23,7 +23,7 @@ from runlm.models.evaluate import all_logits, english_text, mean_kl
 from runlm.models.linear import Linear
 from runlm.models.load import load_decoder
 from tests.fixtures.gguf_convert import converted_gguf
-from tests.fixtures.models import FAMILY_RECIPES
+from tests.fixtures.models import FAMILY_RECIPES, RECIPES
 from tests.models.test_llama import _check, _prompt
 
 # Fast mode is held to llama.cpp's own numerics on the same file: mean KL of the next-token distribution
@@ -133,3 +133,37 @@ def test_routing_reads_each_chosen_expert_once_per_step(tiny_model, monkeypatch)
     with torch.inference_mode(), forward_context(ForwardContext.no_cache([64])):
         loaded.model(torch.tensor(ids), torch.arange(64))
     assert sorted(calls) == sorted(set(calls)) and len(calls) > 2
+
+
+@pytest.mark.parametrize("recipe", MOE_RECIPES)
+def test_memory_estimates_count_every_expert_and_show_reports_them(recipe: str, tiny_model) -> None:
+    from runlm.store.metadata import inspect_model
+
+    source = tiny_model(recipe)
+    loaded = load_decoder(source, exact_numerics=True)
+    header = inspect_model(source)
+    assert loaded.config.num_params == header.parameters == sum(p.numel() for p in loaded.model.parameters())
+    assert loaded.config.num_active_params < loaded.config.num_params
+    assert (header.experts, header.experts_used) == (8, 2)
+    path = converted_gguf(recipe, "q8_0")
+    info = inspect_model(path)
+    assert (info.experts, info.experts_used) == (8, 2)
+    # the stacked expert tensors are matrices computed on as stored: counted at their size in the file
+    from runlm.formats.gguf import GGUFFile
+
+    experts = [t for name, t in GGUFFile(path).tensors.items() if "_exps." in name]
+    assert len(experts) == 3 * loaded.config.num_layers
+    assert info.stored_matrix_bytes >= sum(t.n_bytes for t in experts)
+    assert info.stored_matrix_params >= sum(t.n_values for t in experts)
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_config_counts_the_checkpoints_parameters(recipe: str, tiny_model) -> None:
+    import json
+
+    from runlm.models.config import ModelConfig
+    from runlm.store.metadata import inspect_model
+
+    path = tiny_model(recipe)
+    assert ModelConfig.from_hf(json.loads((path / "config.json").read_text())).num_params == \
+        inspect_model(path).parameters
