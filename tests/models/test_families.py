@@ -167,3 +167,28 @@ def test_config_counts_the_checkpoints_parameters(recipe: str, tiny_model) -> No
     path = tiny_model(recipe)
     assert ModelConfig.from_hf(json.loads((path / "config.json").read_text())).num_params == \
         inspect_model(path).parameters
+
+
+def test_unsupported_architectures_are_refused_with_every_supported_one_listed(tmp_path: Path) -> None:
+    import json
+
+    import gguf as gguf_py
+
+    from runlm.formats import ModelFormatError
+    from runlm.formats.architectures import DECODER_GGUF_ARCHS, DECODER_HF_ARCHS
+
+    path = tmp_path / "falcon.gguf"
+    writer = gguf_py.GGUFWriter(str(path), "falcon")
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelFormatError, match="'falcon' is not supported") as err:
+        load_decoder(path)
+    assert all(arch in str(err.value) for arch in DECODER_GGUF_ARCHS)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"architectures": ["FalconForCausalLM"]}))
+    with pytest.raises(ModelFormatError, match="'FalconForCausalLM' is not a supported decoder") as err:
+        load_decoder(tmp_path / "hf")
+    assert all(arch in str(err.value) for arch in [*DECODER_GGUF_ARCHS, *DECODER_HF_ARCHS])
