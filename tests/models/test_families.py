@@ -219,3 +219,51 @@ def test_half_precision_safetensors_are_computed_on_as_stored(recipe: str, tiny_
     # (OLMoE: one of 64 positions, the median 0.009)
     per_position = (ours - reference).norm(dim=-1) / reference.norm(dim=-1)
     assert float(per_position.median()) < 0.05 and float((per_position > 0.1).float().mean()) < 0.1
+
+
+def _windowed_mistral(tiny_model, tmp_path: Path, window: int) -> Path:
+    import json
+    import shutil
+
+    path = tmp_path / f"mistral-window-{window}"
+    shutil.copytree(tiny_model("mistral"), path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "sliding_window": window}))
+    return path
+
+
+def test_sliding_window_blocks_are_given_back_and_outputs_stay_transformers(tiny_model, tmp_path: Path,
+                                                                           monkeypatch) -> None:
+    """Every layer windowed (16 positions, blocks of 4): a sequence holds ~window/block_size blocks however long
+    it runs, and greedy decoding still equals transformers' with chunked prefill, six sequences sharing a
+    small cache, and a prefix-cache hit on blocks given back. (Preemption gives a table back whole, holes skipped:
+    tests/engine/test_kv_cache.py.)"""
+    from runlm.engine.kv_cache import BlockManager
+
+    path = _windowed_mistral(tiny_model, tmp_path, 16)
+    ref = _reference(path)
+    held: list[int] = []
+    release = BlockManager.release_outside_window
+
+    def spy(self, table, num_computed):
+        release(self, table, num_computed)
+        held.append(len(table.blocks) - table.num_released)
+
+    monkeypatch.setattr(BlockManager, "release_outside_window", spy)
+    loaded = load_decoder(path, exact_numerics=True)
+    _check(loaded, ref, _prompt(loaded.config.vocab_size, 200))  # one 200-token prefill, then 64 decode steps
+    assert max(held) <= 16 // 4 + 2
+
+    prompts = [_prompt(loaded.config.vocab_size, n, seed=n) for n in (150, 150, 90, 120, 60, 180)]
+    llm = LLM(str(path), block_size=4, kv_cache_memory="96KiB", max_num_batched_tokens=64, max_model_len=1024,
+              exact_numerics=True)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    from tests.models.test_llama import _reference_greedy
+
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == _reference_greedy(ref, prompt)[:40]
+    roomy = LLM(str(path), block_size=4, kv_cache_memory="1MiB", max_model_len=1024, exact_numerics=True)
+    first, again = (roomy.generate([{"prompt_token_ids": prompts[0]}], params)[0] for _ in range(2))
+    # the prompt's blocks were given back as it ran but stay cached: the second run takes them back
+    assert again.num_cached_tokens >= 140 and again.outputs[0].token_ids == outs[0].outputs[0].token_ids
