@@ -139,11 +139,11 @@ class ModelConfig:
         if gemma and not layer_types:  # configs written before transformers named each layer's type
             n = int(cfg.get("sliding_window_pattern") or _SLIDING_PATTERN[family])
             layer_types = ["sliding_attention" if (i + 1) % n else "full_attention"
-                           for i in range(int(cfg["num_hidden_layers"]))]
+                           for i in range(layers)]
         sliding = cfg.get("use_sliding_window", family in ("mistral", "phi3") or gemma)
         return cls(
             family=family, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
+            intermediate_size=int(cfg["intermediate_size"]), num_layers=layers,
             num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(theta or 10000.0),
