@@ -19,6 +19,8 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
 
 $(VENV)/.test-installed: $(VENV)/.installed
 	$(PIP) install -e '.[test]'
+	# llama.cpp's convert_hf_to_gguf.py (from llama-cpp-python's sdist) writes the tests' GGUF files
+	$(VENV)/bin/python -m tests.fixtures.gguf_convert
 	touch $@
 
 install: $(VENV)/.installed

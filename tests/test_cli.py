@@ -116,3 +116,19 @@ def test_chat_history_is_sent_with_each_turn() -> None:
     seen = chat.engine.tokenizer.decode(chat.llm.encode_chat(chat.history))
     assert "Be terse." in seen and "first question" in seen and "second question" in seen
     assert chat.engine.blocks.stats.hits > 0
+
+
+@pytest.mark.parametrize("recipe", ["gemma3", "phi3", "qwen3-moe"])
+def test_run_answers_from_a_gguf_file_of_each_new_family(recipe: str) -> None:
+    """`runlm run ./model.gguf PROMPT --temperature 0` on generated models written by llama.cpp's converter: the
+    answer is the engine's greedy answer to the same chat (random weights: the text itself means nothing)."""
+    from runlm.engine.llm import LLM
+    from tests.fixtures.gguf_convert import converted_gguf
+
+    path = converted_gguf(recipe, "q8_0")
+    res = runlm("run", str(path), "The capital of France is", "--temperature", "0", "--max-tokens", "12")
+    assert res.returncode == 0, res.stderr
+    llm = LLM(str(path), max_num_seqs=1, kv_cache_memory="64MiB")
+    ids = llm.encode_chat([{"role": "user", "content": "The capital of France is"}])
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=12))[0].outputs[0]
+    assert len(out.token_ids) > 0 and res.stdout.strip() == out.text.strip()

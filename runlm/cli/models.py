@@ -88,6 +88,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                          ("capabilities", ", ".join(c.get("capabilities", []))), ("digest", m["id"]),
                          ("tags", ", ".join(m["tags"]))):
         print(f"    {label:<16}{value}")
+        if label == "parameters" and c.get("experts"):
+            print(f"    {'experts':<16}{c['experts']} ({c['experts_used']} active per token)")
     if c.get("template"):
         print("\n  Template")
         print("\n".join("    " + line for line in c["template"].splitlines()))

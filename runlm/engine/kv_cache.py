@@ -5,6 +5,10 @@ equal hashes mean equal whole prefixes. Freed blocks keep their contents and has
 in an LRU free queue; a later request with the same prefix takes them back (a cache hit)
 instead of recomputing. A block is only overwritten when it leaves the free queue for a new
 use, so memory stays fixed at the budget however many requests pass through.
+
+Sliding-window models whose every layer has the window: a sequence lets go of the blocks that lie
+wholly before the window of its next token while it runs (``release_outside_window``); its table
+keeps a hole (``RELEASED``) at their place, and attention never reads those positions.
 """
 from __future__ import annotations
 
@@ -39,18 +43,24 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
+RELEASED = -1  # a block table entry whose block was given back (outside every window)
+
+
 @dataclass(slots=True)
 class BlockTable:
     """The blocks one sequence owns, and how many of its tokens were found in the prefix cache."""
     blocks: list[int] = field(default_factory=list)
     hashes: list[bytes] = field(default_factory=list)  # hashes of its full blocks, in order
     num_cached_tokens: int = 0
+    num_released: int = 0  # leading entries given back (RELEASED)
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 window: int | None = None) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache budget holds no block; raise kv_cache_memory")
+        self.window = window  # every layer attends to at most this many positions (None: all)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -141,18 +151,31 @@ class BlockManager:
             block.hash = h
             self.cached.setdefault(h, block.block_id)
 
+    def _unref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free[block_id] = None
+            if block.hash is None:
+                self.free.move_to_end(block_id, last=False)  # uncached blocks are reused first
+
     def release(self, table: BlockTable) -> None:
         """Drop a sequence's blocks; cached ones stay reusable until evicted (tail first, so prefixes live longest)."""
         for block_id in reversed(table.blocks):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.hash is None:
-                    self.free[block_id] = None
-                    self.free.move_to_end(block_id, last=False)  # uncached blocks are reused first
-                else:
-                    self.free[block_id] = None
-        table.blocks, table.hashes, table.num_cached_tokens = [], [], 0
+            if block_id != RELEASED:
+                self._unref(block_id)
+        table.blocks, table.hashes, table.num_cached_tokens, table.num_released = [], [], 0, 0
+
+    def release_outside_window(self, table: BlockTable, num_computed: int) -> None:
+        """Give back the blocks no later token can attend to: the next one, at position num_computed, sees
+        positions num_computed - window + 1 onwards. A cached block stays shareable until evicted."""
+        if self.window is None:
+            return
+        first_needed = max(0, num_computed - self.window + 1)
+        for i in range(table.num_released, min(first_needed // self.block_size, len(table.blocks))):
+            self._unref(table.blocks[i])
+            table.blocks[i] = RELEASED
+            table.num_released = i + 1
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (blocks in use keep their contents; they just stop being shared)."""
@@ -162,7 +185,12 @@ class BlockManager:
         self.stats = PrefixCacheStats()
 
     def slots(self, table: BlockTable, start: int, end: int) -> torch.Tensor:
-        """Flat cache slots of token positions start..end-1."""
+        """Flat cache slots of token positions start..end-1. Released positions get a held block's slots: they
+        lie outside every window, so attention masks them (and the paged kernel never reads them)."""
         pos = torch.arange(start, end)
-        blocks = torch.tensor(table.blocks, dtype=torch.long)
+        ids = table.blocks
+        if table.num_released:
+            held = next((b for b in ids if b != RELEASED), 0)
+            ids = [held] * table.num_released + ids[table.num_released:]
+        blocks = torch.tensor(ids, dtype=torch.long)
         return blocks[pos // self.block_size] * self.block_size + pos % self.block_size

@@ -42,7 +42,9 @@ class LLMEngine(EngineCore):
         self.kv_bytes_per_token = per_token = kv_bytes_per_token(
             mc.num_layers, mc.num_kv_heads, mc.head_dim, config.dtype.itemsize)
         num_blocks = kv_cache_blocks(config, per_token, self.max_model_len)
-        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        # a model whose every layer has a sliding window gives back the blocks behind it as sequences run
+        window = mc.sliding_window if all(mc.layer_window(i) for i in range(mc.num_layers)) else None
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, window)
         self.scheduler = Scheduler(SchedulerConfig(self.max_model_len, config.max_num_seqs,
                                                    config.max_num_batched_tokens), self.blocks)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids) | frozenset(mc.eos_token_ids)

@@ -120,3 +120,4 @@ class Scheduler:
         for seq, n in zip(out.seqs, out.num_new_tokens):
             seq.num_computed_tokens += n
             self.blocks.commit_full_blocks(seq.table, seq.token_ids, seq.num_computed_tokens)
+            self.blocks.release_outside_window(seq.table, seq.num_computed_tokens)

@@ -16,11 +16,12 @@ import numpy as np
 import torch
 
 from runlm.formats import ModelFormatError
+from runlm.formats.architectures import DECODER_GGUF_ARCHS
 from runlm.formats.gguf_header import TensorInfo, read_header
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES", "TensorInfo", "GGUFFile", "dequantize", "ggml_type"]
 
-SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm", "bert"})
+SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(DECODER_GGUF_ARCHS) | {"bert"}
 
 QK_K = 256
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
@@ -69,6 +69,38 @@ def generate_merges(vocab: Mapping[str, int], scores: Mapping[str, float]) -> li
         merges.extend(sorted(local, key=lambda x: (vocab[x[0]], vocab[x[1]])))
     merges.sort(key=lambda v: (v[2], len(v[0]), len(v[1])), reverse=True)
     return [(a, b) for a, b, _ in merges]
+
+
+def _sentencepiece(tokens: list[str], scores: Sequence[float] | None, merges: list[tuple[str, ...]] | None,
+                   arch: str | None, unk: int | None, path: Any) -> HFTokenizer:
+    """A SentencePiece ("llama") vocabulary as transformers builds it from a GGUF, by architecture: Llama's
+    (Metaspace, a prefix space on the first word); Gemma's (no prefix space, spaces spelled "\u2581" by a
+    normalizer, runs of spaces stored as spaces respelled, merges in file order); Phi-3's (a prefix space
+    from a normalizer)."""
+    gemma = arch in ("gemma", "gemma2", "gemma3")
+    if gemma:
+        tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if merges is None:
+        order = {t: -i for i, t in enumerate(tokens)} if gemma else dict(zip(tokens, scores or []))
+        merges = generate_merges(vocab, order)
+    _check_merges(vocab, merges, path)
+    unk_token = tokens[int(unk)] if gemma and unk is not None else None
+    hf = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None,
+                         unk_token=unk_token))
+    if gemma:
+        hf.normalizer = normalizers.Replace(" ", "\u2581")
+        hf.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+        hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+        return hf
+    if arch == "phi3":
+        hf.normalizer = normalizers.Sequence([normalizers.Prepend(prepend="\u2581"),
+                                              normalizers.Replace(pattern=" ", content="\u2581")])
+    else:
+        hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    return hf
 
 
 def _template(bos: str | None, bos_id: int | None, eos: str | None, eos_id: int | None,
@@ -173,8 +205,7 @@ class Tokenizer:
             merges = [tuple(m.split(" ")) for m in merges_raw]
             if any(len(m) != 2 for m in merges):
                 raise ModelFormatError(f"{path}: malformed entry in tokenizer.ggml.merges")
-        # transformers builds gemma's and phi3's SentencePiece differently; runlm runs neither
-        if kind not in ("gpt2", "llama") or arch in ("gemma", "gemma2", "gemma3", "phi3"):
+        if kind not in ("gpt2", "llama"):
             raise ModelFormatError(f"{path}: tokenizer {kind!r} (architecture {arch!r}) is not supported; "
                                    f"runlm reads 'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies")
         if kind == "llama" and merges is None and scores is None:
@@ -192,14 +223,7 @@ class Tokenizer:
                 hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
                 hf.decoder = decoders.ByteLevel()
             else:
-                vocab = {t: i for i, t in enumerate(tokens)}
-                if merges is None:
-                    merges = generate_merges(vocab, dict(zip(tokens, scores)))
-                _check_merges(vocab, merges, path)
-                hf = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
-                hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
-                hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
-                                                decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+                hf = _sentencepiece(tokens, scores, merges, arch, md.get("tokenizer.ggml.unknown_token_id"), path)
         except ModelFormatError:
             raise
         except Exception as exc:  # tokenizers raises plain Exceptions on a bad vocabulary/merges

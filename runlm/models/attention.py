@@ -64,10 +64,22 @@ def _mask(q_len: int, kv_len: int, window: int | None, device: torch.device) -> 
     return allowed
 
 
+def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                softcap: float) -> torch.Tensor:
+    """Attention whose scores pass through softcap * tanh(s / softcap) (Gemma 2). q [H, Tq, D]; k, v [KVH, Tk, D]."""
+    repeat = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
+    scores = torch.tanh((q @ k.transpose(1, 2)) * scale / softcap) * softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+
 def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                        window: int | None = None) -> torch.Tensor:
+                        window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Store the new tokens' K/V in layer ``layer``'s cache slots, then attend over each sequence's cached
-    context (kernels.paged_attention, or torch). q: [T, H, D]; k, v: [T, KVH, D]. Returns [T, H, D]."""
+    context (kernels.paged_attention, or torch; torch alone soft-caps scores). q: [T, H, D]; k, v: [T, KVH, D].
+    Returns [T, H, D]."""
     ctx = get_forward_context()
     if ctx.kv_caches is not None:
         k_cache, v_cache = ctx.kv_caches[layer]
@@ -75,8 +87,8 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
         v_cache.index_copy_(0, ctx.slot_mapping, v.to(v_cache.dtype))
         if ctx.flat_context_slots is None:
             ctx.flat_context_slots = torch.cat(ctx.context_slots)
-        out = kernels.paged_attention(q, k_cache, v_cache, ctx.flat_context_slots, ctx.query_lens,
-                                      ctx.context_lens, scale, window)
+        out = None if softcap else kernels.paged_attention(q, k_cache, v_cache, ctx.flat_context_slots,
+                                                           ctx.query_lens, ctx.context_lens, scale, window)
         if out is not None:
             return out
     out = torch.empty_like(q)
@@ -90,8 +102,11 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
             ks, vs = k[start:end], v[start:end]
         qs = q[start:end].transpose(0, 1)
         mask = _mask(q_len, kv_len, window, q.device)
-        o = F.scaled_dot_product_attention(qs, ks.transpose(0, 1).to(q.dtype), vs.transpose(0, 1).to(q.dtype),
-                                           attn_mask=mask, scale=scale, enable_gqa=True)
+        ks, vs = ks.transpose(0, 1).to(q.dtype), vs.transpose(0, 1).to(q.dtype)
+        if softcap:
+            o = _softcapped(qs, ks, vs, mask, scale, softcap)
+        else:
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
         out[start:end] = o.transpose(0, 1)
         start = end
     return out

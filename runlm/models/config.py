@@ -6,17 +6,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runlm.formats import ModelFormatError
+from runlm.formats.architectures import (
+    DECODER_GGUF_ARCHS,
+    DECODER_HF_ARCHS,
+    DECODER_HF_MODEL_TYPES,
+    supported_decoders,
+)
 
-# HF `architectures[0]` / `model_type` -> our family name.
-_HF_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
-DECODER_FAMILIES = frozenset(_HF_ARCHITECTURES.values())
-# GGUF general.architecture values that are Llama-family decoders.
-_GGUF_FAMILIES = {"llama": "llama", "mistral": "mistral", "smollm": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+DECODER_FAMILIES = frozenset(DECODER_HF_ARCHS.values())
+# local:global layer patterns where a file names none (every n-th layer is global), as llama.cpp fixes them
+_SLIDING_PATTERN = {"gemma2": 2, "gemma3": 6}
 
 
 @dataclass(slots=True)
@@ -37,45 +36,138 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
+    # per layer "sliding_attention" or "full_attention"; None: sliding_window (if any) applies to every layer
+    layer_types: list[str] | None = None
+    hidden_act: str = "silu"              # the MLP's gate activation: "silu" or "gelu_tanh"
+    embed_scale: float | None = None      # embeddings multiplied by this (Gemma: sqrt(hidden_size))
+    norm_offset: float = 0.0              # added to every stored norm weight (HF Gemma's 1 + w convention)
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power (default head_dim)
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    rope_local_theta: float | None = None  # RoPE base of sliding-window layers, when it differs (Gemma 3)
+    partial_rotary_factor: float = 1.0    # RoPE rotates the first head_dim * this features of each head
+    qk_norm_whole: bool = False           # q/k RMSNorm over the whole projection, not per head (OLMoE)
+    clip_qkv: float | None = None         # q, k, v clamped to +-this (OLMoE)
+    # mixture of experts (num_experts 0: a dense MLP in every layer)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0        # each expert's (0: intermediate_size)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert, scaled by a sigmoid gate
+    norm_topk_prob: bool = False          # renormalize the chosen experts' probabilities to sum to 1
+    dense_layers: list[int] = field(default_factory=list)  # layers with a dense MLP in a MoE model
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
+    def layer_window(self, layer: int) -> int | None:
+        """The attention window of ``layer`` (None: it attends to the whole context)."""
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def sandwich_norms(self) -> bool:
+        """Gemma 2/3: norms after attention and after the MLP as well as before them."""
+        return self.family in ("gemma2", "gemma3")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer not in self.dense_layers
+
+    @property
+    def expert_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    def _params(self, experts: int) -> int:
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attention = h * (q + 2 * kv) + q * h + (4 if self.sandwich_norms else 2) * h
+        if self.attention_bias:  # Llama's covers o_proj too, Qwen2's only q, k and v
+            attention += q + 2 * kv + (h if self.family not in ("qwen2", "qwen2_moe") else 0)
+        if self.qk_norm:
+            attention += q + kv if self.qk_norm_whole else 2 * self.head_dim
+        moe = experts * 3 * h * self.expert_size + self.num_experts * h \
+            + (3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0)
+        layers = sum(attention + (moe if self.is_moe_layer(i) else 3 * h * self.intermediate_size)
+                     for i in range(self.num_layers))
+        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return layers + emb + h
+
     @property
     def num_params(self) -> int:
-        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + emb + h
+        """Every weight, every expert included (what memory must hold)."""
+        return self._params(self.num_experts)
+
+    @property
+    def num_active_params(self) -> int:
+        """The weights one token reads: only its num_experts_per_tok experts."""
+        return self._params(self.num_experts_per_tok)
 
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
         arch = (cfg.get("architectures") or [None])[0]
         model_type = cfg.get("model_type")
-        family = _HF_ARCHITECTURES.get(arch) or (model_type if model_type in DECODER_FAMILIES else None)
+        family = DECODER_HF_ARCHS.get(arch) or DECODER_HF_MODEL_TYPES.get(model_type) \
+            or (model_type if model_type in DECODER_FAMILIES else None)
         if family is None:
             raise ModelFormatError(f"{source}: architecture {arch or cfg.get('model_type')!r} is not a supported "
-                                   f"decoder (supported: {', '.join(sorted(_HF_ARCHITECTURES))})")
+                                   f"decoder (supported: {supported_decoders()})")
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         eos = cfg.get("eos_token_id")
         scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
         theta = cfg.get("rope_theta")
+        local_theta = cfg.get("rope_local_base_freq")
+        if isinstance(scaling, Mapping) and "full_attention" in scaling:  # per layer type (Gemma 3)
+            local_theta = (scaling.get("sliding_attention") or {}).get("rope_theta", local_theta)
+            scaling = scaling["full_attention"]
+        partial = cfg.get("partial_rotary_factor")
         if isinstance(scaling, Mapping):
             theta = theta or scaling.get("rope_theta")
+            partial = partial or scaling.get("partial_rotary_factor")
             if scaling.get("rope_type", scaling.get("type", "default")) == "default":
                 scaling = None
+        if scaling and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
+            scaling = _longrope_scaling(scaling, cfg)
+        gemma = family in ("gemma2", "gemma3")
+        experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+        layers = int(cfg["num_hidden_layers"])
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        dense = [i for i in range(layers) if i in (cfg.get("mlp_only_layers") or []) or (i + 1) % step]
+        layer_types = cfg.get("layer_types")
+        if gemma and not layer_types:  # configs written before transformers named each layer's type
+            n = int(cfg.get("sliding_window_pattern") or _SLIDING_PATTERN[family])
+            layer_types = ["sliding_attention" if (i + 1) % n else "full_attention"
+                           for i in range(layers)]
+        sliding = cfg.get("use_sliding_window", family in ("mistral", "phi3") or gemma)
         return cls(
             family=family, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
+            intermediate_size=int(cfg["intermediate_size"]), num_layers=layers,
             num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(theta or 10000.0),
             rope_scaling=dict(scaling) if scaling else None,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", family == "qwen2")),
-            qk_norm=family == "qwen3",
-            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", family == "mistral") else None,
+            attention_bias=bool(cfg.get("attention_bias", cfg.get("qkv_bias", family in ("qwen2", "qwen2_moe")))),
+            qk_norm=family in ("qwen3", "gemma3", "qwen3_moe", "olmoe"), qk_norm_whole=family == "olmoe",
+            clip_qkv=cfg.get("clip_qkv"),
+            num_experts=experts, num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+            shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+            # Mixtral always renormalizes; the Qwen MoEs and OLMoE say so in norm_topk_prob
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", family == "mixtral")),
+            dense_layers=dense if experts else [],
+            sliding_window=cfg.get("sliding_window") if sliding else None,
+            layer_types=list(layer_types) if gemma and layer_types else None,
+            hidden_act="gelu_tanh" if gemma else "silu",
+            embed_scale=hidden ** 0.5 if gemma else None, norm_offset=1.0 if gemma else 0.0,
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
+            attn_logit_softcap=cfg.get("attn_logit_softcapping"),
+            final_logit_softcap=cfg.get("final_logit_softcapping"),
+            rope_local_theta=float(local_theta) if gemma and local_theta else None,
+            partial_rotary_factor=float(partial or 1.0),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=[int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])],
         )
@@ -83,9 +175,10 @@ class ModelConfig:
     @classmethod
     def from_gguf(cls, gguf: Any) -> ModelConfig:
         arch = gguf.architecture
-        family = _GGUF_FAMILIES.get(arch)
+        family = DECODER_GGUF_ARCHS.get(arch)
         if family is None:
-            raise ModelFormatError(f"{gguf.path}: GGUF architecture {arch!r} is not a supported decoder")
+            raise ModelFormatError(f"{gguf.path}: GGUF architecture {arch!r} is not a supported decoder "
+                                   f"(supported: {supported_decoders()})")
 
         def get(key: str, default: Any = None) -> Any:
             return gguf.metadata.get(f"{arch}.{key}", default)
@@ -103,18 +196,61 @@ class ModelConfig:
             scaling = {"rope_type": stype, "factor": float(get("rope.scaling.factor", 1.0))}
             if get("rope.scaling.original_context_length"):
                 scaling["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
+        if "rope_factors_long.weight" in tensors:  # Phi-3's LongRoPE: the factors are tensors of the file
+            orig = int(get("rope.scaling.original_context_length"))
+            scaling = {"rope_type": "longrope", "original_max_position_embeddings": orig,
+                       "factor": int(get("context_length")) / orig,
+                       "long_factor": gguf.load("rope_factors_long.weight").tolist(),
+                       "short_factor": gguf.load("rope_factors_short.weight").tolist()}
+            if get("rope.scaling.attn_factor") is not None:
+                scaling["attention_factor"] = float(get("rope.scaling.attn_factor"))
+        rotary = get("rope.dimension_count")
         eos = gguf.metadata.get("tokenizer.ggml.eos_token_id")
+        window, layer_types = get("attention.sliding_window"), None
+        layers = int(get("block_count"))
+        pattern = get("attention.sliding_window_pattern", _SLIDING_PATTERN.get(arch))
+        if window and pattern:  # llama.cpp: layer i is local unless i % pattern == pattern - 1
+            pattern = pattern if isinstance(pattern, list) else [i % pattern < pattern - 1 for i in range(layers)]
+            layer_types = ["sliding_attention" if p else "full_attention" for p in pattern]
+        gemma = family in ("gemma2", "gemma3")
+        experts = int(get("expert_count") or 0)
+        if experts and family == "llama":
+            family = "mixtral"
+        q_norm = tensors.get("blk.0.attn_q_norm.weight")
         return cls(
             family=family, vocab_size=int(vocab), hidden_size=hidden,
-            intermediate_size=int(get("feed_forward_length")), num_layers=int(get("block_count")),
+            intermediate_size=int(get("feed_forward_length")), num_layers=layers,
             num_heads=heads, num_kv_heads=int(kv_heads if not isinstance(kv_heads, list) else kv_heads[0]),
             head_dim=head_dim, rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=scaling,
             max_position_embeddings=int(get("context_length", 2048)),
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
-            qk_norm="blk.0.attn_q_norm.weight" in tensors,
-            sliding_window=get("attention.sliding_window"),
+            qk_norm=q_norm is not None, qk_norm_whole=q_norm is not None and q_norm.shape[-1] != head_dim,
+            num_experts=experts, num_experts_per_tok=int(get("expert_used_count") or 0),
+            moe_intermediate_size=int(get("expert_feed_forward_length") or 0),
+            shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length") or 0),
+            # llama.cpp's per-architecture choice where the file does not say
+            norm_topk_prob=bool(get("expert_weights_norm", family in ("mixtral", "qwen3_moe"))),
+            dense_layers=[i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors] if experts else [],
+            sliding_window=window or None, layer_types=layer_types,
+            partial_rotary_factor=int(rotary) / head_dim if rotary else 1.0,
+            hidden_act="gelu_tanh" if gemma else "silu", embed_scale=hidden ** 0.5 if gemma else None,
+            # llama.cpp scales queries by key_length ** -0.5 (query_pre_attn_scalar = head_dim, as Gemma's
+            # released models but 27B have), unless the file says otherwise
+            query_pre_attn_scalar=get("attention.scale") ** -2 if get("attention.scale") else None,
+            attn_logit_softcap=get("attn_logit_softcapping"), final_logit_softcap=get("final_logit_softcapping"),
+            rope_local_theta=get("rope.freq_base_swa", 10000.0 if family == "gemma3" else None),
             bos_token_id=gguf.metadata.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[int(eos)] if eos is not None else [],
         )
+
+
+def _longrope_scaling(scaling: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """LongRoPE's parameters as transformers reads them: original_max_position_embeddings may sit beside
+    rope_scaling, and the factor, when absent, is max_position_embeddings over it."""
+    out = dict(scaling)
+    orig = int(out.get("original_max_position_embeddings") or cfg["original_max_position_embeddings"])
+    out["original_max_position_embeddings"] = orig
+    out["factor"] = out.get("factor") or int(cfg["max_position_embeddings"]) / orig
+    return out

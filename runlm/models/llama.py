@@ -6,6 +6,7 @@ decode step is bound by), and ``load_weights`` stacks the separate checkpoint te
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -43,36 +44,49 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         # Llama/Mistral's attention_bias also covers o_proj; Qwen2's bias is on q/k/v only.
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias and cfg.family != "qwen2")
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.qk_norm = cfg.qk_norm
-        self.scale = cfg.head_dim ** -0.5
-        self.window = cfg.sliding_window
+        self.o_proj = Linear(self.q_size, cfg.hidden_size,
+                             bias=cfg.attention_bias and cfg.family not in ("qwen2", "qwen2_moe"))
+        if cfg.qk_norm:  # per head, or (OLMoE) over the whole projection
+            self.q_norm = RMSNorm(self.q_size if cfg.qk_norm_whole else cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.kv_size if cfg.qk_norm_whole else cfg.head_dim, cfg.rms_norm_eps)
+        self.qk_norm, self.qk_norm_whole, self.clip = cfg.qk_norm, cfg.qk_norm_whole, cfg.clip_qkv
+        self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+        self.window = cfg.layer_window(layer)
+        self.softcap = cfg.attn_logit_softcap
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.heads, self.head_dim)
-        k = k.view(t, self.kv_heads, self.head_dim)
-        v = v.view(t, self.kv_heads, self.head_dim)
-        if self.qk_norm:
+        if self.qk_norm_whole:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip:
+            q, k, v = (t_.clamp(-self.clip, self.clip) for t_ in (q, k, v))
+        q = q.reshape(t, self.heads, self.head_dim)
+        k = k.reshape(t, self.kv_heads, self.head_dim)
+        v = v.reshape(t, self.kv_heads, self.head_dim)
+        if self.qk_norm and not self.qk_norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(positions, q, k)
-        o = write_kv_and_attend(self.layer, q, k, v, self.scale, self.window)
+        o = write_kv_and_attend(self.layer, q, k, v, self.scale, self.window, self.softcap)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        size = intermediate_size or cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * size, bias=False)
+        self.down_proj = Linear(size, cfg.hidden_size, bias=False)
+        self.act = _ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
+
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
+}
 
 
 class DecoderLayer(nn.Module):
@@ -89,15 +103,23 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    layer_cls: type[nn.Module] = DecoderLayer
+
     def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
+        length = min(cfg.max_position_embeddings, 8192)
         with torch.device("cpu"):  # tables are real data even when the module is built on "meta"
-            rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
-                                   min(cfg.max_position_embeddings, 8192), rope_freq_factors)
+            rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, length, rope_freq_factors,
+                                   cfg.rotary_dim)
+            # sliding-window layers with a RoPE base of their own (Gemma 3) rotate unscaled
+            local = RotaryEmbedding(cfg.head_dim, cfg.rope_local_theta, None, length) if cfg.rope_local_theta else rope
         self.rope = rope
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rope) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i, local if cfg.layer_window(i) else rope)
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # whether _forward_fused computes this model's layers (one whole-head RoPE table, Llama's layer)
+        self.supports_fused = self.layer_cls is DecoderLayer and rope.fusable
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
         self._plan: list[_FusedLayer] | None = None  # built at the first fused forward
 
@@ -168,13 +190,17 @@ _STACKED = {
 }
 
 
+_WHOLE = -1  # shard key of a checkpoint tensor that is the whole parameter
+
+
 class LlamaForCausalLM(nn.Module):
     """forward(input_ids [T], positions [T]) -> hidden [T, H]; compute_logits(hidden) -> [N, vocab]."""
+    model_cls: type[LlamaModel] = LlamaModel
 
     def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, rope_freq_factors)
+        self.model = self.model_cls(cfg, rope_freq_factors)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # tied embeddings stored quantized: the logits read the blocks (int8 or as stored)
         self.tied_head: Linear | None = None
@@ -211,15 +237,9 @@ class LlamaForCausalLM(nn.Module):
             elif isinstance(m, Embedding):
                 m.ggml = None
 
-    def _shard_sizes(self, fused: str) -> list[int]:
-        c = self.config
-        if fused == ".qkv_proj.":
-            return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
-        return [c.intermediate_size, c.intermediate_size]
-
-    def _num_shards(self, param: str) -> int:
-        fragment = next((f for f in (".qkv_proj.", ".gate_up_proj.") if f in param), None)
-        return len(self._shard_sizes(fragment)) if fragment else 1
+    @staticmethod
+    def _num_shards(param: str) -> int:
+        return 3 if ".qkv_proj." in param else 2 if ".gate_up_proj." in param else 1
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
@@ -230,7 +250,7 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in weights:
             if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
                 continue  # tied checkpoints sometimes carry a copy
-            target, shard = name, 0
+            target, shard = name, _WHOLE  # a fused parameter stored fused (Phi-3's qkv_proj, gate_up_proj)
             for frag, (fused_frag, index) in _STACKED.items():
                 if frag in name:
                     target, shard = name.replace(frag, fused_frag), index
@@ -241,11 +261,12 @@ class LlamaForCausalLM(nn.Module):
         if unexpected:
             raise KeyError(f"unexpected weight {unexpected[0]!r}")
         missing = [f"{name}#{i}" for name in params for i in range(self._num_shards(name))
-                   if i not in shards.get(name, {})]
+                   if i not in shards.get(name, {}) and _WHOLE not in shards.get(name, {})]
         if missing:
             raise KeyError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
         for name, parts in shards.items():
-            self._set_weight(name, [parts[i] for i in range(self._num_shards(name))])
+            self._set_weight(name, [parts[_WHOLE]] if _WHOLE in parts else
+                             [parts[i] for i in range(self._num_shards(name))])
 
     def _set_weight(self, name: str, values: list[Weight]) -> None:
         module_name, attr = name.rsplit(".", 1)

@@ -13,7 +13,9 @@ from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
 from runlm.kernels import fused, ggml
 from runlm.models.config import ModelConfig
+from runlm.models.gemma import GemmaForCausalLM
 from runlm.models.llama import LlamaForCausalLM
+from runlm.models.moe import MoeForCausalLM
 from runlm.models.pooling import has_sentence_transformers_pooling
 from runlm.models.weights import (
     gguf_rope_interleaved,
@@ -63,7 +65,12 @@ def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> 
     """No storage and no random init: load_weights materializes each parameter it fills (and a layer
     served from GGUF blocks never gets an fp32 weight)."""
     with torch.device("meta"):
-        return LlamaForCausalLM(cfg, freq_factors)
+        cls = MoeForCausalLM if cfg.num_experts else _MODEL_CLASSES.get(cfg.family, LlamaForCausalLM)
+        return cls(cfg, freq_factors)
+
+
+# families whose decoder differs from Llama's (every other one is LlamaForCausalLM, configured by ModelConfig)
+_MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {"gemma2": GemmaForCausalLM, "gemma3": GemmaForCausalLM}
 
 
 def gguf_weight_mode(dtype: torch.dtype, device: str, exact_numerics: bool) -> str:
@@ -116,6 +123,6 @@ def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: s
         cfg.eos_token_ids = [tokenizer.eos_token_id]
     model = model.to(device=device, dtype=dtype).eval()
     # fast mode runs each layer's small ops fused (exact mode keeps torch's, the reference numerics)
-    model.model.fused = (not exact_numerics and torch.device(device).type == "cpu" and dtype == torch.float32
-                         and fused.available() and kernels.attention_available())
+    model.model.fused = (model.model.supports_fused and not exact_numerics and torch.device(device).type == "cpu"
+                         and dtype == torch.float32 and fused.available() and kernels.attention_available())
     return LoadedModel(model, cfg, tokenizer, path)

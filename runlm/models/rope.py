@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from runlm.models.attention import get_forward_context
+
 
 def _default(dim: int, base: float) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
@@ -60,10 +62,29 @@ def _yarn(dim: int, base: float, p: Mapping[str, Any], max_pos: int) -> tuple[to
     return inv, attn
 
 
+def _longrope(dim: int, base: float, p: Mapping[str, Any], factors: str) -> tuple[torch.Tensor, float]:
+    """Phi-3's LongRoPE: per-frequency factors, short ones up to original_max_position_embeddings, long beyond."""
+    orig = p["original_max_position_embeddings"]
+    factor = p.get("factor") or 1.0
+    attn = p.get("attention_factor")
+    if attn is None:
+        attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    ext = torch.tensor(p[factors], dtype=torch.float32)
+    return 1.0 / (ext * base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)), attn
+
+
+LONGROPE = ("longrope", "su")
+
+
+def rope_kind(scaling: Mapping[str, Any] | None) -> str:
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
 def inverse_frequencies(head_dim: int, base: float, scaling: Mapping[str, Any] | None,
                         max_position: int) -> tuple[torch.Tensor, float]:
-    """(inv_freq, attention_scaling) for a RoPE config; raises ValueError for an unknown type."""
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    """(inv_freq, attention_scaling) for a RoPE config (LongRoPE: the short factors'); raises ValueError for an
+    unknown type."""
+    kind = rope_kind(scaling)
     inv = _default(head_dim, base)
     if kind == "default":
         return inv, 1.0
@@ -73,22 +94,42 @@ def inverse_frequencies(head_dim: int, base: float, scaling: Mapping[str, Any] |
         return _llama3(inv, scaling), 1.0
     if kind == "yarn":
         return _yarn(head_dim, base, scaling, max_position)
-    raise ValueError(f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3, yarn)")
+    if kind in LONGROPE:
+        return _longrope(head_dim, base, scaling, "short_factor")
+    raise ValueError(f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3, yarn, longrope)")
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin tables indexed by absolute position."""
+    """Precomputed cos/sin tables indexed by absolute position.
+
+    ``rotary_dim`` < head_dim rotates only the first rotary_dim features of each head (partial rotary).
+    LongRoPE keeps a second table for the long factors, used for every token of a sequence whose context
+    is longer than original_max_position_embeddings (transformers' rule: the length decides, per sequence)."""
 
     def __init__(self, head_dim: int, base: float, scaling: Mapping[str, Any] | None, max_position: int,
-                 freq_factors: torch.Tensor | None = None) -> None:
+                 freq_factors: torch.Tensor | None = None, rotary_dim: int | None = None) -> None:
         super().__init__()
-        inv, attn = inverse_frequencies(head_dim, base, scaling, max_position)
+        self.head_dim, self.rotary_dim = head_dim, rotary_dim or head_dim
+        inv, attn = inverse_frequencies(self.rotary_dim, base, scaling, max_position)
         if freq_factors is not None:  # GGUF llama3 models carry their scaling as a rope_freqs tensor
             inv = inv / freq_factors.float()
         self.inv_freq = inv
         self.attention_scaling = attn
+        self.long: RotaryEmbedding | None = None
+        self.long_after = 0
+        if rope_kind(scaling) in LONGROPE:
+            assert scaling is not None
+            self.long = RotaryEmbedding(self.rotary_dim, base, None, max_position)
+            self.long.inv_freq, self.long.attention_scaling = _longrope(self.rotary_dim, base, scaling, "long_factor")
+            self.long._build(max_position)
+            self.long_after = int(scaling["original_max_position_embeddings"])
         self.interleaved = False
         self._build(max_position)
+
+    @property
+    def fusable(self) -> bool:
+        """Whether the fused kernels' one whole-head table describes this rotation."""
+        return self.long is None and self.rotary_dim == self.head_dim
 
     def use_interleaved_pairs(self) -> None:
         """Rotate features (2i, 2i+1) together, as llama.cpp does for its "normal" RoPE layout."""
@@ -106,15 +147,34 @@ class RotaryEmbedding(nn.Module):
         if need > self.cos.shape[0]:
             self._build(max(need, 2 * self.cos.shape[0]))
 
+    def _tables(self, positions: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        self.ensure_positions(int(positions.max()) + 1 if positions.numel() else 0)
+        if self.cos.device != device:
+            self.cos, self.sin = self.cos.to(device), self.sin.to(device)
+        return self.cos[positions], self.sin[positions]
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, H, D], k: [T, KVH, D], positions: [T]."""
-        self.ensure_positions(int(positions.max()) + 1 if positions.numel() else 0)
-        if self.cos.device != q.device:
-            self.cos, self.sin = self.cos.to(q.device), self.sin.to(q.device)
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        cos, sin = self._tables(positions, q.device)
+        if self.long is not None:
+            long = _long_context_rows(self.long_after).to(q.device)
+            if bool(long.any()):
+                long_cos, long_sin = self.long._tables(positions, q.device)
+                cos, sin = torch.where(long[:, None], long_cos, cos), torch.where(long[:, None], long_sin, sin)
+        cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)
         rotate = _rotate_pairs if self.interleaved else _rotate_half
-        return rotate(q, cos, sin), rotate(k, cos, sin)
+        r = self.rotary_dim
+        if r == q.shape[-1]:
+            return rotate(q, cos, sin), rotate(k, cos, sin)
+        return (torch.cat((rotate(q[..., :r], cos, sin), q[..., r:]), dim=-1),
+                torch.cat((rotate(k[..., :r], cos, sin), k[..., r:]), dim=-1))
+
+
+def _long_context_rows(threshold: int) -> torch.Tensor:
+    """[T] bool: whether each token of the step belongs to a sequence whose context exceeds ``threshold``."""
+    ctx = get_forward_context()
+    longer = torch.tensor([n > threshold for n in ctx.context_lens])
+    return longer.repeat_interleave(torch.tensor(ctx.query_lens))
 
 
 def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -27,17 +27,32 @@ _GGUF_LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    # mixtures of experts: the router, each layer's experts stacked in one tensor per projection ({e}: the
+    # expert), and Qwen2-MoE's shared expert with its gate
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
+    "ffn_down_exps": "mlp.experts.{e}.down_proj", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# Gemma's sandwich norms: llama.cpp's ffn_norm is the norm before the MLP there too, but HF names it apart
+_GEMMA_LAYER_NAMES = {**_GGUF_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                      "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+# Phi-3 stores Q/K/V as one matrix and gate/up as one (ffn_up, the gate's rows first)
+_PHI3_LAYER_NAMES = {**_GGUF_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_GGUF_LAYER_NAMES_BY_ARCH = {"gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
+# tensors that configure the model rather than weigh it (RoPE factors: see ModelConfig.from_gguf)
+_GGUF_NOT_WEIGHTS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # llama.cpp stores Q/K of these architectures in the interleaved ("normal") RoPE layout.
 _INTERLEAVED_ROPE_ARCHS = {"llama", "mistral", "smollm"}
 
 
-def hf_name_for_gguf(name: str) -> str | None:
+def hf_name_for_gguf(name: str, arch: str = "llama") -> str | None:
     """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None for non-weights)."""
+    layer_names = _GGUF_LAYER_NAMES_BY_ARCH.get(arch, _GGUF_LAYER_NAMES)
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m and m.group(2) in _GGUF_LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in layer_names:
+        return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{m.group(3)}"
     m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
     if m and m.group(1) in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
@@ -65,11 +80,14 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
     """
     permute = mode != "ggml" and gguf_rope_interleaved(gguf)
     for name, info in gguf.tensors.items():
-        if name == "rope_freqs.weight":
+        if name in _GGUF_NOT_WEIGHTS:
             continue
-        hf = hf_name_for_gguf(name)
+        hf = hf_name_for_gguf(name, gguf.architecture)
         if hf is None:
             raise ModelFormatError(f"{gguf.path}: tensor {name!r} is not part of a {gguf.architecture} decoder")
+        if "{e}" in hf:
+            yield from _experts(gguf, name, hf, mode)
+            continue
         matrix = hf.endswith(".weight") and len(info.shape) == 2
         if mode == "ggml" and matrix and info.qtype != "F32" and ggml.supported(ggml_type(info.qtype)):
             yield hf, GGMLWeight(gguf.raw_tensor(name), ggml_type(info.qtype), *info.shape)
@@ -81,6 +99,21 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
         if permute and heads:
             parts = [_unpermute(t, heads) for t in parts]
         yield hf, parts[0] if len(parts) == 1 else BlockQuantized(*parts)
+
+
+def _experts(gguf: GGUFFile, name: str, template: str, mode: str) -> Iterator[tuple[str, Weight]]:
+    """One weight per expert of a stacked [experts, rows, cols] tensor: views of the file's blocks in "ggml"
+    mode (the experts stay quantized), dequantized fp32 otherwise."""
+    info = gguf.tensors[name]
+    experts, rows, cols = info.shape
+    if mode == "ggml" and info.qtype != "F32" and ggml.supported(ggml_type(info.qtype)):
+        raw = gguf.raw_tensor(name).view(experts, rows, -1)
+        for e in range(experts):
+            yield template.format(e=e), GGMLWeight(raw[e], ggml_type(info.qtype), rows, cols)
+        return
+    stacked = gguf.load(name)
+    for e in range(experts):
+        yield template.format(e=e), stacked[e]
 
 
 def read_hf_config(directory: Path) -> dict:

@@ -73,7 +73,9 @@ async def show(request: Request) -> JSONResponse:
         "details": details(model), "capabilities": info.capabilities, "modified_at": model.created,
         "model_info": {"general.architecture": info.architecture, "general.parameter_count": info.parameters,
                        f"{info.architecture}.context_length": info.context_length,
-                       f"{info.architecture}.block_count": info.num_layers}})
+                       f"{info.architecture}.block_count": info.num_layers,
+                       **({f"{info.architecture}.expert_count": info.experts,
+                           f"{info.architecture}.expert_used_count": info.experts_used} if info.experts else {})}})
 
 
 @router.post("/pull")

@@ -16,7 +16,8 @@ def model_json(models: list[StoredModel]) -> dict:
     info = m.info
     return {"id": m.id, "tags": [str(x.name) for x in models], "created": unix_time(m.created),
             "config": {"format": info.format, "quantization": info.quantization, "parameters": info.parameter_size,
-                       "architecture": info.architecture, "size": m.size, "context_size": info.context_length}}
+                       "architecture": info.architecture, "size": m.size, "context_size": info.context_length,
+                       **({"experts": info.experts, "experts_used": info.experts_used} if info.experts else {})}}
 
 
 def group_by_id(models: list[StoredModel]) -> list[list[StoredModel]]:

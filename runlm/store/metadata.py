@@ -37,6 +37,9 @@ class ModelInfo:
     stored_matrix_bytes: int = 0
     stored_matrix_params: int = 0
     tied_embeddings: bool = False
+    # mixtures of experts: experts per MoE layer and how many each token uses (0: a dense model)
+    experts: int = 0
+    experts_used: int = 0
 
     @property
     def parameter_size(self) -> str:
@@ -82,7 +85,8 @@ def inspect_gguf(path: Path) -> ModelInfo:
     kv_heads = get(f"{arch}.attention.head_count_kv", heads)
     kv_heads = int(kv_heads[0] if isinstance(kv_heads, list) else kv_heads)
     hidden = int(get(f"{arch}.embedding_length", 0) or 0)
-    stored = [t for t in tensors if t.qtype != "F32" and len(t.shape) == 2]
+    # 2-D matrices and stacked 3-D expert tensors (each expert a matrix), all experts counted
+    stored = [t for t in tensors if t.qtype != "F32" and len(t.shape) in (2, 3)]
     return ModelInfo(
         format="gguf", architecture=arch,
         parameters=sum(t.n_values for t in tensors),
@@ -93,7 +97,8 @@ def inspect_gguf(path: Path) -> ModelInfo:
         head_dim=int(get(f"{arch}.attention.key_length", 0) or (hidden // heads if hidden else 0)),
         stored_matrix_bytes=sum(int(t.n_bytes) for t in stored),
         stored_matrix_params=sum(t.n_values for t in stored),
-        tied_embeddings="output.weight" not in index)
+        tied_embeddings="output.weight" not in index,
+        experts=int(get(f"{arch}.expert_count", 0) or 0), experts_used=int(get(f"{arch}.expert_used_count", 0) or 0))
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:
@@ -139,7 +144,10 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
         template=template if isinstance(template, str) else None, capabilities=caps,
         num_layers=int(cfg.get("num_hidden_layers", 0)),
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or (hidden // heads if hidden else 0)))
+        head_dim=int(cfg.get("head_dim") or (hidden // heads if hidden else 0)),
+        experts=int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0),
+        experts_used=int(cfg.get("num_experts_per_tok") or 0) if cfg.get("num_local_experts") or cfg.get("num_experts")
+        else 0)
 
 
 def inspect_model(path: Path) -> ModelInfo:

@@ -58,3 +58,32 @@ def test_slots_map_positions_through_the_block_table() -> None:
     t = BlockTable(blocks=[5, 2])
     assert bm.slots(t, 0, 6).tolist() == [20, 21, 22, 23, 8, 9]
     assert torch.equal(bm.slots(t, 3, 5), torch.tensor([23, 8]))
+
+
+def test_blocks_behind_every_window_are_given_back_while_the_sequence_runs() -> None:
+    from runlm.engine.kv_cache import RELEASED
+
+    m = BlockManager(num_blocks=10, block_size=4, window=8)
+    table = BlockTable()
+    ids = list(range(100, 120))
+    assert m.allocate_prompt(table, ids, budget=64) == 20 and m.num_free_blocks == 5
+    m.commit_full_blocks(table, ids, 20)
+    m.release_outside_window(table, 20)  # the next token (position 20) sees positions 13..20
+    assert table.blocks[:3] == [RELEASED] * 3 and table.num_released == 3 and m.num_free_blocks == 8
+    slots = m.slots(table, 0, 20)
+    assert slots.min() >= 0 and slots[12:].tolist() == m.slots(table, 12, 20).tolist()
+    assert len(m.match_prefix(ids + [1])) == 5  # released blocks stay cached (evictable) ...
+    other = BlockTable()
+    m.allocate_prompt(other, ids + [1], budget=64)
+    assert other.num_cached_tokens == 20  # ... and a later request with the prefix takes them back
+    m.release(table)
+    m.release(other)
+    assert m.num_free_blocks == 10
+
+
+def test_without_a_window_nothing_is_given_back() -> None:
+    m = BlockManager(num_blocks=10, block_size=4)
+    table = BlockTable()
+    m.allocate_prompt(table, list(range(20)), budget=64)
+    m.release_outside_window(table, 20)
+    assert table.num_released == 0 and m.num_free_blocks == 5

@@ -1,0 +1,71 @@
+"""Gemma 2 and Gemma 3 (text): the Llama decoder with Gemma's differences.
+
+* embeddings scaled by sqrt(hidden_size);
+* RMSNorm weights used as 1 + w: HF checkpoints store w (``config.norm_offset`` adds the 1 while
+  loading), llama.cpp's converter stores 1 + w already;
+* a norm before and after both attention and the MLP ("sandwich" norms), GELU-tanh MLP;
+* queries scaled by query_pre_attn_scalar ** -0.5, attention scores (Gemma 2) and final logits
+  soft-capped (cap * tanh(x / cap));
+* sliding-window layers alternating with global ones (Gemma 2: 1:1, Gemma 3: 5:1, each with its own
+  RoPE base on Gemma 3); q/k RMSNorm on Gemma 3.
+
+The per-layer pieces (attention, MLP, norm) are llama.py's, configured by ModelConfig.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from runlm.models.config import ModelConfig
+from runlm.models.linear import Weight
+from runlm.models.llama import MLP, Attention, LlamaForCausalLM, LlamaModel, RMSNorm
+from runlm.models.rope import RotaryEmbedding
+
+
+class GemmaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer, rope)
+        self.mlp = MLP(cfg)
+        eps, h = cfg.rms_norm_eps, cfg.hidden_size
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(h, eps), RMSNorm(h, eps)
+        self.pre_feedforward_layernorm, self.post_feedforward_layernorm = RMSNorm(h, eps), RMSNorm(h, eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(x)))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class GemmaModel(LlamaModel):
+    layer_cls = GemmaDecoderLayer
+
+    def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
+        super().__init__(cfg, rope_freq_factors)
+        self.embed_scale = cfg.embed_scale or 1.0
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids) * self.embed_scale
+        for layer in self.layers:
+            x = layer(positions, x)
+        return self.norm(x)
+
+
+class GemmaForCausalLM(LlamaForCausalLM):
+    model_cls = GemmaModel
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)
+        cap = self.config.final_logit_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+        super().load_weights(_offset_norms(weights, self.config.norm_offset))
+
+
+def _offset_norms(weights: Iterable[tuple[str, Weight]], offset: float) -> Iterator[tuple[str, Weight]]:
+    for name, tensor in weights:
+        if offset and name.endswith("norm.weight") and isinstance(tensor, torch.Tensor):
+            tensor = tensor.float() + offset
+        yield name, tensor
