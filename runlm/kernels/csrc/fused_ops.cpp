@@ -10,8 +10,6 @@
 //   qkv_rope_store(qkv, ...)                    split a fused QKV row, optional per-head RMSNorm
 //                                               of q and k, RoPE, K/V written to their cache
 //                                               slots; returns q [T, H, D] for attention
-#include <immintrin.h>
-
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -63,25 +61,6 @@ at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Ten
   return rms_norm(residual, w, eps);
 }
 
-// e^x for 8 floats (AVX2 + FMA): x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two parts so
-// n ln2 is exact), e^r by its Taylor series to r^6 (relative error below 2e-7), times 2^n built
-// in the exponent bits. x is clamped to where e^x is a finite float.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
-}
-
 at::Tensor silu_mul(const at::Tensor& gate_up) {
   check_rows(gate_up, "gate_up");
   const int64_t two_i = gate_up.size(-1), inner = two_i / 2, rows = gate_up.numel() / std::max<int64_t>(two_i, 1);
@@ -96,13 +75,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
       const float* gr = g + r * two_i;
       const float* ur = gr + inner;
       float* orow = o + r * inner;
-      int64_t i = 0;
-      for (; i + 8 <= inner; i += 8) {
-        const __m256 gv = _mm256_loadu_ps(gr + i);
-        const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
-        _mm256_storeu_ps(orow + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(ur + i)));
-      }
-      for (; i < inner; ++i) orow[i] = gr[i] / (1.0f + std::exp(-gr[i])) * ur[i];
+      for (int64_t i = 0; i < inner; ++i) orow[i] = gr[i] / (1.0f + std::exp(-gr[i])) * ur[i];
     }
   });
   return out;
