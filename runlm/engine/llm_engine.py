@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runlm.engine.config import EngineConfig, kv_cache_blocks
-from runlm.engine.core import EngineCore
+from runlm.engine.core import EngineCore, log
 from runlm.engine.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
 from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.kv_cache import BlockManager
@@ -43,6 +43,8 @@ class LLMEngine(EngineCore):
             mc.num_layers, mc.num_kv_heads, mc.head_dim, config.dtype.itemsize)
         num_blocks = kv_cache_blocks(config, per_token, self.max_model_len)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        # no sequence may outgrow the whole cache: preempted, it could never be readmitted
+        self.max_seq_tokens = min(self.max_model_len, num_blocks * config.block_size)
         self.scheduler = Scheduler(SchedulerConfig(self.max_model_len, config.max_num_seqs,
                                                    config.max_num_batched_tokens), self.blocks)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids) | frozenset(mc.eos_token_ids)
@@ -168,8 +170,12 @@ class LLMEngine(EngineCore):
                 seq.logprobs.append(s.logprobs)
                 seq.cumulative_logprob += s.logprobs[s.token].logprob
             reason = append_token(state, seq.index, s.token)
-            if reason is None and seq.num_tokens >= self.max_model_len:
+            if reason is None and seq.num_tokens >= self.max_seq_tokens:
                 reason = "length"
+                if seq.num_tokens < self.max_model_len:
+                    log.warning("request %s stopped at %d tokens: the whole KV cache holds %d; raise "
+                                "--kv-cache-memory for longer outputs", seq.request_id, seq.num_tokens,
+                                self.max_seq_tokens)
             if reason is not None:
                 seq.finish_reason = reason
                 self._finish(seq)
