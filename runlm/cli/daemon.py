@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import time
+from pathlib import Path
 
 from runlm.cli.client import CLIError, connect, print_json, print_table
 from runlm.store.progress import human_bytes, human_duration
@@ -27,7 +28,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     running = connect()
     if running is not None and not args.force:
         raise CLIError(f"a runlm daemon already serves this store at {running.url}")
-    serve(args.host, args.port, ModelStore(), budget=budget, keep_alive=keep_alive, api_key=args.api_key)
+    local = Path(args.allow_local_import).expanduser() if args.allow_local_import else None
+    if local is not None and not local.is_dir():
+        raise CLIError(f"--allow-local-import {args.allow_local_import}: not a folder", code=2)
+    serve(args.host, args.port, ModelStore(), budget=budget, keep_alive=keep_alive, api_key=args.api_key,
+          allow_local_import=local)
     return 0
 
 
@@ -141,6 +146,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="how long an idle model stays loaded (default 5m; 0 = unload at once; -1 = forever)")
     p.add_argument("--api-key", default=os.environ.get("RUNLM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every request (default: $RUNLM_API_KEY)")
+    p.add_argument("--allow-local-import", default=None, metavar="DIR",
+                   help="let HTTP pulls (/api/pull, /models/create) import local files, only from under DIR "
+                        "(default: none; the CLI imports local files itself)")
     p.add_argument("--force", action="store_true", help="start even if daemon.json names a live daemon")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("ps", help="list loaded models")

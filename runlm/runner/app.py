@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,6 +17,7 @@ from runlm.runner.errors import RunnerError, error_body
 from runlm.runner.loader import Loader
 from runlm.runner.memory import MemoryBudget
 from runlm.store import ModelStore
+from runlm.store.sources import LocalAccess
 
 log = logging.getLogger("runlm.runner")
 
@@ -28,7 +30,7 @@ def _error(request: Request, status: int, body: dict) -> JSONResponse:
 
 
 def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive: float | None = None,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, allow_local_import: Path | None = None) -> FastAPI:
     backends = all_backends(store.logs)
     loader = Loader(store, backends, budget or MemoryBudget.default(),
                     **({"default_keep_alive": keep_alive} if keep_alive is not None else {}))
@@ -43,6 +45,7 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
 
     app = FastAPI(title="runlm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.store, app.state.loader = store, loader
+    app.state.local_access = LocalAccess.under(allow_local_import)  # none unless the operator named a folder
 
     @app.exception_handler(RunnerError)
     async def runner_error(request: Request, exc: RunnerError) -> JSONResponse:

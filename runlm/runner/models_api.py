@@ -46,7 +46,7 @@ async def create(request: Request) -> Response:
     store = request.app.state.store
 
     async def lines() -> AsyncIterator[bytes]:
-        async for item in pull_events(store, source, body.get("name")):
+        async for item in pull_events(store, source, body.get("name"), request.app.state.local_access):
             if isinstance(item, PullProgress):
                 msg = {"type": "progress", "message": item.status, "total": item.total, "pulled": item.completed}
             elif isinstance(item, Exception):

@@ -82,7 +82,7 @@ async def pull(request: Request) -> Response:
     source = body.get("model") or body.get("name")
     if not isinstance(source, str) or not source:
         raise BadRequest("'model' is required", param="model")
-    events = pull_events(request.app.state.store, source)
+    events = pull_events(request.app.state.store, source, None, request.app.state.local_access)
     if body.get("stream", True) is False:
         async for item in events:
             if isinstance(item, Exception):

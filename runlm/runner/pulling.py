@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 
 from runlm.store import InvalidNameError, ModelStore, StoredModel
 from runlm.store.progress import PullProgress
-from runlm.store.sources import SourceError
+from runlm.store.sources import LocalAccess, SourceError
 
 
-async def pull_events(store: ModelStore, source: str, name: str | None = None
+async def pull_events(store: ModelStore, source: str, name: str | None, access: LocalAccess
                       ) -> AsyncIterator[PullProgress | StoredModel | Exception]:
     """Yields PullProgress events, then the StoredModel, or the exception that stopped the pull."""
     loop = asyncio.get_running_loop()
@@ -20,7 +20,7 @@ async def pull_events(store: ModelStore, source: str, name: str | None = None
 
     def work() -> None:
         try:
-            result: object = store.pull(source, name, progress=report)
+            result: object = store.pull(source, name, progress=report, access=access)
         except Exception as exc:  # every failure goes to the client as a message
             result = exc
         loop.call_soon_threadsafe(queue.put_nowait, result)

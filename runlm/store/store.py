@@ -30,7 +30,7 @@ from runlm.store.download import download
 from runlm.store.metadata import ModelInfo, inspect_model
 from runlm.store.names import ModelName
 from runlm.store.progress import ProgressCallback, PullProgress
-from runlm.store.sources import Source, fetch_hf, resolve_source
+from runlm.store.sources import ANY_LOCAL, LocalAccess, Source, SourceError, fetch_hf, resolve_source
 
 SINGLE_FILE_NAME = "model.gguf"
 
@@ -126,11 +126,12 @@ class ModelStore:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def pull(self, source_text: str, name: str | None = None,
-             progress: ProgressCallback | None = None) -> StoredModel:
-        """Store a model from a path, URL, built-in name or HF repo; concurrent pulls of one source share it."""
+    def pull(self, source_text: str, name: str | None = None, progress: ProgressCallback | None = None,
+             access: LocalAccess = ANY_LOCAL) -> StoredModel:
+        """Store a model from a path, URL, built-in name or HF repo; concurrent pulls of one source share it.
+        ``access`` says which local files may be read (the daemon's HTTP API passes its own)."""
         report = progress or (lambda p: None)
-        source = resolve_source(source_text)
+        source = resolve_source(source_text, access)
         ref = ModelName.parse(name or source.default_name)
         report(PullProgress("pulling manifest"))
         # pulls hold the refs lock shared, so garbage collection (exclusive) never takes blobs being added
@@ -170,6 +171,9 @@ class ModelStore:
         entries = [(SINGLE_FILE_NAME, path)] if path.is_file() else [
             (str(p.relative_to(path)), p) for p in sorted(path.rglob("*"))
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)]
+        for rel, file in entries:  # a link inside an allowed folder may not lead out of it
+            if source.kind == "local" and not source.access.allows(file):
+                raise SourceError(f"{rel}: a symbolic link that leaves the folder local imports are allowed from")
         files = []
         for rel, file in entries:
             size = file.stat().st_size

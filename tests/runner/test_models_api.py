@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 
+from runlm.store import ModelStore
 from tests.runner.daemon import Daemon
 
 
@@ -30,7 +31,7 @@ def test_create_list_inspect_tag(daemon: Daemon) -> None:
 
 
 def test_delete_refused_while_loaded_unless_forced(daemon: Daemon, qwen2_dir: Path) -> None:
-    daemon.http.post("/models/create", json={"from": str(qwen2_dir), "name": "solo"}).read()
+    ModelStore(daemon.home).pull(str(qwen2_dir), name="solo")  # local files: the CLI's way, not HTTP
     for tag in daemon.http.get("/models/solo").json()["tags"]:
         if tag != "solo:latest":  # other tests may have stored the same files under other names
             daemon.http.delete(f"/models/{tag}", params={"force": "true"})
