@@ -45,6 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-size", default="16MiB", metavar="SIZE", help="largest request body (default 16MiB)")
     p.add_argument("--cors-origins", nargs="*", default=[], metavar="ORIGIN",
                    help="origins browsers may call from (default: none)")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let requests replace the model's chat template (chat_template_kwargs.chat_template)")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="compute dtype (default float32 on CPU, bfloat16 on CUDA)")
@@ -114,7 +116,8 @@ def run_serve_engine(args: argparse.Namespace) -> int:
         model_path = resolve_model(args.model)  # once: the engine takes the path
         settings = ServerSettings(served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
                                   cors_origins=list(args.cors_origins), max_body_bytes=parse_size(args.max_body_size),
-                                  max_waiting=args.max_waiting)
+                                  max_waiting=args.max_waiting,
+                                  trust_request_chat_template=args.trust_request_chat_template)
         if args.max_waiting < 0:
             raise ValueError("--max-waiting must be 0 or more")
         sock, where = open_socket(args.host, args.port, args.uds)

@@ -23,6 +23,8 @@ class ServerSettings:
     # sequences that may wait for a slot beyond the engine's max_num_seqs before we answer 503
     max_waiting: int = 256
     max_prompts_per_request: int = 256
+    # let a request replace the model's chat template (chat_template_kwargs.chat_template; vLLM's flag)
+    trust_request_chat_template: bool = False
 
 
 @dataclass(slots=True)
