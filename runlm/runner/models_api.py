@@ -13,6 +13,7 @@ from runlm.runner.pulling import pull_events
 from runlm.runner.views import group_by_id, model_json
 from runlm.store import InvalidNameError, ModelNotFoundError, StoredModel
 from runlm.store.progress import PullProgress
+from runlm.web.json_body import JSONBodyError, parse_json_object
 
 
 async def get_model(request: Request, name: str) -> StoredModel:
@@ -25,13 +26,11 @@ async def get_model(request: Request, name: str) -> StoredModel:
 
 
 async def body_json(request: Request) -> dict:
+    """The body as a JSON object, parsed as serve-engine parses it (an empty body is {})."""
     try:
-        body = json.loads(await request.body() or b"{}")
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
+        return parse_json_object(await request.body(), empty={})
+    except JSONBodyError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 router = APIRouter()

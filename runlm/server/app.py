@@ -15,8 +15,9 @@ from runlm.engine.async_llm import AsyncLLM
 from runlm.server import chat, completions, meta, pooling, tokenize
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import ServerMetrics
-from runlm.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
 from runlm.server.state import ServerSettings, ServerState
+from runlm.web.api_key import APIKeyMiddleware
+from runlm.web.body_limit import BodyLimitMiddleware
 
 log = logging.getLogger("runlm.server")
 

@@ -1,19 +1,15 @@
 """Request bodies: JSON parsed and validated by us, so malformed input is always a 400 naming the field."""
 from __future__ import annotations
 
-import json
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from runlm.server.errors import bad_request
+from runlm.web.json_body import JSONBodyError, parse_json_object
 
 Model = TypeVar("Model", bound=BaseModel)
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def _loc(loc: tuple) -> str:
@@ -28,13 +24,10 @@ def _loc(loc: tuple) -> str:
 
 
 async def parse_body(request: Request, model: type[Model]) -> Model:
-    raw = await request.body()
     try:
-        data = json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
-        raise bad_request(f"the request body is not valid JSON: {str(exc)[:200]}") from None
-    if not isinstance(data, dict):
-        raise bad_request("the request body must be a JSON object")
+        data = parse_json_object(await request.body())
+    except JSONBodyError as exc:
+        raise bad_request(str(exc)) from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:

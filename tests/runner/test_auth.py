@@ -16,6 +16,10 @@ def test_api_key_is_required_and_the_cli_sends_it(tmp_path: Path) -> None:
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
         assert d.http.get("/api/tags").status_code == 401
         assert d.http.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert d.http.get("/v1/models", headers={"x-api-key": "s3cret"}).status_code == 200  # issue 15 #11
+        assert d.http.get("/v1/models", headers={"x-api-key": "s3cre"}).status_code == 401
+        assert d.http.get("/api/tags", headers={"Authorization": "Bearer nope"}).json() == \
+            {"error": "Incorrect API key provided."}
         assert runlm(store.home, "ls").returncode == 1
         ok = runlm(store.home, "ls", RUNLM_API_KEY="s3cret")
         assert ok.returncode == 0 and "tinycoder:latest" in ok.stdout
