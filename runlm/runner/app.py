@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Scope
 
 from runlm.runner import engines_api, models_api, ollama_api
@@ -25,6 +25,7 @@ from runlm.store.sources import LocalAccess
 from runlm.web.api_key import APIKeyMiddleware
 from runlm.web.body_limit import DEFAULT_MAX_BODY, BodyLimitMiddleware
 from runlm.web.browser_guard import BrowserGuardMiddleware, BrowserPolicy
+from runlm.web.disconnect import ClientDisconnected
 
 log = logging.getLogger("runlm.runner")
 
@@ -75,6 +76,10 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
     @app.exception_handler(RunnerError)
     async def runner_error(request: Request, exc: RunnerError) -> JSONResponse:
         return _error(request, exc.status, exc.body())
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_gone(request: Request, exc: ClientDisconnected) -> Response:
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

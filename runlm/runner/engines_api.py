@@ -12,6 +12,7 @@ from runlm.runner.metrics import aggregate
 from runlm.runner.models_api import body_json
 from runlm.runner.proxy import forward_openai, require_model
 from runlm.runner.views import unix_time
+from runlm.web.disconnect import unless_disconnected
 
 router = APIRouter()
 OPENAI_POST_ROUTES = ("chat/completions", "completions", "embeddings", "rerank", "score")
@@ -27,8 +28,9 @@ async def _openai_post(request: Request, route: str, backend: str | None) -> Res
     if route not in OPENAI_POST_ROUTES:
         raise NotFound(f"no route POST /v1/{route}")
     body = await body_json(request)
-    return await forward_openai(request.app.state.loader, route, body, dict(request.headers),
-                                _check_backend(request, backend))
+    # until headers come back (a whole answer, when not streamed) a client that leaves cancels the request
+    return await unless_disconnected(request, forward_openai(request.app.state.loader, route, body,
+                                                             dict(request.headers), _check_backend(request, backend)))
 
 
 async def _openai_models(request: Request, name: str | None) -> JSONResponse:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -27,6 +27,7 @@ from runlm.runner.ollama_convert import (
 from runlm.runner.proxy import pop_keep_alive, require_model, send, sse_events
 from runlm.runner.pulling import pull_error_status, pull_events
 from runlm.store.progress import PullProgress
+from runlm.web.disconnect import unless_disconnected
 
 router = APIRouter(prefix="/api")
 NDJSON = "application/x-ndjson"
@@ -158,7 +159,7 @@ async def _generate(request: Request, body: dict, route: str, payload: dict,
         loader.release(runner, keep_alive)
         raise
 
-    async def chunks() -> AsyncIterator[dict]:
+    async def chunks() -> AsyncGenerator[dict, None]:
         usage, finish, t_first = None, "stop", None
         tools: list[dict] = []
         try:
@@ -190,14 +191,23 @@ async def _generate(request: Request, body: dict, route: str, payload: dict,
             async for c in chunks():
                 yield _line(c)
         return StreamingResponse(lines(), media_type=NDJSON)
+    return await unless_disconnected(request, _whole(chunks()))
+
+
+async def _whole(chunks: AsyncGenerator[dict, None]) -> Response:
+    """A non-streamed Ollama answer: the chunks joined into the final object."""
     parts: list[str] = []
-    async for c in chunks():
-        if "error" in c:
-            return JSONResponse({"error": c["error"]}, status_code=503)
-        if not c["done"]:
-            parts.append(c.get("response") or c.get("message", {}).get("content", ""))
-        else:
-            final = c
+    final: dict = {}
+    try:
+        async for c in chunks:
+            if "error" in c:
+                return JSONResponse({"error": c["error"]}, status_code=503)
+            if not c["done"]:
+                parts.append(c.get("response") or c.get("message", {}).get("content", ""))
+            else:
+                final = c
+    finally:
+        await chunks.aclose()  # closing it closes the backend stream
     key = "message" if "message" in final else "response"
     if key == "message":
         final["message"]["content"] = "".join(parts)
