@@ -155,7 +155,7 @@ class Loader:
                 str(self._socket_dir / f"{backend.name}-{self._counter}.sock")
             keep_alive = config.keep_alive if config.keep_alive is not None else self.default_keep_alive
             runner = Runner(backend, model, mode, config, address, need, keep_alive,
-                            backend_client(address, backend.uses_tcp))
+                            backend_client(address, backend.uses_tcp, backend.api_key_for(address)))
             self.runners[key] = runner
         runner.task = asyncio.create_task(self._run(runner, str(path)))
         try:

@@ -105,7 +105,8 @@ def test_llamacpp_serves_a_model(stored, tmp_path: Path) -> None:
         task = asyncio.create_task(backend.run(address, str(store.model_path(model)), "smollm2:latest",
                                                BackendMode.COMPLETION, BackendConfig(context_size=512)))
         try:
-            async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as c:
+            key = {"Authorization": f"Bearer {backend.api_key_for(address)}"}  # the daemon's own key for it
+            async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120, headers=key) as c:
                 for _ in range(600):
                     try:
                         if (await c.get(backend.health_path)).status_code == 200:
@@ -115,8 +116,11 @@ def test_llamacpp_serves_a_model(stored, tmp_path: Path) -> None:
                     await asyncio.sleep(0.2)
                 else:
                     raise TimeoutError("llama.cpp did not become ready")
-                r = await c.post("/v1/completions", json={"model": "smollm2:latest", "max_tokens": 5,
-                                                          "prompt": "The capital of France is", "temperature": 0})
+                body = {"model": "smollm2:latest", "max_tokens": 5, "prompt": "The capital of France is",
+                        "temperature": 0}
+                r = await c.post("/v1/completions", json=body)
+                without_key = await c.post("/v1/completions", json=body, headers={"Authorization": ""})
+                assert without_key.status_code == 401  # issue 15 #8: only the daemon can talk to it
                 return r.json()["choices"][0]["text"]
         finally:
             task.cancel()
