@@ -122,7 +122,7 @@ class Loader:
             runner.keep_alive = keep_alive  # Ollama: a request's keep_alive holds until the next one
         if runner.in_use == 0 and not runner.dead:
             if runner.keep_alive == 0:
-                asyncio.get_running_loop().create_task(self.unload(runner))
+                asyncio.get_running_loop().create_task(self.unload_if_idle(runner))
             elif runner.keep_alive > 0:
                 runner.expires_at = time.time() + runner.keep_alive
         asyncio.get_running_loop().create_task(self._notify_released())
@@ -236,6 +236,20 @@ class Loader:
             return
         runner.task.cancel()
         await asyncio.wait({runner.task})
+
+    async def unload_if_idle(self, runner: Runner) -> bool:
+        """Unload the runner only if no request holds it at this moment (one may have taken it since it was
+        chosen); a busy one gets keep_alive 0, so it goes when its last request ends."""
+        if runner.in_use:
+            runner.keep_alive = 0
+            return False
+        await self.unload(runner)
+        return True
+
+    async def unload_idle_models(self, name: str) -> None:
+        """Ollama's keep_alive 0: unload the model's idle runners now, the busy ones after their requests."""
+        model_id = (await self.model(name)).id
+        await asyncio.gather(*(self.unload_if_idle(r) for r in list(self.runners.values()) if r.model.id == model_id))
 
     async def unload_models(self, names: list[str] | None, backend: str | None = None) -> int:
         """Unload the named models (every model when ``names`` is None); returns how many runners stopped."""

@@ -127,8 +127,7 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
     """Ollama's way to load (empty prompt) or unload (and keep_alive 0) a model."""
     loader = request.app.state.loader
     if keep_alive == 0:
-        model = await loader.model(name)
-        await loader.unload_models([str(model.name)])
+        await loader.unload_idle_models(name)  # never from under a request that holds it
         reason = "unload"
     else:
         runner = await loader.acquire(name)
