@@ -13,12 +13,14 @@ A ref is written last and atomically, so an interrupted pull never lists a half 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import datetime as dt
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,13 +28,14 @@ from pathlib import Path
 
 from runlm.store.blobs import BlobStore
 from runlm.store.builtin import BUILTIN_MODELS
-from runlm.store.download import download
+from runlm.store.download import DownloadLimits, discard, download
 from runlm.store.metadata import ModelInfo, inspect_model
 from runlm.store.names import ModelName
 from runlm.store.progress import ProgressCallback, PullProgress
 from runlm.store.sources import ANY_LOCAL, LocalAccess, Source, SourceError, fetch_hf, resolve_source
 
 SINGLE_FILE_NAME = "model.gguf"
+PARTIAL_MAX_AGE = 7 * 86400.0  # seconds an interrupted download is kept for a resume
 
 
 class ModelNotFoundError(LookupError):
@@ -70,8 +73,9 @@ class StoredModel:
 
 
 class ModelStore:
-    def __init__(self, home: Path | str | None = None) -> None:
+    def __init__(self, home: Path | str | None = None, download_limits: DownloadLimits | None = None) -> None:
         self.home = Path(home).expanduser() if home else default_home()
+        self.download_limits = download_limits or DownloadLimits()
         self.blobs = BlobStore(self.home / "blobs")
         self.manifests = self.home / "manifests"
         self.views = self.home / "models"
@@ -159,7 +163,8 @@ class ModelStore:
     def _ingest(self, source: Source, report: ProgressCallback) -> dict:
         if source.kind == "url":
             partial = self.partial / (hashlib.sha256(source.location.encode()).hexdigest()[:24] + ".partial")
-            digest = download(source.location, partial, source.expected_digest, report)
+            self._drop_stale_partials()
+            digest = download(source.location, partial, source.expected_digest, report, self.download_limits)
             report(PullProgress("verifying sha256 digest", digest))
             info = inspect_model(partial)
             size = self.blobs.adopt(partial, digest)
@@ -189,6 +194,16 @@ class ModelStore:
             report(PullProgress(status, digest, size, size))
             files.append({"path": rel, "digest": digest, "size": size})
         return self._manifest(files, "file" if path.is_file() else "dir", info, source)
+
+    def _drop_stale_partials(self) -> None:
+        """Interrupted downloads nobody resumed within PARTIAL_MAX_AGE are deleted, not kept for ever."""
+        if not self.partial.is_dir():
+            return
+        cutoff = time.time() - PARTIAL_MAX_AGE
+        for p in self.partial.glob("*.partial"):
+            with contextlib.suppress(OSError):
+                if p.stat().st_mtime < cutoff:
+                    discard(p)
 
     def _manifest(self, files: builtins.list[dict], layout: str, info: ModelInfo, source: Source) -> dict:
         content = json.dumps(sorted((f["path"], f["digest"]) for f in files)).encode()
@@ -245,7 +260,7 @@ class ModelStore:
         return sum(self.blobs.remove(d) for d in self.blobs.digests() - used)
 
     def disk_usage(self) -> dict[str, int]:
-        partial = sum(p.stat().st_size for p in self.partial.glob("*")) if self.partial.is_dir() else 0
+        partial = sum(p.stat().st_size for p in self.partial.glob("*.partial")) if self.partial.is_dir() else 0
         return {"models": self.blobs.total_size(), "partial": partial}
 
     def purge(self) -> int:
