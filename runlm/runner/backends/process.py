@@ -6,6 +6,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from runlm.runner.backends.base import Backend, BackendExitedError
@@ -55,8 +56,10 @@ class ProcessBackend(Backend):
             log.write(f"--- {' '.join(argv)}\n".encode())
             log.flush()
             # a session of its own: a Ctrl-C at the daemon's terminal is the daemon's to handle
+            # through parent_watch: the backend gets SIGTERM if the daemon dies without stopping it
+            watched = [sys.executable, "-m", "runlm.runner.parent_watch", str(os.getpid()), *argv]
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.child_env(socket),
+                *watched, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.child_env(socket),
                 start_new_session=True)
         self._processes[socket] = proc
         try:
