@@ -20,7 +20,7 @@ from runlm.runner.backends import all_backends
 from runlm.runner.errors import RunnerError, error_body
 from runlm.runner.loader import Loader
 from runlm.runner.memory import MemoryBudget
-from runlm.store import ModelStore
+from runlm.store import ModelStore, NameConflictError
 from runlm.store.sources import LocalAccess
 from runlm.web.api_key import APIKeyMiddleware
 from runlm.web.body_limit import DEFAULT_MAX_BODY, BodyLimitMiddleware
@@ -76,6 +76,10 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
     @app.exception_handler(RunnerError)
     async def runner_error(request: Request, exc: RunnerError) -> JSONResponse:
         return _error(request, exc.status, exc.body())
+
+    @app.exception_handler(NameConflictError)
+    async def name_conflict(request: Request, exc: NameConflictError) -> JSONResponse:
+        return _error(request, 409, error_body(str(exc), "conflict_error", code="name_conflict"))
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(request: Request, exc: ClientDisconnected) -> Response:

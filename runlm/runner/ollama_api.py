@@ -26,6 +26,7 @@ from runlm.runner.ollama_convert import (
 )
 from runlm.runner.proxy import pop_keep_alive, require_model, send, sse_events
 from runlm.runner.pulling import pull_error_status, pull_events
+from runlm.store import InvalidNameError
 from runlm.store.progress import PullProgress
 from runlm.web.disconnect import unless_disconnected
 
@@ -118,7 +119,7 @@ async def copy(request: Request) -> Response:
     await get_model(request, src)
     try:
         await asyncio.to_thread(request.app.state.store.tag, src, dst)
-    except ValueError as exc:
+    except InvalidNameError as exc:  # (a name conflict is the app's 409)
         raise BadRequest(str(exc), param="destination") from None
     return Response(status_code=200)
 

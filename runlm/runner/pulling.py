@@ -7,7 +7,7 @@ import threading
 from collections.abc import AsyncIterator
 
 from runlm.runner.errors import Busy, RunnerError
-from runlm.store import InvalidNameError, ModelStore, StoredModel
+from runlm.store import InvalidNameError, ModelStore, NameConflictError, StoredModel
 from runlm.store.progress import PullProgress
 from runlm.store.sources import LocalAccess, SourceError
 
@@ -71,4 +71,6 @@ async def pull_events(store: ModelStore, source: str, name: str | None, access: 
 def pull_error_status(exc: Exception) -> int:
     if isinstance(exc, RunnerError):
         return exc.status
+    if isinstance(exc, NameConflictError):
+        return 409
     return 400 if isinstance(exc, (InvalidNameError, SourceError, ValueError)) else 502

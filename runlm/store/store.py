@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +41,11 @@ PARTIAL_MAX_AGE = 7 * 86400.0  # seconds an interrupted download is kept for a r
 
 class ModelNotFoundError(LookupError):
     pass
+
+
+class NameConflictError(ValueError):
+    """A name that cannot be stored beside an existing one: 'a:b' and 'a/b:c' would need ``a/b`` to be both a
+    model and a folder of models."""
 
 
 def default_home() -> Path:
@@ -90,7 +96,7 @@ class ModelStore:
         ref = name if isinstance(name, ModelName) else ModelName.parse(name)
         try:
             return StoredModel(ref, json.loads(self._ref_path(ref).read_text()))
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # (a folder of models is no model)
             raise ModelNotFoundError(f"model {str(ref)!r} not found; pull it first: runlm pull {ref.name}") from None
 
     def list(self) -> list[StoredModel]:
@@ -215,10 +221,21 @@ class ModelStore:
 
     def _write_ref(self, ref: ModelName, manifest: dict) -> StoredModel:
         path = self._ref_path(ref)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1))
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_dir():
+                raise IsADirectoryError
+            # a temp file of its own: two writers of one ref (threads of one daemon) never share one
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(manifest, indent=1))
+                os.replace(tmp, path)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        except (FileExistsError, NotADirectoryError, IsADirectoryError):
+            raise NameConflictError(f"the name {str(ref)!r} conflicts with an existing model's: a name cannot be both "
+                                    f"a model and the folder of others (like 'a:b' and 'a/b:c')") from None
         return StoredModel(ref, manifest)
 
     def ensure(self, name: str, progress: ProgressCallback | None = None) -> StoredModel:

@@ -102,3 +102,16 @@ def test_metrics_are_labelled_by_model(daemon: Daemon) -> None:
     assert "runlm_runner_loaded_models" in text
     labelled = [line for line in text.splitlines() if 'model="tinycoder:latest"' in line]
     assert labelled and all('backend="native"' in line for line in labelled)
+
+
+def test_name_collisions_are_409_without_the_store_path(daemon: Daemon) -> None:
+    """Issue 15 #11: 'a:b' and 'a/b:c' cannot both exist; that was a 500 naming the store's files."""
+    assert daemon.http.post("/models/tinycoder/tag", json={"target": "clash:x"}).status_code == 201
+    for r in (daemon.http.post("/models/tinycoder/tag", json={"target": "clash/x:y"}),
+              daemon.http.post("/api/copy", json={"source": "tinycoder", "destination": "clash/x:y"})):
+        assert r.status_code == 409, r.text
+        assert str(daemon.home) not in r.text and "conflicts" in r.text
+    r = daemon.http.post("/models/create", json={"from": "tinycoder", "name": "clash/x:z"})
+    last = json.loads(r.text.splitlines()[-1])
+    assert last["type"] == "error" and "conflicts" in last["message"] and str(daemon.home) not in last["message"]
+    assert daemon.http.get("/models/clash/x").status_code == 404
