@@ -14,11 +14,11 @@ from runlm.store.progress import human_bytes, human_duration
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from runlm.engine.config import parse_size
     from runlm.runner.app import HTTPSettings
     from runlm.runner.config import ConfigError, parse_keep_alive
     from runlm.runner.daemon import serve
     from runlm.runner.memory import MemoryBudget
+    from runlm.sizes import parse_size
     from runlm.store import ModelStore
 
     try:

@@ -107,9 +107,9 @@ def run_serve_engine(args: argparse.Namespace) -> int:
     import uvicorn
 
     from runlm.engine.async_llm import AsyncLLM
-    from runlm.engine.config import parse_size
     from runlm.engine.factory import engine_config, engine_from_config
     from runlm.server import ServerSettings, build_app
+    from runlm.sizes import parse_size
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
