@@ -114,3 +114,21 @@ def test_a_sequence_that_outgrows_the_whole_cache_finishes_and_never_blocks_the_
     assert len(finished["short"].outputs[0].token_ids) == 5
     assert "KV cache" in caplog.text
     assert engine.blocks.num_free_blocks == len(engine.blocks.blocks)
+
+
+def test_prompt_logprobs_are_computed_once_per_request_not_per_n(llm: LLM) -> None:
+    """Issue 15 #11: each of n completions computed them (and skipped the prefix cache to do so)."""
+    engine = llm.engine
+    llm.reset_prefix_cache()
+    prompt = {"prompt_token_ids": prompt_ids(40, seed=9)}
+    one = llm.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=3, ignore_eos=True))[0]
+    llm.reset_prefix_cache()
+    engine.add_request("n4", prompt, SamplingParams(n=4, max_tokens=2, prompt_logprobs=3, ignore_eos=True, seed=1))
+    seqs = list(engine.requests["n4"].seqs)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.finished]
+    assert len(seqs[0].prompt_logprobs) == 40
+    assert all(s.prompt_logprobs is None for s in seqs[1:])
+    assert outs[0].prompt_logprobs == one.prompt_logprobs and len(outs[0].outputs) == 4
+    assert engine.blocks.stats.hits > 0  # the other three took the prompt from the prefix cache
