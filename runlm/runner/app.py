@@ -15,6 +15,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Scope
 
+from runlm import __version__
 from runlm.runner import engines_api, models_api, ollama_api
 from runlm.runner.backends import all_backends
 from runlm.runner.errors import RunnerError, error_body
@@ -26,6 +27,7 @@ from runlm.web.api_key import APIKeyMiddleware
 from runlm.web.body_limit import DEFAULT_MAX_BODY, BodyLimitMiddleware
 from runlm.web.browser_guard import BrowserGuardMiddleware, BrowserPolicy
 from runlm.web.disconnect import ClientDisconnected
+from runlm.web.openapi import install_openapi
 
 log = logging.getLogger("runlm.runner")
 
@@ -69,7 +71,9 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
         finally:
             await loader.close()  # no backend process outlives the daemon
 
-    app = FastAPI(title="runlm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="runlm", lifespan=lifespan, docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    install_openapi(app, "runlm serve", __version__, "runlm's daemon: Docker Model Runner, OpenAI and Ollama routes "
+                    "over one model store. Errors: OpenAI's shape; Ollama's {\"error\": \"...\"} under /api.")
     app.state.store, app.state.loader = store, loader
     app.state.local_access = LocalAccess.under(allow_local_import)  # none unless the operator named a folder
 
@@ -100,7 +104,7 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
         log.exception("internal error on %s", request.url.path)
         return _error(request, 500, error_body(f"internal error: {type(exc).__name__}: {exc}", "internal_error"))
 
-    @app.get("/")
+    @app.get("/", include_in_schema=False)
     async def root() -> PlainTextResponse:
         return PlainTextResponse("runlm is running")
 
@@ -111,7 +115,8 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
     # added innermost first: the browser guard runs before anything reads the body or the key
     app.add_middleware(BodyLimitMiddleware, limit=http.max_body_bytes, write_error=_middleware_error)
     if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key, open_paths=frozenset({"/", "/api/version"}),
+        app.add_middleware(APIKeyMiddleware, api_key=api_key,
+                           open_paths=frozenset({"/", "/api/version", "/openapi.json", "/docs"}),
                            write_error=_middleware_error)
     app.add_middleware(BrowserGuardMiddleware, write_error=_middleware_error,
                        policy=BrowserPolicy(http.host, http.allowed_hosts, http.allowed_origins))

@@ -21,11 +21,12 @@ from runlm.server.state import ServerState
 from runlm.server.structured import constraint_source
 from runlm.server.tool_calls import DeltaBuilder, tool_plan, whole_message
 from runlm.tools.choice import ToolPlan
+from runlm.web.openapi import json_body
 
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = await parse_body(request, ChatCompletionRequest)

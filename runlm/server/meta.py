@@ -84,7 +84,7 @@ async def metrics(request: Request) -> Response:
 fallback_router = APIRouter()
 
 
-@fallback_router.post("/v1/embeddings")
+@fallback_router.post("/v1/embeddings", include_in_schema=False)  # the pooling router documents it
 async def embeddings_unsupported(request: Request) -> Response:
     _state(request).ready_engine()
     raise APIError(400, "this model does not support embeddings", param="model", code="unsupported_task")

@@ -9,7 +9,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from runlm.web.asgi import ErrorWriter, openai_error_json, send_error
 
 # serve-engine's routes open without a key: probes and scrapers must not need the secret
-OPEN_PATHS = frozenset({"/health", "/liveness", "/readiness", "/metrics", "/version"})
+OPEN_PATHS = frozenset({"/health", "/liveness", "/readiness", "/metrics", "/version", "/openapi.json", "/docs"})
 
 
 class APIKeyMiddleware:
