@@ -22,6 +22,7 @@ from runlm.runner.backends import DEFAULT_BACKEND, Backend, BackendError
 from runlm.runner.backends.base import RequiredMemory
 from runlm.runner.config import KEEP_ALIVE_DEFAULT, BackendConfig, BackendMode, ConfigError
 from runlm.runner.errors import BackendUnavailable, BadRequest, Busy, Conflict, ModelTooLarge, NotFound
+from runlm.runner.health import watch_health
 from runlm.runner.memory import MemoryBudget, human_size
 from runlm.runner.runner import Runner, RunnerKey, backend_client
 from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore, StoredModel
@@ -53,6 +54,7 @@ class Loader:
         self._socket_dir = Path(tempfile.mkdtemp(prefix="runlm-"))
         self._counter = 0
         self._janitor: asyncio.Task | None = None
+        self._health: asyncio.Task | None = None
 
     # --- lookups -------------------------------------------------------------------------------
     async def model(self, name: str) -> StoredModel:
@@ -277,6 +279,7 @@ class Loader:
 
     async def start(self) -> None:
         self._janitor = asyncio.create_task(self._expire_loop())
+        self._health = asyncio.create_task(watch_health(self))
 
     async def _expire_loop(self) -> None:
         while True:
@@ -287,8 +290,9 @@ class Loader:
                     await self.unload(r)
 
     async def close(self) -> None:
-        if self._janitor:
-            self._janitor.cancel()
+        for task in (self._janitor, self._health):
+            if task:
+                task.cancel()
         for task in list(self._loading.values()):
             task.cancel()
         await asyncio.gather(*(self.unload(r) for r in list(self.runners.values())), return_exceptions=True)
