@@ -30,7 +30,7 @@ def _interrupt(thread: threading.Thread) -> None:
 async def render_off_loop(fn: Callable[[], T], timeout: float = HARD_STOP_SECONDS) -> T:
     """fn() in a new thread; its exception is raised here; past ``timeout`` it is stopped and
     RenderLimitError is raised."""
-    if len([t for t in _live if t.is_alive()]) >= MAX_RENDERS:
+    if sum(t.is_alive() for t in list(_live)) >= MAX_RENDERS:  # (a copy: render threads remove themselves)
         raise APIError(503, "too many chat templates are rendering; retry shortly", code="server_busy")
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[T] = loop.create_future()
