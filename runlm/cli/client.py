@@ -27,10 +27,11 @@ def error_message(resp: Any) -> str:
 
 
 class Daemon:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, shares_store: bool = False) -> None:
         import httpx
 
         self.url = url
+        self.shares_store = shares_store  # found through this RUNLM_HOME's daemon.json, not RUNLM_HOST
         key = os.environ.get("RUNLM_API_KEY")
         self.http = httpx.Client(base_url=url, timeout=httpx.Timeout(None, connect=5.0),
                                  headers={"Authorization": f"Bearer {key}"} if key else None)
@@ -61,7 +62,7 @@ def connect(required: bool = False) -> Daemon | None:
 
     found = find_daemon()
     if found is not None:
-        daemon = Daemon(found.url)
+        daemon = Daemon(found.url, shares_store=found.pid is not None)
         try:
             daemon.http.get("/", timeout=3.0)
             return daemon

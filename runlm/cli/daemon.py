@@ -7,16 +7,18 @@ import json
 import os
 import shlex
 import time
+from pathlib import Path
 
 from runlm.cli.client import CLIError, connect, print_json, print_table
 from runlm.store.progress import human_bytes, human_duration
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from runlm.engine.config import parse_size
+    from runlm.runner.app import HTTPSettings
     from runlm.runner.config import ConfigError, parse_keep_alive
     from runlm.runner.daemon import serve
     from runlm.runner.memory import MemoryBudget
+    from runlm.sizes import parse_size
     from runlm.store import ModelStore
 
     try:
@@ -27,7 +29,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     running = connect()
     if running is not None and not args.force:
         raise CLIError(f"a runlm daemon already serves this store at {running.url}")
-    serve(args.host, args.port, ModelStore(), budget=budget, keep_alive=keep_alive, api_key=args.api_key)
+    local = Path(args.allow_local_import).expanduser() if args.allow_local_import else None
+    if local is not None and not local.is_dir():
+        raise CLIError(f"--allow-local-import {args.allow_local_import}: not a folder", code=2)
+    try:
+        http = HTTPSettings(args.host, frozenset(args.allowed_hosts), frozenset(args.allowed_origins),
+                            parse_size(args.max_body_size))
+    except ValueError as exc:
+        raise CLIError(str(exc), code=2) from None
+    serve(args.host, args.port, ModelStore(), budget=budget, keep_alive=keep_alive, api_key=args.api_key,
+          allow_local_import=local, http=http)
     return 0
 
 
@@ -128,6 +139,10 @@ def cmd_install_backend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_list(name: str) -> list[str]:
+    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     from runlm.runner.daemon import DEFAULT_HOST, DEFAULT_PORT
 
@@ -141,6 +156,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="how long an idle model stays loaded (default 5m; 0 = unload at once; -1 = forever)")
     p.add_argument("--api-key", default=os.environ.get("RUNLM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every request (default: $RUNLM_API_KEY)")
+    p.add_argument("--allow-local-import", default=None, metavar="DIR",
+                   help="let HTTP pulls (/api/pull, /models/create) import local files, only from under DIR "
+                        "(default: none; the CLI imports local files itself)")
+    p.add_argument("--allowed-origins", nargs="*", metavar="ORIGIN", default=_env_list("RUNLM_ORIGINS"),
+                   help="web page origins (besides localhost ones) that may send requests, e.g. "
+                        "https://app.example; '*' allows any (default: $RUNLM_ORIGINS, comma-separated)")
+    p.add_argument("--allowed-hosts", nargs="*", metavar="HOST", default=_env_list("RUNLM_ALLOWED_HOSTS"),
+                   help="Host names answered besides loopback ones; '*' answers any "
+                        "(default: $RUNLM_ALLOWED_HOSTS, comma-separated)")
+    p.add_argument("--max-body-size", default="16MiB", metavar="SIZE", help="largest request body (default 16MiB)")
     p.add_argument("--force", action="store_true", help="start even if daemon.json names a live daemon")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("ps", help="list loaded models")

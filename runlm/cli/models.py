@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+from pathlib import Path
 
 from runlm.cli.client import CLIError, connect, print_json, print_table
 from runlm.runner.views import group_by_id, model_json
@@ -30,6 +31,9 @@ def _store_call(fn, *args):  # store errors -> one-line CLI errors
 def cmd_pull(args: argparse.Namespace) -> int:
     bar = ProgressBar(sys.stderr)
     daemon = connect()
+    # a local file is read by the CLI, as the user who runs it: the daemon's HTTP API reads no local paths
+    if daemon and daemon.shares_store and Path(args.source).expanduser().exists():
+        daemon = None
     try:
         if daemon:
             body = {"from": args.source, **({"name": args.name} if args.name else {})}

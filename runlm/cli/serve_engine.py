@@ -9,14 +9,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import stat
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runlm.cli import add_numerics_arguments
 from runlm.store.builtin import UnknownModelError, resolve_model
+
+if TYPE_CHECKING:
+    from runlm.server.state import ServerState
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +50,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-size", default="16MiB", metavar="SIZE", help="largest request body (default 16MiB)")
     p.add_argument("--cors-origins", nargs="*", default=[], metavar="ORIGIN",
                    help="origins browsers may call from (default: none)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM, how long running requests may take to finish while new ones get 503 "
+                        "(default 30; 0: stop at once)")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let requests replace the model's chat template (chat_template_kwargs.chat_template)")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="compute dtype (default float32 on CPU, bfloat16 on CUDA)")
@@ -88,15 +98,29 @@ def open_socket(host: str, port: int, uds: str | None) -> tuple[socket.socket, s
     return sock, f"http://{shown}:{bound[1]}"
 
 
-def _server_class() -> type:
+def _server_class(state: ServerState, drain_seconds: float) -> type:
     import uvicorn
 
     class Server(uvicorn.Server):
+        """SIGTERM drains: new requests get 503 while running ones finish, up to ``drain_seconds``; then the
+        server stops. A second signal (or SIGINT) stops it at once."""
+        drain_deadline: float | None = None
+
         def handle_exit(self, sig: int, frame: Any) -> None:
+            if sig == signal.SIGTERM and self.drain_deadline is None and drain_seconds > 0:
+                self.drain_deadline = time.monotonic() + drain_seconds
+                state.draining = True
+                return
             super().handle_exit(sig, frame)
             # uvicorn re-raises the signal after a graceful shutdown; a requested stop is a clean exit
             # (status 0, the Unix socket removed), not death by signal
             getattr(self, "_captured_signals", []).clear()
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.drain_deadline is not None and (state.in_flight_seqs == 0 or
+                                                    time.monotonic() > self.drain_deadline):
+                self.should_exit = True
+            return await super().on_tick(counter)
 
     return Server
 
@@ -105,16 +129,17 @@ def run_serve_engine(args: argparse.Namespace) -> int:
     import uvicorn
 
     from runlm.engine.async_llm import AsyncLLM
-    from runlm.engine.config import parse_size
     from runlm.engine.factory import engine_config, engine_from_config
     from runlm.server import ServerSettings, build_app
+    from runlm.sizes import parse_size
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         model_path = resolve_model(args.model)  # once: the engine takes the path
         settings = ServerSettings(served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
                                   cors_origins=list(args.cors_origins), max_body_bytes=parse_size(args.max_body_size),
-                                  max_waiting=args.max_waiting)
+                                  max_waiting=args.max_waiting,
+                                  trust_request_chat_template=args.trust_request_chat_template)
         if args.max_waiting < 0:
             raise ValueError("--max-waiting must be 0 or more")
         sock, where = open_socket(args.host, args.port, args.uds)
@@ -142,7 +167,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                     on_load_error=on_load_error)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_level == "debug",
                             timeout_graceful_shutdown=5, lifespan="on")
-    server = _server_class()(config)
+    server = _server_class(app.state.server, args.drain_timeout)(config)
     print(f"runlm serve-engine: serving {settings.served_model_names[0]!r} on {where}", file=sys.stderr, flush=True)
     try:
         server.run(sockets=[sock])

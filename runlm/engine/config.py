@@ -7,31 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+from runlm.sizes import available_memory, parse_size
 
-
-def parse_size(value: int | float | str) -> int:
-    """'512MiB', '2g', 1_000_000 -> bytes."""
-    if isinstance(value, (int, float)):
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {value!r} (examples: 512MiB, 2GiB, 1000000)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def available_memory() -> int:
-    """Bytes the OS can still give us (MemAvailable), or a conservative guess."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 << 30
-
+__all__ = ["DEFAULT_KV_CAP", "DEFAULT_KV_FRACTION", "EngineConfig", "available_memory", "kv_cache_blocks",
+           "parse_size", "physical_cores"]
 
 def physical_cores() -> int:
     """Physical CPU cores (hyper-threads share one core's SIMD units, so kernels gain nothing from them)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runlm.engine.config import EngineConfig, kv_cache_blocks
-from runlm.engine.core import EngineCore
+from runlm.engine.core import EngineCore, log
 from runlm.engine.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
 from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.kv_cache import BlockManager
@@ -45,6 +45,11 @@ class LLMEngine(EngineCore):
         # a model whose every layer has a sliding window gives back the blocks behind it as sequences run
         window = mc.sliding_window if all(mc.layer_window(i) for i in range(mc.num_layers)) else None
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, window)
+        # no sequence may outgrow the whole cache: preempted, it could never be readmitted (one whose
+        # blocks behind the window are given back only ever holds about a window's worth)
+        capacity = num_blocks * config.block_size
+        fits_window = window is not None and window + 2 * config.block_size <= capacity
+        self.max_seq_tokens = self.max_model_len if fits_window else min(self.max_model_len, capacity)
         self.scheduler = Scheduler(SchedulerConfig(self.max_model_len, config.max_num_seqs,
                                                    config.max_num_batched_tokens), self.blocks)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids) | frozenset(mc.eos_token_ids)
@@ -170,8 +175,12 @@ class LLMEngine(EngineCore):
                 seq.logprobs.append(s.logprobs)
                 seq.cumulative_logprob += s.logprobs[s.token].logprob
             reason = append_token(state, seq.index, s.token)
-            if reason is None and seq.num_tokens >= self.max_model_len:
+            if reason is None and seq.num_tokens >= self.max_seq_tokens:
                 reason = "length"
+                if seq.num_tokens < self.max_model_len:
+                    log.warning("request %s stopped at %d tokens: the whole KV cache holds %d; raise "
+                                "--kv-cache-memory for longer outputs", seq.request_id, seq.num_tokens,
+                                self.max_seq_tokens)
             if reason is not None:
                 seq.finish_reason = reason
                 self._finish(seq)

@@ -95,8 +95,7 @@ class ModelRunner:
             slot_maps.append(self.blocks.slots(seq.table, start, end))
             context_slots.append(self.blocks.slots(seq.table, 0, end))
             # a preempted sequence recomputes its prompt: its prompt logprobs are already there
-            if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1 \
-                    and seq.num_preemptions == 0:
+            if seq.wants_prompt_logprobs and start < seq.num_prompt_tokens - 1 and seq.num_preemptions == 0:
                 last = min(end, seq.num_prompt_tokens - 1)
                 lp_rows.append(PromptLogprobRows(seq, row, start, last - start))
             row += n

@@ -95,7 +95,7 @@ class Scheduler:
                 break  # a pooling prompt is pooled whole in one step: it waits for a step with room
             # prompt logprobs (and pooling) need every prompt position computed, so they skip the cache
             admitted = self.blocks.allocate_prompt(seq.table, seq.token_ids, budget,
-                                                   use_cache=seq.params.prompt_logprobs is None
+                                                   use_cache=not seq.wants_prompt_logprobs
                                                    and seq.pooling_params is None)
             if admitted is None:
                 victim = self.running[-1] if self.running else None

@@ -63,6 +63,11 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs are the request's, not each completion's: the first of its n sequences computes them."""
+        return self.params.prompt_logprobs is not None and self.index == 0
+
+    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 

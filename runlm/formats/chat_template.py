@@ -19,7 +19,8 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from runlm.formats.template_limits import RENDER_SECONDS, BoundedSandbox, bounded_output
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -57,8 +58,7 @@ class _Namespace(jinja2.utils.Namespace):
 
 @lru_cache(maxsize=32)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -82,13 +82,14 @@ def render_chat(messages: Sequence[Mapping[str, Any]], template: str | None, *,
                 eos_token: str | None = None, tools: list[dict] | None = None,
                 **extra: Any) -> str:
     """Render ``messages`` with ``template`` (ChatML when None) to the prompt text. ``tools`` reach the
-    template as given (runlm.tools.prompt.render_tool_chat first fits tool turns to the template)."""
+    template as given (runlm.tools.prompt.render_tool_chat first fits tool turns to the template).
+    Time and size are bounded (runlm/formats/template_limits.py)."""
     source = template if template else CHATML_TEMPLATE
     try:
         compiled = _compile(source)
-        return compiled.render(messages=[_normalise(m) for m in messages],
-                               add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token or "", eos_token=eos_token or "",
-                               tools=tools, **extra)
+        return bounded_output(compiled.generate(messages=[_normalise(m) for m in messages],
+                                                add_generation_prompt=add_generation_prompt,
+                                                bos_token=bos_token or "", eos_token=eos_token or "",
+                                                tools=tools, **extra), RENDER_SECONDS)
     except jinja2.exceptions.TemplateError as exc:
         raise ChatTemplateError(f"chat template failed: {exc}") from exc

@@ -2,33 +2,63 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import Scope
 
+from runlm import __version__
 from runlm.runner import engines_api, models_api, ollama_api
 from runlm.runner.backends import all_backends
 from runlm.runner.errors import RunnerError, error_body
 from runlm.runner.loader import Loader
 from runlm.runner.memory import MemoryBudget
-from runlm.store import ModelStore
+from runlm.store import ModelStore, NameConflictError
+from runlm.store.sources import LocalAccess
+from runlm.web.api_key import APIKeyMiddleware
+from runlm.web.body_limit import DEFAULT_MAX_BODY, BodyLimitMiddleware
+from runlm.web.browser_guard import BrowserGuardMiddleware, BrowserPolicy
+from runlm.web.disconnect import ClientDisconnected
+from runlm.web.openapi import install_openapi
 
 log = logging.getLogger("runlm.runner")
 
 
-def _error(request: Request, status: int, body: dict) -> JSONResponse:
+def _shaped(path: str, body: dict) -> dict:
     # Ollama's clients read {"error": "message"}; everything else gets the OpenAI shape
-    if request.url.path.startswith("/api/"):
-        return JSONResponse({"error": body["error"]["message"]}, status_code=status)
-    return JSONResponse(body, status_code=status)
+    return {"error": body["error"]["message"]} if path.startswith("/api/") else body
+
+
+def _error(request: Request, status: int, body: dict) -> JSONResponse:
+    return JSONResponse(_shaped(request.url.path, body), status_code=status)
+
+
+def _middleware_error(scope: Scope, status: int, message: str, code: str) -> bytes:
+    kind = {401: "authentication_error", 403: "permission_error"}.get(
+        status, "invalid_request_error" if status < 500 else "internal_error")
+    return json.dumps(_shaped(scope["path"], error_body(message, kind, code=code))).encode()
+
+
+@dataclass(slots=True, frozen=True)
+class HTTPSettings:
+    """How the daemon meets HTTP: where it is bound, whom it answers, how much it reads."""
+    host: str = "127.0.0.1"
+    allowed_hosts: frozenset[str] = frozenset()
+    allowed_origins: frozenset[str] = frozenset()
+    max_body_bytes: int = DEFAULT_MAX_BODY
 
 
 def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive: float | None = None,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, allow_local_import: Path | None = None,
+               http: HTTPSettings | None = None) -> FastAPI:
     backends = all_backends(store.logs)
     loader = Loader(store, backends, budget or MemoryBudget.default(),
                     **({"default_keep_alive": keep_alive} if keep_alive is not None else {}))
@@ -41,12 +71,23 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
         finally:
             await loader.close()  # no backend process outlives the daemon
 
-    app = FastAPI(title="runlm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="runlm", lifespan=lifespan, docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    install_openapi(app, "runlm serve", __version__, "runlm's daemon: Docker Model Runner, OpenAI and Ollama routes "
+                    "over one model store. Errors: OpenAI's shape; Ollama's {\"error\": \"...\"} under /api.")
     app.state.store, app.state.loader = store, loader
+    app.state.local_access = LocalAccess.under(allow_local_import)  # none unless the operator named a folder
 
     @app.exception_handler(RunnerError)
     async def runner_error(request: Request, exc: RunnerError) -> JSONResponse:
         return _error(request, exc.status, exc.body())
+
+    @app.exception_handler(NameConflictError)
+    async def name_conflict(request: Request, exc: NameConflictError) -> JSONResponse:
+        return _error(request, 409, error_body(str(exc), "conflict_error", code="name_conflict"))
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_gone(request: Request, exc: ClientDisconnected) -> Response:
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -63,20 +104,23 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
         log.exception("internal error on %s", request.url.path)
         return _error(request, 500, error_body(f"internal error: {type(exc).__name__}: {exc}", "internal_error"))
 
-    if api_key:
-        @app.middleware("http")
-        async def check_key(request: Request, call_next):  # type: ignore[no-untyped-def]
-            if request.url.path not in ("/", "/api/version") and \
-                    request.headers.get("authorization") != f"Bearer {api_key}":
-                return _error(request, 401, error_body("missing or wrong API key (Authorization: Bearer KEY)",
-                                                       "authentication_error"))
-            return await call_next(request)
-
-    @app.get("/")
+    @app.get("/", include_in_schema=False)
     async def root() -> PlainTextResponse:
         return PlainTextResponse("runlm is running")
 
     app.include_router(models_api.router)
     app.include_router(engines_api.router)
     app.include_router(ollama_api.router)
+    http = http or HTTPSettings()
+    # added innermost first: the browser guard runs before anything reads the body or the key
+    app.add_middleware(BodyLimitMiddleware, limit=http.max_body_bytes, write_error=_middleware_error)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key,
+                           open_paths=frozenset({"/", "/api/version", "/openapi.json", "/docs"}),
+                           write_error=_middleware_error)
+    app.add_middleware(BrowserGuardMiddleware, write_error=_middleware_error,
+                       policy=BrowserPolicy(http.host, http.allowed_hosts, http.allowed_origins))
+    if http.allowed_origins:  # pages of those origins may also read the answers
+        app.add_middleware(CORSMiddleware, allow_origins=sorted(http.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"])
     return app

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 KEEP_ALIVE_DEFAULT = 300.0  # seconds
 KEEP_ALIVE_FOREVER = -1.0
+KEEP_ALIVE_MAX = 10 * 365 * 86400.0  # longer is forever: expiry times stay representable (ps, /api/ps)
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -35,7 +37,9 @@ def parse_keep_alive(value: Any) -> float:
     if isinstance(value, bool):
         raise ConfigError(f"keep_alive: {value!r} is not a duration")
     if isinstance(value, (int, float)):
-        return KEEP_ALIVE_FOREVER if value < 0 else float(value)
+        if math.isnan(value):
+            raise ConfigError(f"keep_alive: {value!r} is not a duration")
+        return KEEP_ALIVE_FOREVER if value < 0 or value > KEEP_ALIVE_MAX else float(value)
     text = str(value).strip()
     if re.fullmatch(r"-?\d+(\.\d+)?", text):
         return parse_keep_alive(float(text))
@@ -44,7 +48,7 @@ def parse_keep_alive(value: Any) -> float:
     if not parts or "".join(n + u for n, u in parts) != text.lstrip("-"):
         raise ConfigError(f"keep_alive: {value!r} is not a duration (examples: '5m', '1h', '30s', '0', '-1')")
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-    return KEEP_ALIVE_FOREVER if negative else seconds
+    return KEEP_ALIVE_FOREVER if negative or seconds > KEEP_ALIVE_MAX else seconds
 
 
 def format_keep_alive(seconds: float) -> str:

@@ -11,7 +11,10 @@ from runlm.runner.errors import BadRequest, NotFound
 from runlm.runner.metrics import aggregate
 from runlm.runner.models_api import body_json
 from runlm.runner.proxy import forward_openai, require_model
+from runlm.runner.requests import ConfigureRequest, OpenAIRequest, UnloadRequest
 from runlm.runner.views import unix_time
+from runlm.web.disconnect import unless_disconnected
+from runlm.web.openapi import json_body
 
 router = APIRouter()
 OPENAI_POST_ROUTES = ("chat/completions", "completions", "embeddings", "rerank", "score")
@@ -26,9 +29,10 @@ def _check_backend(request: Request, backend: str | None) -> str | None:
 async def _openai_post(request: Request, route: str, backend: str | None) -> Response:
     if route not in OPENAI_POST_ROUTES:
         raise NotFound(f"no route POST /v1/{route}")
-    body = await body_json(request)
-    return await forward_openai(request.app.state.loader, route, body, dict(request.headers),
-                                _check_backend(request, backend))
+    body = await body_json(request, OpenAIRequest)
+    # until headers come back (a whole answer, when not streamed) a client that leaves cancels the request
+    return await unless_disconnected(request, forward_openai(request.app.state.loader, route, body,
+                                                             dict(request.headers), _check_backend(request, backend)))
 
 
 async def _openai_models(request: Request, name: str | None) -> JSONResponse:
@@ -44,44 +48,44 @@ async def _openai_models(request: Request, name: str | None) -> JSONResponse:
     raise NotFound(f"model {name!r} not found", param="model", code="model_not_found")
 
 
-@router.post("/v1/{route:path}")
-@router.post("/engines/v1/{route:path}")
+@router.post("/v1/{route:path}", openapi_extra=json_body(OpenAIRequest))
+@router.post("/engines/v1/{route:path}", openapi_extra=json_body(OpenAIRequest))
 async def openai_post(request: Request, route: str) -> Response:
     return await _openai_post(request, route, None)
 
 
-@router.post("/engines/{backend}/v1/{route:path}")
+@router.post("/engines/{backend}/v1/{route:path}", openapi_extra=json_body(OpenAIRequest))
 async def openai_post_backend(request: Request, backend: str, route: str) -> Response:
     return await _openai_post(request, route, backend)
 
 
-@router.get("/v1/models")
-@router.get("/engines/v1/models")
-@router.get("/engines/{backend}/v1/models")
+@router.get("/v1/models", openapi_extra=json_body())
+@router.get("/engines/v1/models", openapi_extra=json_body())
+@router.get("/engines/{backend}/v1/models", openapi_extra=json_body())
 async def openai_models(request: Request, backend: str | None = None) -> JSONResponse:
     _check_backend(request, backend)
     return await _openai_models(request, None)
 
 
-@router.get("/v1/models/{name:path}")
-@router.get("/engines/v1/models/{name:path}")
-@router.get("/engines/{backend}/v1/models/{name:path}")
+@router.get("/v1/models/{name:path}", openapi_extra=json_body())
+@router.get("/engines/v1/models/{name:path}", openapi_extra=json_body())
+@router.get("/engines/{backend}/v1/models/{name:path}", openapi_extra=json_body())
 async def openai_model(request: Request, name: str, backend: str | None = None) -> JSONResponse:
     _check_backend(request, backend)
     return await _openai_models(request, name)
 
 
-@router.get("/engines/status")
+@router.get("/engines/status", openapi_extra=json_body())
 async def status(request: Request) -> JSONResponse:
     return JSONResponse({name: b.status() for name, b in request.app.state.loader.backends.items()})
 
 
-@router.get("/engines/ps")
+@router.get("/engines/ps", openapi_extra=json_body())
 async def ps(request: Request) -> JSONResponse:
     return JSONResponse([r.to_json() for r in request.app.state.loader.runners.values()])
 
 
-@router.get("/engines/df")
+@router.get("/engines/df", openapi_extra=json_body())
 async def df(request: Request) -> JSONResponse:
     usage = await asyncio.to_thread(request.app.state.store.disk_usage)
     backends = {n: b.disk_usage() for n, b in request.app.state.loader.backends.items()}
@@ -89,9 +93,9 @@ async def df(request: Request) -> JSONResponse:
                          "default_backend_disk_usage": backends["native"], "backends_disk_usage": backends})
 
 
-@router.post("/engines/unload")
+@router.post("/engines/unload", openapi_extra=json_body(UnloadRequest))
 async def unload(request: Request) -> JSONResponse:
-    body = await body_json(request)
+    body = await body_json(request, UnloadRequest)
     models = body.get("models")
     if body.get("all"):
         models = None
@@ -101,10 +105,10 @@ async def unload(request: Request) -> JSONResponse:
     return JSONResponse({"unloaded_runners": count})
 
 
-@router.post("/engines/_configure")
-@router.post("/engines/{backend}/_configure")
+@router.post("/engines/_configure", openapi_extra=json_body(ConfigureRequest))
+@router.post("/engines/{backend}/_configure", openapi_extra=json_body(ConfigureRequest))
 async def configure(request: Request, backend: str | None = None) -> JSONResponse:
-    body = await body_json(request)
+    body = await body_json(request, ConfigureRequest)
     name = require_model(body)
     loader = request.app.state.loader
     model = await loader.model(name)

@@ -22,6 +22,7 @@ from runlm.runner.backends import DEFAULT_BACKEND, Backend, BackendError
 from runlm.runner.backends.base import RequiredMemory
 from runlm.runner.config import KEEP_ALIVE_DEFAULT, BackendConfig, BackendMode, ConfigError
 from runlm.runner.errors import BackendUnavailable, BadRequest, Busy, Conflict, ModelTooLarge, NotFound
+from runlm.runner.health import watch_health
 from runlm.runner.memory import MemoryBudget, human_size
 from runlm.runner.runner import Runner, RunnerKey, backend_client
 from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore, StoredModel
@@ -53,6 +54,7 @@ class Loader:
         self._socket_dir = Path(tempfile.mkdtemp(prefix="runlm-"))
         self._counter = 0
         self._janitor: asyncio.Task | None = None
+        self._health: asyncio.Task | None = None
 
     # --- lookups -------------------------------------------------------------------------------
     async def model(self, name: str) -> StoredModel:
@@ -122,7 +124,7 @@ class Loader:
             runner.keep_alive = keep_alive  # Ollama: a request's keep_alive holds until the next one
         if runner.in_use == 0 and not runner.dead:
             if runner.keep_alive == 0:
-                asyncio.get_running_loop().create_task(self.unload(runner))
+                asyncio.get_running_loop().create_task(self.unload_if_idle(runner))
             elif runner.keep_alive > 0:
                 runner.expires_at = time.time() + runner.keep_alive
         asyncio.get_running_loop().create_task(self._notify_released())
@@ -155,7 +157,7 @@ class Loader:
                 str(self._socket_dir / f"{backend.name}-{self._counter}.sock")
             keep_alive = config.keep_alive if config.keep_alive is not None else self.default_keep_alive
             runner = Runner(backend, model, mode, config, address, need, keep_alive,
-                            backend_client(address, backend.uses_tcp))
+                            backend_client(address, backend.uses_tcp, backend.api_key_for(address)))
             self.runners[key] = runner
         runner.task = asyncio.create_task(self._run(runner, str(path)))
         try:
@@ -237,6 +239,20 @@ class Loader:
         runner.task.cancel()
         await asyncio.wait({runner.task})
 
+    async def unload_if_idle(self, runner: Runner) -> bool:
+        """Unload the runner only if no request holds it at this moment (one may have taken it since it was
+        chosen); a busy one gets keep_alive 0, so it goes when its last request ends."""
+        if runner.in_use:
+            runner.keep_alive = 0
+            return False
+        await self.unload(runner)
+        return True
+
+    async def unload_idle_models(self, name: str) -> None:
+        """Ollama's keep_alive 0: unload the model's idle runners now, the busy ones after their requests."""
+        model_id = (await self.model(name)).id
+        await asyncio.gather(*(self.unload_if_idle(r) for r in list(self.runners.values()) if r.model.id == model_id))
+
     async def unload_models(self, names: list[str] | None, backend: str | None = None) -> int:
         """Unload the named models (every model when ``names`` is None); returns how many runners stopped."""
         ids = None
@@ -263,6 +279,7 @@ class Loader:
 
     async def start(self) -> None:
         self._janitor = asyncio.create_task(self._expire_loop())
+        self._health = asyncio.create_task(watch_health(self))
 
     async def _expire_loop(self) -> None:
         while True:
@@ -273,8 +290,9 @@ class Loader:
                     await self.unload(r)
 
     async def close(self) -> None:
-        if self._janitor:
-            self._janitor.cancel()
+        for task in (self._janitor, self._health):
+            if task:
+                task.cancel()
         for task in list(self._loading.values()):
             task.cancel()
         await asyncio.gather(*(self.unload(r) for r in list(self.runners.values())), return_exceptions=True)

@@ -6,13 +6,17 @@ import json
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from runlm.runner.errors import BadRequest, Conflict, NotFound
 from runlm.runner.pulling import pull_events
+from runlm.runner.requests import CreateRequest, TagRequest
 from runlm.runner.views import group_by_id, model_json
 from runlm.store import InvalidNameError, ModelNotFoundError, StoredModel
 from runlm.store.progress import PullProgress
+from runlm.web.json_body import JSONBodyError, parse_json_object, validate_body
+from runlm.web.openapi import json_body
 
 
 async def get_model(request: Request, name: str) -> StoredModel:
@@ -24,29 +28,31 @@ async def get_model(request: Request, name: str) -> StoredModel:
         raise NotFound(str(exc), code="model_not_found") from None
 
 
-async def body_json(request: Request) -> dict:
+async def body_json(request: Request, model: type[BaseModel] | None = None) -> dict:
+    """The body as a JSON object, parsed as serve-engine parses it (an empty body is {}), and checked against the
+    route's request ``model`` (runlm/runner/requests.py; /openapi.json documents the same)."""
     try:
-        body = json.loads(await request.body() or b"{}")
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+        body = parse_json_object(await request.body(), empty={})
+        if model is not None:
+            validate_body(model, body)
+    except JSONBodyError as exc:
+        raise BadRequest(str(exc), param=exc.param) from None
     return body
 
 
 router = APIRouter()
 
 
-@router.post("/models/create")
+@router.post("/models/create", openapi_extra=json_body(CreateRequest))
 async def create(request: Request) -> Response:
-    body = await body_json(request)
+    body = await body_json(request, CreateRequest)
     source = body.get("from")
     if not isinstance(source, str) or not source:
         raise BadRequest("'from' is required: a built-in name, a file, a URL or a Hugging Face repo id", param="from")
     store = request.app.state.store
 
     async def lines() -> AsyncIterator[bytes]:
-        async for item in pull_events(store, source, body.get("name")):
+        async for item in pull_events(store, source, body.get("name"), request.app.state.local_access):
             if isinstance(item, PullProgress):
                 msg = {"type": "progress", "message": item.status, "total": item.total, "pulled": item.completed}
             elif isinstance(item, Exception):
@@ -58,15 +64,15 @@ async def create(request: Request) -> Response:
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
-@router.get("/models")
+@router.get("/models", openapi_extra=json_body())
 async def list_models(request: Request) -> JSONResponse:
     models = await asyncio.to_thread(request.app.state.store.list)
     return JSONResponse([model_json(g) for g in group_by_id(models)])
 
 
-@router.post("/models/{name:path}/tag")
+@router.post("/models/{name:path}/tag", openapi_extra=json_body(TagRequest, required=False))
 async def tag(request: Request, name: str) -> JSONResponse:
-    body = await body_json(request)
+    body = await body_json(request, TagRequest)
     target = body.get("target")
     if target is None and request.query_params.get("repo"):
         target = f"{request.query_params['repo']}:{request.query_params.get('tag', 'latest')}"
@@ -80,7 +86,7 @@ async def tag(request: Request, name: str) -> JSONResponse:
     return JSONResponse({"message": f"tagged {name} as {model.name}", "id": model.id}, status_code=201)
 
 
-@router.get("/models/{name:path}")
+@router.get("/models/{name:path}", openapi_extra=json_body())
 async def inspect(request: Request, name: str) -> JSONResponse:
     model = await get_model(request, name)
     tags = [m for m in await asyncio.to_thread(request.app.state.store.list) if m.id == model.id]
@@ -103,7 +109,7 @@ async def delete_model(request: Request, name: str, force: bool) -> StoredModel:
     return await asyncio.to_thread(request.app.state.store.remove, str(model.name))
 
 
-@router.delete("/models/{name:path}")
+@router.delete("/models/{name:path}", openapi_extra=json_body())
 async def delete(request: Request, name: str) -> JSONResponse:
     force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
     model = await delete_model(request, name, force)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -26,7 +26,18 @@ from runlm.runner.ollama_convert import (
 )
 from runlm.runner.proxy import pop_keep_alive, require_model, send, sse_events
 from runlm.runner.pulling import pull_error_status, pull_events
+from runlm.runner.requests import (
+    ChatRequest,
+    CopyRequest,
+    EmbeddingsRequest,
+    EmbedRequest,
+    GenerateRequest,
+    ModelRequest,
+)
+from runlm.store import InvalidNameError
 from runlm.store.progress import PullProgress
+from runlm.web.disconnect import unless_disconnected
+from runlm.web.openapi import OllamaError, json_body
 
 router = APIRouter(prefix="/api")
 NDJSON = "application/x-ndjson"
@@ -36,18 +47,18 @@ def _line(obj: dict) -> bytes:
     return (json.dumps(obj) + "\n").encode()
 
 
-@router.get("/version")
+@router.get("/version", openapi_extra=json_body(error=OllamaError))
 async def version() -> JSONResponse:
     return JSONResponse({"version": __version__})
 
 
-@router.get("/tags")
+@router.get("/tags", openapi_extra=json_body(error=OllamaError))
 async def tags(request: Request) -> JSONResponse:
     models = await asyncio.to_thread(request.app.state.store.list)
     return JSONResponse({"models": [tag_entry(m) for m in models]})
 
 
-@router.get("/ps")
+@router.get("/ps", openapi_extra=json_body(error=OllamaError))
 async def ps(request: Request) -> JSONResponse:
     out = []
     for r in request.app.state.loader.runners.values():
@@ -60,9 +71,9 @@ async def ps(request: Request) -> JSONResponse:
     return JSONResponse({"models": out})
 
 
-@router.post("/show")
+@router.post("/show", openapi_extra=json_body(ModelRequest, error=OllamaError))
 async def show(request: Request) -> JSONResponse:
-    body = await body_json(request)
+    body = await body_json(request, ModelRequest)
     name = body.get("model") or body.get("name")
     if not isinstance(name, str):
         raise BadRequest("'model' is required", param="model")
@@ -78,13 +89,13 @@ async def show(request: Request) -> JSONResponse:
                            f"{info.architecture}.expert_used_count": info.experts_used} if info.experts else {})}})
 
 
-@router.post("/pull")
+@router.post("/pull", openapi_extra=json_body(ModelRequest, error=OllamaError))
 async def pull(request: Request) -> Response:
-    body = await body_json(request)
+    body = await body_json(request, ModelRequest)
     source = body.get("model") or body.get("name")
     if not isinstance(source, str) or not source:
         raise BadRequest("'model' is required", param="model")
-    events = pull_events(request.app.state.store, source)
+    events = pull_events(request.app.state.store, source, None, request.app.state.local_access)
     if body.get("stream", True) is False:
         async for item in events:
             if isinstance(item, Exception):
@@ -100,9 +111,9 @@ async def pull(request: Request) -> Response:
     return StreamingResponse(lines(), media_type=NDJSON)
 
 
-@router.delete("/delete")
+@router.delete("/delete", openapi_extra=json_body(ModelRequest, error=OllamaError))
 async def delete(request: Request) -> Response:
-    body = await body_json(request)
+    body = await body_json(request, ModelRequest)
     name = body.get("model") or body.get("name")
     if not isinstance(name, str):
         raise BadRequest("'model' is required", param="model")
@@ -110,16 +121,16 @@ async def delete(request: Request) -> Response:
     return Response(status_code=200)
 
 
-@router.post("/copy")
+@router.post("/copy", openapi_extra=json_body(CopyRequest, error=OllamaError))
 async def copy(request: Request) -> Response:
-    body = await body_json(request)
+    body = await body_json(request, CopyRequest)
     src, dst = body.get("source"), body.get("destination")
     if not isinstance(src, str) or not isinstance(dst, str):
         raise BadRequest("'source' and 'destination' are required")
     await get_model(request, src)
     try:
         await asyncio.to_thread(request.app.state.store.tag, src, dst)
-    except ValueError as exc:
+    except InvalidNameError as exc:  # (a name conflict is the app's 409)
         raise BadRequest(str(exc), param="destination") from None
     return Response(status_code=200)
 
@@ -128,8 +139,7 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
     """Ollama's way to load (empty prompt) or unload (and keep_alive 0) a model."""
     loader = request.app.state.loader
     if keep_alive == 0:
-        model = await loader.model(name)
-        await loader.unload_models([str(model.name)])
+        await loader.unload_idle_models(name)  # never from under a request that holds it
         reason = "unload"
     else:
         runner = await loader.acquire(name)
@@ -160,7 +170,7 @@ async def _generate(request: Request, body: dict, route: str, payload: dict,
         loader.release(runner, keep_alive)
         raise
 
-    async def chunks() -> AsyncIterator[dict]:
+    async def chunks() -> AsyncGenerator[dict, None]:
         usage, finish, t_first = None, "stop", None
         tools: list[dict] = []
         try:
@@ -192,14 +202,23 @@ async def _generate(request: Request, body: dict, route: str, payload: dict,
             async for c in chunks():
                 yield _line(c)
         return StreamingResponse(lines(), media_type=NDJSON)
+    return await unless_disconnected(request, _whole(chunks()))
+
+
+async def _whole(chunks: AsyncGenerator[dict, None]) -> Response:
+    """A non-streamed Ollama answer: the chunks joined into the final object."""
     parts: list[str] = []
-    async for c in chunks():
-        if "error" in c:
-            return JSONResponse({"error": c["error"]}, status_code=503)
-        if not c["done"]:
-            parts.append(c.get("response") or c.get("message", {}).get("content", ""))
-        else:
-            final = c
+    final: dict = {}
+    try:
+        async for c in chunks:
+            if "error" in c:
+                return JSONResponse({"error": c["error"]}, status_code=503)
+            if not c["done"]:
+                parts.append(c.get("response") or c.get("message", {}).get("content", ""))
+            else:
+                final = c
+    finally:
+        await chunks.aclose()  # closing it closes the backend stream
     key = "message" if "message" in final else "response"
     if key == "message":
         final["message"]["content"] = "".join(parts)
@@ -215,9 +234,9 @@ def _chat_shape(text: str, tool_calls: list | None) -> dict:
     return {"message": msg}
 
 
-@router.post("/chat")
+@router.post("/chat", openapi_extra=json_body(ChatRequest, error=OllamaError))
 async def chat(request: Request) -> Response:
-    body = await body_json(request)
+    body = await body_json(request, ChatRequest)
     name = require_model(body)
     if not body.get("messages"):
         return await _load_or_unload(request, name, pop_keep_alive(body), chat=True)
@@ -227,9 +246,9 @@ async def chat(request: Request) -> Response:
     return await _generate(request, body, "chat/completions", payload, _chat_shape)
 
 
-@router.post("/generate")
+@router.post("/generate", openapi_extra=json_body(GenerateRequest, error=OllamaError))
 async def generate(request: Request) -> Response:
-    body = await body_json(request)
+    body = await body_json(request, GenerateRequest)
     name = require_model(body)
     prompt = body.get("prompt")
     if not prompt:
@@ -269,9 +288,9 @@ async def _embed(request: Request, body: dict, inputs: Any) -> tuple[list, dict,
     return vectors, data.get("usage") or {}, t0
 
 
-@router.post("/embed")
+@router.post("/embed", openapi_extra=json_body(EmbedRequest, error=OllamaError))
 async def embed(request: Request) -> JSONResponse:
-    body = await body_json(request)
+    body = await body_json(request, EmbedRequest)
     inputs = body.get("input")
     if not isinstance(inputs, (str, list)) or not inputs:
         raise BadRequest("'input' must be a string or a list of strings", param="input")
@@ -281,9 +300,9 @@ async def embed(request: Request) -> JSONResponse:
                          "prompt_eval_count": usage.get("prompt_tokens", 0)})
 
 
-@router.post("/embeddings")
+@router.post("/embeddings", openapi_extra=json_body(EmbeddingsRequest, error=OllamaError))
 async def embeddings(request: Request) -> JSONResponse:
-    body = await body_json(request)
+    body = await body_json(request, EmbeddingsRequest)
     if not isinstance(body.get("prompt"), str):
         raise BadRequest("'prompt' must be a string", param="prompt")
     vectors, _, _ = await _embed(request, body, body["prompt"])

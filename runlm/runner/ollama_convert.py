@@ -55,12 +55,27 @@ def chat_messages(messages: Any) -> list[dict]:
             raise BadRequest(f"messages[{i}] has images, which runlm's models cannot see", param="messages")
         msg: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
         if m.get("tool_calls"):
-            msg["tool_calls"] = [{"id": f"call_{i}_{j}", "type": "function",
-                                  "function": {"name": c["function"]["name"],
-                                               "arguments": json.dumps(c["function"].get("arguments") or {})}}
-                                 for j, c in enumerate(m["tool_calls"])]
+            msg["tool_calls"] = [_tool_call(c, f"messages[{i}].tool_calls[{j}]", f"call_{i}_{j}")
+                                 for j, c in enumerate(_as_list(m["tool_calls"], f"messages[{i}].tool_calls"))]
         out.append(msg)
     return out
+
+
+def _as_list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise BadRequest(f"{where} must be a list", param=where)
+    return value
+
+
+def _tool_call(call: Any, where: str, call_id: str) -> dict:
+    """Ollama's {"function": {"name", "arguments": {...}}} as OpenAI's tool call; anything else is a 400."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise BadRequest(f"{where} must be {{\"function\": {{\"name\": ..., \"arguments\": {{...}}}}}}", param=where)
+    args = fn.get("arguments") or {}
+    if not isinstance(args, dict):
+        raise BadRequest(f"{where}.function.arguments must be an object", param=f"{where}.function.arguments")
+    return {"id": call_id, "type": "function", "function": {"name": fn["name"], "arguments": json.dumps(args)}}
 
 
 def ollama_tool_calls(calls: list[dict] | None) -> list[dict] | None:

@@ -1,38 +1,76 @@
-"""Pulls run in a worker thread; their progress comes back to the event loop as a stream of events."""
+"""Pulls run in threads of their own, a few at a time; their progress comes back to the event loop as a stream
+of events. They never use the default executor, so stalled downloads cannot starve model loads (which do)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 
-from runlm.store import InvalidNameError, ModelStore, StoredModel
+from runlm.runner.errors import Busy, RunnerError
+from runlm.store import InvalidNameError, ModelStore, NameConflictError, StoredModel
 from runlm.store.progress import PullProgress
-from runlm.store.sources import SourceError
+from runlm.store.sources import LocalAccess, SourceError
+
+MAX_PULLS = 4           # downloads at once; the rest wait their turn
+MAX_WAITING_PULLS = 32  # beyond running + waiting, a pull is refused (503) rather than queued
+_slots = threading.BoundedSemaphore(MAX_PULLS)
+_lock = threading.Lock()
+_pending = 0  # pull threads alive (running or waiting for a slot), whether or not their client stayed
 
 
-async def pull_events(store: ModelStore, source: str, name: str | None = None
+def _claim() -> bool:
+    global _pending
+    with _lock:
+        if _pending >= MAX_PULLS + MAX_WAITING_PULLS:
+            return False
+        _pending += 1
+        return True
+
+
+def _unclaim() -> None:
+    global _pending
+    with _lock:
+        _pending -= 1
+
+
+async def pull_events(store: ModelStore, source: str, name: str | None, access: LocalAccess
                       ) -> AsyncIterator[PullProgress | StoredModel | Exception]:
     """Yields PullProgress events, then the StoredModel, or the exception that stopped the pull."""
+    if not _claim():
+        yield Busy(f"{MAX_PULLS + MAX_WAITING_PULLS} pulls are already running or waiting; try again later",
+                   code="too_many_pulls")
+        return
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
-    def report(p: PullProgress) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, p)
+    def put(item: object) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop closed (daemon shutting down)
+            pass
 
     def work() -> None:
         try:
-            result: object = store.pull(source, name, progress=report)
+            with _slots:
+                result: object = store.pull(source, name, progress=put, access=access)
         except Exception as exc:  # every failure goes to the client as a message
             result = exc
-        loop.call_soon_threadsafe(queue.put_nowait, result)
+        finally:
+            _unclaim()
+        put(result)
 
-    worker = loop.run_in_executor(None, work)
+    # a daemon thread: a download stuck in a read never holds up the daemon's exit
+    threading.Thread(target=work, name="pull", daemon=True).start()
     while True:
         item = await queue.get()
         yield item
         if not isinstance(item, PullProgress):
             break
-    await worker
 
 
 def pull_error_status(exc: Exception) -> int:
+    if isinstance(exc, RunnerError):
+        return exc.status
+    if isinstance(exc, NameConflictError):
+        return 409
     return 400 if isinstance(exc, (InvalidNameError, SourceError, ValueError)) else 502

@@ -14,13 +14,14 @@ from runlm.store import StoredModel
 RunnerKey = tuple[str, str, BackendMode]  # backend name, model id, mode
 
 
-def backend_client(address: str, uses_tcp: bool) -> httpx.AsyncClient:
+def backend_client(address: str, uses_tcp: bool, api_key: str | None) -> httpx.AsyncClient:
     # generation streams can run for minutes: no read timeout, but a prompt connect timeout
     timeout = httpx.Timeout(None, connect=10.0)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None  # the daemon's own key for it
     if uses_tcp:
-        return httpx.AsyncClient(base_url=f"http://{address}", timeout=timeout)
+        return httpx.AsyncClient(base_url=f"http://{address}", timeout=timeout, headers=headers)
     return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=address), base_url="http://backend",
-                             timeout=timeout)
+                             timeout=timeout, headers=headers)
 
 
 def resident_bytes(pid: int | None) -> int | None:

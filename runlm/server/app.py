@@ -11,12 +11,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
+from runlm import __version__
 from runlm.engine.async_llm import AsyncLLM
 from runlm.server import chat, completions, meta, pooling, tokenize
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import ServerMetrics
-from runlm.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
 from runlm.server.state import ServerSettings, ServerState
+from runlm.web.api_key import APIKeyMiddleware
+from runlm.web.body_limit import BodyLimitMiddleware
+from runlm.web.openapi import install_openapi
 
 log = logging.getLogger("runlm.server")
 
@@ -40,7 +43,9 @@ def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
             if shutdown_engine and state.engine is not None:
                 state.engine.shutdown()
 
-    app = FastAPI(title="runlm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="runlm", lifespan=lifespan, docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    install_openapi(app, "runlm serve-engine", __version__,
+                    "An OpenAI-compatible API over one model (runlm's engine); errors are OpenAI's shape.")
     state = ServerState(settings, ServerMetrics(settings.served_model_names[0], lambda: state.engine), engine)
     app.state.server = state
     install_error_handlers(app)

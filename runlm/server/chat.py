@@ -21,11 +21,12 @@ from runlm.server.state import ServerState
 from runlm.server.structured import constraint_source
 from runlm.server.tool_calls import DeltaBuilder, tool_plan, whole_message
 from runlm.tools.choice import ToolPlan
+from runlm.web.openapi import json_body
 
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = await parse_body(request, ChatCompletionRequest)
@@ -35,8 +36,8 @@ async def chat_completions(request: Request) -> Response:
     params = to_sampling_params(req, plan.structured_outputs)
     if plan.parser is not None and plan.parser.needs_special_tokens:
         params.skip_special_tokens = False  # the call markers are special tokens
-    prompt = chat_prompt_ids(engine, req.messages, req.add_generation_prompt, plan.template_tools,
-                             req.chat_template_kwargs)
+    prompt = await chat_prompt_ids(engine, req.messages, req.add_generation_prompt, plan.template_tools,
+                                   req.chat_template_kwargs, state.settings.trust_request_chat_template)
     check_room_for_completion(engine, [prompt], params, "messages")
     gen, ticket = await start_generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority,
                                          "messages", constraint_source(req, plan.structured_outputs))

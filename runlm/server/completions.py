@@ -24,11 +24,12 @@ from runlm.server.sampling import to_sampling_params
 from runlm.server.sse import DONE, HEADERS, error_event, event, usage
 from runlm.server.state import ServerState
 from runlm.server.structured import constraint_source
+from runlm.web.openapi import json_body
 
 router = APIRouter()
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = await parse_body(request, CompletionRequest)

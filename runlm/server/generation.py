@@ -22,6 +22,7 @@ from runlm.engine.structured.params import StructuredOutputsError
 from runlm.server.errors import APIError, bad_request
 from runlm.server.state import ServerState
 from runlm.server.structured import structured_error
+from runlm.web.disconnect import wait_for_disconnect
 
 _DONE = object()
 
@@ -71,13 +72,6 @@ class TicketedStreamingResponse(StreamingResponse):
         finally:
             self.generation.close()
             self.ticket.release()
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 async def start_generation(state: ServerState, engine: AsyncLLM, http_request: Request, prompts: list[list[int]],
@@ -148,7 +142,7 @@ class Generation:
                 queue.put_nowait((i, _DONE))
 
         tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
-        watcher = asyncio.create_task(_wait_for_disconnect(self.http_request))
+        watcher = asyncio.create_task(wait_for_disconnect(self.http_request))
 
         def on_disconnect(t: asyncio.Task) -> None:
             if not t.cancelled() and t.exception() is None:

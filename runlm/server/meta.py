@@ -42,6 +42,8 @@ async def get_model(request: Request, model_id: str) -> JSONResponse:
 
 
 def _health(state: ServerState) -> Response:
+    if state.draining:
+        return error_response(503, "the server is shutting down", code="shutting_down")
     if state.engine is None:
         why = f"the model failed to load: {state.load_error}" if state.load_error else "the model is loading"
         return error_response(503, why, code="model_not_ready", headers={"Retry-After": "1"})
@@ -84,7 +86,7 @@ async def metrics(request: Request) -> Response:
 fallback_router = APIRouter()
 
 
-@fallback_router.post("/v1/embeddings")
+@fallback_router.post("/v1/embeddings", include_in_schema=False)  # the pooling router documents it
 async def embeddings_unsupported(request: Request) -> Response:
     _state(request).ready_engine()
     raise APIError(400, "this model does not support embeddings", param="model", code="unsupported_task")

@@ -28,6 +28,7 @@ from runlm.server.errors import APIError, bad_request
 from runlm.server.generation import admit, engine_error, new_id
 from runlm.server.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest
 from runlm.server.state import ServerState
+from runlm.web.openapi import json_body
 
 router = APIRouter()
 
@@ -96,7 +97,7 @@ def _usage(outs: list[PoolingRequestOutput]) -> dict[str, int]:
             "truncated_tokens": sum(o.num_truncated_tokens for o in outs)}
 
 
-@router.post("/v1/embeddings")
+@router.post("/v1/embeddings", openapi_extra=json_body(EmbeddingRequest))
 async def embeddings(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.server
     req = await parse_body(request, EmbeddingRequest)
@@ -129,9 +130,9 @@ async def _pair_scores(state: ServerState, engine: AsyncLLM,
     return [F.cosine_similarity(vec[a], vec[b], dim=0).item() for a, b in pairs], _usage(outs)
 
 
-@router.post("/v1/rerank")
-@router.post("/v2/rerank")
-@router.post("/rerank")
+@router.post("/v1/rerank", openapi_extra=json_body(RerankRequest))
+@router.post("/v2/rerank", openapi_extra=json_body(RerankRequest))
+@router.post("/rerank", openapi_extra=json_body(RerankRequest))
 async def rerank(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.server
     req = await parse_body(request, RerankRequest)
@@ -157,8 +158,8 @@ async def rerank(request: Request) -> JSONResponse:
                          "results": results, "usage": usage})
 
 
-@router.post("/v1/score")
-@router.post("/score")
+@router.post("/v1/score", openapi_extra=json_body(ScoreRequest))
+@router.post("/score", openapi_extra=json_body(ScoreRequest))
 async def score(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.server
     req = await parse_body(request, ScoreRequest)

@@ -12,7 +12,9 @@ from runlm.engine.async_llm import AsyncLLM
 from runlm.engine.llm import encode_chat
 from runlm.engine.sampling_params import SamplingParams
 from runlm.formats.chat_template import ChatTemplateError
+from runlm.formats.template_limits import RenderLimitError
 from runlm.server.errors import bad_request
+from runlm.server.render import render_off_loop
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # keys render_chat sets itself; chat_template_kwargs may not override them
@@ -52,14 +54,28 @@ def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     return out
 
 
-def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+async def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+                          tools: list[dict] | None, template_kwargs: Mapping[str, Any] | None,
+                          trust_request_template: bool) -> list[int]:
+    """The prompt's token ids, rendered off the event loop within the template limits. A template given in
+    the request (``chat_template_kwargs.chat_template``) replaces the model's only on a server started
+    with --trust-request-chat-template."""
     extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
+    template = extra.pop("chat_template", None)
+    if template is not None and not trust_request_template:
+        raise bad_request("this server does not take chat templates from requests (start it with "
+                          "--trust-request-chat-template to allow them)", "chat_template_kwargs.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise bad_request("chat_template must be a string", "chat_template_kwargs.chat_template")
+    msgs = normalise_messages(messages)
     try:
-        return encode_chat(engine.tokenizer, normalise_messages(messages),
-                           add_generation_prompt=add_generation_prompt, tools=tools, **extra)
+        return await render_off_loop(lambda: encode_chat(engine.tokenizer, msgs, template,
+                                                         add_generation_prompt=add_generation_prompt,
+                                                         tools=tools, **extra))
     except ChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None
+    except RenderLimitError as exc:
+        raise bad_request(f"chat template failed: {exc}", "messages") from None
     except TypeError as exc:  # e.g. a message of the wrong shape for the template
         raise bad_request(f"the messages do not fit the model's chat template: {exc}", "messages") from None
 

@@ -10,8 +10,14 @@ DONE = "data: [DONE]\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+# characters that str.splitlines (httpx's line reader, the daemon's proxy) ends a line at; json.dumps escapes
+# every other one, but not these three when it keeps non-ASCII text as it is
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def event(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    text = json.dumps(payload, ensure_ascii=False, separators=(',', ':')).translate(_LINE_BREAKS)
+    return f"data: {text}\n\n"
 
 
 def error_event(exc: APIError) -> str:

@@ -23,6 +23,8 @@ class ServerSettings:
     # sequences that may wait for a slot beyond the engine's max_num_seqs before we answer 503
     max_waiting: int = 256
     max_prompts_per_request: int = 256
+    # let a request replace the model's chat template (chat_template_kwargs.chat_template; vLLM's flag)
+    trust_request_chat_template: bool = False
 
 
 @dataclass(slots=True)
@@ -33,13 +35,17 @@ class ServerState:
     load_error: BaseException | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     in_flight_seqs: int = 0                  # sequences admitted and not yet finished
+    draining: bool = False                   # SIGTERM: finishing what runs, taking nothing new
 
     @property
     def model_name(self) -> str:
         return self.settings.served_model_names[0]
 
     def ready_engine(self) -> AsyncLLM:
-        """The engine, or a 503 while it loads (or when it failed)."""
+        """The engine, or a 503 while it loads (or when it failed) and once the server is shutting down."""
+        if self.draining:
+            raise APIError(503, "the server is shutting down; retry on another", code="shutting_down",
+                           headers={"Retry-After": "1"})
         if self.engine is None:
             if self.load_error is not None:
                 raise APIError(503, f"the model failed to load: {self.load_error}", code="model_load_failed")

@@ -11,6 +11,7 @@ from runlm.server.logprobs import TokenTexts
 from runlm.server.prompts import chat_prompt_ids
 from runlm.server.protocol import DetokenizeRequest, TokenizeRequest
 from runlm.server.state import ServerState
+from runlm.web.openapi import json_body
 
 router = APIRouter()
 
@@ -25,15 +26,16 @@ async def _tokens(request: Request) -> tuple[TokenizeRequest, list[int], int, Se
     if req.messages is not None:
         if not req.messages:
             raise bad_request("messages must not be empty", "messages")
-        ids = chat_prompt_ids(engine, req.messages, req.add_generation_prompt, req.tools, req.chat_template_kwargs)
+        ids = await chat_prompt_ids(engine, req.messages, req.add_generation_prompt, req.tools,
+                                    req.chat_template_kwargs, state.settings.trust_request_chat_template)
     else:
         assert req.prompt is not None  # exactly one of the two, checked above
         ids = engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
     return req, ids, engine.max_model_len, state
 
 
-@router.post("/v1/tokenize")
-@router.post("/tokenize")
+@router.post("/v1/tokenize", openapi_extra=json_body(TokenizeRequest))
+@router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
 async def tokenize(request: Request) -> JSONResponse:
     req, ids, max_len, state = await _tokens(request)
     body = {"count": len(ids), "max_model_len": max_len, "tokens": ids}
@@ -43,14 +45,14 @@ async def tokenize(request: Request) -> JSONResponse:
     return JSONResponse(body)
 
 
-@router.post("/v1/count_tokens")
+@router.post("/v1/count_tokens", openapi_extra=json_body(TokenizeRequest))
 async def count_tokens(request: Request) -> JSONResponse:
     _, ids, max_len, _ = await _tokens(request)
     return JSONResponse({"count": len(ids), "input_tokens": len(ids), "max_model_len": max_len})
 
 
-@router.post("/v1/detokenize")
-@router.post("/detokenize")
+@router.post("/v1/detokenize", openapi_extra=json_body(DetokenizeRequest))
+@router.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
 async def detokenize(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.server
     req = await parse_body(request, DetokenizeRequest)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 CHUNK = 1 << 20
+BLOB_MODE = 0o400  # read-only, and for the store's owner alone: a model may be private
 
 
 class BlobDigestError(ValueError):
@@ -52,8 +53,8 @@ class BlobStore:
 
     def put_file(self, src: Path, on_bytes: Callable[[int], None] | None = None) -> tuple[str, int]:
         """Copy ``src`` in, hashing as it goes; returns (digest, size). A blob that exists is not copied twice."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
         h = hashlib.sha256()
         fd, tmp_name = tempfile.mkstemp(dir=self.tmp, prefix="blob-")
         tmp = Path(tmp_name)
@@ -73,11 +74,11 @@ class BlobStore:
         """Move a fully written, verified temp file into place (atomic rename; no-op if present)."""
         target = self.path(digest)
         size = tmp.stat().st_size
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         if target.exists():
             tmp.unlink()
         else:
-            os.chmod(tmp, 0o444)
+            os.chmod(tmp, BLOB_MODE)
             os.replace(tmp, target)
         return size
 

@@ -1,7 +1,18 @@
-"""Resumable, digest-checked HTTP(S) downloads into the store's partial folder."""
+"""Resumable, digest-checked, bounded HTTP(S) downloads into the store's partial folder.
+
+Bounds: a whole download and each silence in it have time limits; redirects are few and never
+go from https to http. A broken transfer keeps its partial file, with the validator (ETag or
+Last-Modified) it came with, so the next pull asks only for the rest, and only if the file is
+still the same (If-Range; the answer's Content-Range must start where the partial ends). A
+refusal, a wrong digest or a full disk deletes the partial file.
+"""
 from __future__ import annotations
 
+import errno
 import hashlib
+import re
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from runlm.store.blobs import CHUNK, BlobDigestError
@@ -12,32 +23,86 @@ class DownloadError(RuntimeError):
     """The server refused, or the transfer broke off (the partial file stays for a resume)."""
 
 
-def download(url: str, partial: Path, expected: str | None, progress: ProgressCallback | None) -> str:
-    """Fetch ``url`` into ``partial`` (resuming from the bytes already there); returns its sha256 digest.
+@dataclass(slots=True, frozen=True)
+class DownloadLimits:
+    total_seconds: float = 6 * 3600.0  # one file, start to end
+    idle_seconds: float = 60.0         # no byte for this long: the transfer is broken
+    max_redirects: int = 5
 
-    On a digest mismatch the partial file is deleted (resuming it could never succeed); on a
-    broken transfer it is kept, so the next pull asks only for the rest with an HTTP Range.
-    """
+
+def _validator_path(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".validator")
+
+
+def discard(partial: Path) -> None:
+    partial.unlink(missing_ok=True)
+    _validator_path(partial).unlink(missing_ok=True)
+
+
+def _open(client, url: str, headers: dict[str, str], limits: DownloadLimits):  # type: ignore[no-untyped-def]
+    """The response to GET url, following at most ``max_redirects`` redirects, never https -> http."""
+    for _ in range(limits.max_redirects + 1):
+        resp = client.send(client.build_request("GET", url, headers=headers), stream=True)
+        if not resp.is_redirect:
+            return resp
+        target = resp.next_request.url if resp.next_request is not None else None
+        resp.close()
+        if target is None:
+            raise DownloadError(f"{url}: a redirect without a Location")
+        if url.startswith("https://") and target.scheme != "https":
+            raise DownloadError(f"{url}: refusing a redirect from https to {target.scheme}")
+        url = str(target)
+    raise DownloadError(f"{url}: more than {limits.max_redirects} redirects")
+
+
+def _resume_start(resp, have: int) -> int | None:  # type: ignore[no-untyped-def]
+    """Where a 206 answer starts (it must be where the partial file ends), else None."""
+    m = re.fullmatch(r"bytes (\d+)-\d+/(\d+|\*)", resp.headers.get("content-range", "").strip())
+    return int(m.group(1)) if m else None
+
+
+def download(url: str, partial: Path, expected: str | None, progress: ProgressCallback | None,
+             limits: DownloadLimits = DownloadLimits()) -> str:
+    """Fetch ``url`` into ``partial`` (resuming from the bytes already there); returns its sha256 digest."""
     import httpx
 
     partial.parent.mkdir(parents=True, exist_ok=True)
+    validator_file = _validator_path(partial)
+    validator = validator_file.read_text() if validator_file.exists() else None
+    if partial.exists() and validator is None:
+        discard(partial)  # bytes of unknown origin: nothing proves the file is still the same
     have = partial.stat().st_size if partial.exists() else 0
     h = hashlib.sha256()
     if have:
         with open(partial, "rb") as f:
             while chunk := f.read(CHUNK):
                 h.update(chunk)
-    headers = {"Range": f"bytes={have}-"} if have else {}
+    headers = {"Range": f"bytes={have}-", "If-Range": validator} if have and validator else {}
     status = f"pulling {url.rsplit('/', 1)[-1][:40]}"
+    deadline = time.monotonic() + limits.total_seconds
+    timeout = httpx.Timeout(30.0, read=limits.idle_seconds)
     try:
-        with httpx.stream("GET", url, headers=headers, follow_redirects=True, timeout=60.0) as resp:
-            if resp.status_code == 416 and have:  # we already have every byte
-                total = have
-            elif resp.status_code in (200, 206):
-                if resp.status_code == 200 and have:  # the server ignored the Range: start over
+        with httpx.Client(timeout=timeout, follow_redirects=False) as client:
+            resp = _open(client, url, headers, limits)
+            try:
+                if resp.status_code == 416 and have:  # we already have every byte
+                    return _finish(h, partial, expected, url)
+                if resp.status_code == 206 and _resume_start(resp, have) != have:
+                    discard(partial)  # the next pull starts over
+                    raise DownloadError(f"{url}: the server resumed at the wrong place "
+                                        f"(Content-Range {resp.headers.get('content-range')!r}, we have {have} bytes)")
+                if resp.status_code not in (200, 206):
+                    discard(partial)
+                    raise DownloadError(f"{url}: the server answered HTTP {resp.status_code}")
+                if resp.status_code == 200:  # a fresh copy: the Range was ignored, or the file changed
                     have, h = 0, hashlib.sha256()
+                    new_validator = resp.headers.get("etag") or resp.headers.get("last-modified")
+                    if new_validator:
+                        validator_file.write_text(new_validator)
+                    else:
+                        validator_file.unlink(missing_ok=True)
                 length = resp.headers.get("content-length")
-                total = have + int(length) if length is not None else 0
+                total = have + int(length) if length is not None and length.isdigit() else 0
                 done = have
                 with open(partial, "ab" if have else "wb") as f:
                     for chunk in resp.iter_bytes():  # as received: a break keeps every byte so far
@@ -46,16 +111,30 @@ def download(url: str, partial: Path, expected: str | None, progress: ProgressCa
                         done += len(chunk)
                         if progress:
                             progress(PullProgress(status, expected, total or done, done))
+                        if time.monotonic() > deadline:
+                            raise DownloadError(f"{url}: the download took longer than {limits.total_seconds:.0f}s; "
+                                                f"run the pull again to resume")
                 if total and done != total:
                     raise DownloadError(f"{url}: got {done} of {total} bytes; run the pull again to resume")
-            else:
-                raise DownloadError(f"{url}: the server answered HTTP {resp.status_code}")
+            finally:
+                resp.close()
     except httpx.HTTPError as exc:
         got = partial.stat().st_size if partial.exists() else 0
         raise DownloadError(f"{url}: transfer failed after {got} bytes ({type(exc).__name__}: {exc}); "
                             f"run the pull again to resume") from exc
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # EFBIG: a file-size limit
+            discard(partial)
+            raise DownloadError(f"{url}: the disk is full ({exc.strerror}); the partial download was deleted "
+                                f"and nothing was stored") from None
+        raise
+    return _finish(h, partial, expected, url)
+
+
+def _finish(h: hashlib._Hash, partial: Path, expected: str | None, url: str) -> str:
     digest = "sha256:" + h.hexdigest()
     if expected and digest != expected:
-        partial.unlink(missing_ok=True)
+        discard(partial)
         raise BlobDigestError(f"{url}: sha256 of the downloaded bytes is {digest}, expected {expected}")
+    _validator_path(partial).unlink(missing_ok=True)
     return digest

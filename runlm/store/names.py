@@ -32,8 +32,8 @@ class ModelName:
     def parse(cls, text: str) -> ModelName:
         """'SmolLM2' -> smollm2:latest; 'org/repo:q4' -> org/repo:q4. Names are case-insensitive."""
         raw = text.strip()
-        if raw.startswith("hf.co/"):
-            raw = raw[len("hf.co/"):]
+        while raw.startswith("hf.co/"):  # all of them: a stored name must never start with it, or it would
+            raw = raw[len("hf.co/"):]     # print as a name that reads back as another
         name, sep, tag = raw.rpartition(":") if ":" in raw.rsplit("/", 1)[-1] else (raw, "", "")
         name, tag = name.lower(), (tag.lower() if sep else DEFAULT_TAG)
         segments = name.split("/")

@@ -20,6 +20,34 @@ class SourceError(LookupError):
     """A pull source that is neither a file, a URL, a built-in model nor a Hugging Face repo."""
 
 
+# one message whatever the path: it must not tell a remote caller whether a file exists
+LOCAL_REFUSED = ("local files and folders cannot be pulled over HTTP: import them with the CLI (runlm pull PATH), "
+                 "or start the daemon with --allow-local-import DIR and give a path under DIR")
+
+
+@dataclass(slots=True, frozen=True)
+class LocalAccess:
+    """Which local paths a pull may read: any (the CLI, run by the user who owns the files), only those
+    under ``root`` once symlinks are resolved (a daemon started with --allow-local-import DIR), or none
+    (a daemon's HTTP API by default)."""
+    any: bool = False
+    root: Path | None = None
+
+    @classmethod
+    def under(cls, root: Path | str | None) -> LocalAccess:
+        return cls(root=Path(root).resolve(strict=True)) if root is not None else cls()
+
+    def allows(self, path: Path) -> bool:
+        return self.any or (self.root is not None and path.resolve().is_relative_to(self.root))
+
+
+ANY_LOCAL = LocalAccess(any=True)
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.startswith(("/", ".", "~", "\\")) or text.endswith(".gguf") or "\\" in text
+
+
 @dataclass(slots=True, frozen=True)
 class Source:
     kind: str              # "local", "builtin", "url", "hf"
@@ -27,6 +55,7 @@ class Source:
     default_name: str
     expected_digest: str | None = None  # URLs: from '#sha256=<hex>'
     tag: str | None = None              # HF: which quantization to pick among several GGUF files
+    access: LocalAccess = ANY_LOCAL     # local: which files under a model folder may be read
 
     def identity(self) -> str:
         """What makes two pulls the same pull: equal identities with the blobs present mean 'up to date'."""
@@ -40,7 +69,7 @@ class Source:
         return hashlib.sha256(f"{self.kind}:{self.location}:{self.tag}".encode()).hexdigest()[:24]
 
 
-def resolve_source(text: str) -> Source:
+def resolve_source(text: str, access: LocalAccess = ANY_LOCAL) -> Source:
     text = text.strip()
     if text in BUILTIN_MODELS:
         model = BUILTIN_MODELS[text]
@@ -58,16 +87,28 @@ def resolve_source(text: str) -> Source:
             expected = "sha256:" + m.group(1).lower()
         base = Path(urlsplit(url).path).name or "model"
         return Source("url", url, default_name_for(base), expected)
-    path = Path(text).expanduser()
-    if path.is_file() or path.is_dir():
+    path = _local_path(text, access)
+    if path is not None and (path.is_file() or path.is_dir()):
         if path.is_dir() and not (path / "config.json").exists() and not any(path.glob("*.gguf")):
-            raise SourceError(f"{path}: a model directory needs config.json and *.safetensors (or a .gguf file)")
-        return Source("local", str(path.resolve()), default_name_for(path.resolve().name))
+            raise SourceError(f"{text}: a model directory needs config.json and *.safetensors (or a .gguf file)")
+        return Source("local", str(path.resolve()), default_name_for(path.resolve().name), access=access)
     m = _HF_REPO.fullmatch(text)
     if m and not text.startswith((".", "/", "~")):
         return Source("hf", m.group(1), default_name_for(m.group(1)), tag=m.group(2))
     raise SourceError(f"cannot pull {text!r}: not a file or model directory, an http(s) URL, a Hugging Face repo "
                       f"id (org/name) or a built-in model.\n{available_models_text()}")
+
+
+def _local_path(text: str, access: LocalAccess) -> Path | None:
+    """The local path a source names when this caller may read it; None when it names none here. A path it
+    may not read is refused with one message, whatever is on disk."""
+    if access.any:
+        return Path(text).expanduser()
+    if access.root is not None and access.allows(access.root / text):
+        return access.root / text  # relative to the allowed folder; an absolute path stays itself
+    if _looks_like_path(text):
+        raise SourceError(LOCAL_REFUSED)
+    return None
 
 
 def _version(distribution: str) -> str | None:

@@ -13,12 +13,15 @@ A ref is written last and atomically, so an interrupted pull never lists a half 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import datetime as dt
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,17 +29,23 @@ from pathlib import Path
 
 from runlm.store.blobs import BlobStore
 from runlm.store.builtin import BUILTIN_MODELS
-from runlm.store.download import download
+from runlm.store.download import DownloadLimits, discard, download
 from runlm.store.metadata import ModelInfo, inspect_model
 from runlm.store.names import ModelName
 from runlm.store.progress import ProgressCallback, PullProgress
-from runlm.store.sources import Source, fetch_hf, resolve_source
+from runlm.store.sources import ANY_LOCAL, LocalAccess, Source, SourceError, fetch_hf, resolve_source
 
 SINGLE_FILE_NAME = "model.gguf"
+PARTIAL_MAX_AGE = 7 * 86400.0  # seconds an interrupted download is kept for a resume
 
 
 class ModelNotFoundError(LookupError):
     pass
+
+
+class NameConflictError(ValueError):
+    """A name that cannot be stored beside an existing one: 'a:b' and 'a/b:c' would need ``a/b`` to be both a
+    model and a folder of models."""
 
 
 def default_home() -> Path:
@@ -70,8 +79,9 @@ class StoredModel:
 
 
 class ModelStore:
-    def __init__(self, home: Path | str | None = None) -> None:
+    def __init__(self, home: Path | str | None = None, download_limits: DownloadLimits | None = None) -> None:
         self.home = Path(home).expanduser() if home else default_home()
+        self.download_limits = download_limits or DownloadLimits()
         self.blobs = BlobStore(self.home / "blobs")
         self.manifests = self.home / "manifests"
         self.views = self.home / "models"
@@ -86,7 +96,7 @@ class ModelStore:
         ref = name if isinstance(name, ModelName) else ModelName.parse(name)
         try:
             return StoredModel(ref, json.loads(self._ref_path(ref).read_text()))
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # (a folder of models is no model)
             raise ModelNotFoundError(f"model {str(ref)!r} not found; pull it first: runlm pull {ref.name}") from None
 
     def list(self) -> list[StoredModel]:
@@ -126,11 +136,12 @@ class ModelStore:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def pull(self, source_text: str, name: str | None = None,
-             progress: ProgressCallback | None = None) -> StoredModel:
-        """Store a model from a path, URL, built-in name or HF repo; concurrent pulls of one source share it."""
+    def pull(self, source_text: str, name: str | None = None, progress: ProgressCallback | None = None,
+             access: LocalAccess = ANY_LOCAL) -> StoredModel:
+        """Store a model from a path, URL, built-in name or HF repo; concurrent pulls of one source share it.
+        ``access`` says which local files may be read (the daemon's HTTP API passes its own)."""
         report = progress or (lambda p: None)
-        source = resolve_source(source_text)
+        source = resolve_source(source_text, access)
         ref = ModelName.parse(name or source.default_name)
         report(PullProgress("pulling manifest"))
         # pulls hold the refs lock shared, so garbage collection (exclusive) never takes blobs being added
@@ -158,7 +169,8 @@ class ModelStore:
     def _ingest(self, source: Source, report: ProgressCallback) -> dict:
         if source.kind == "url":
             partial = self.partial / (hashlib.sha256(source.location.encode()).hexdigest()[:24] + ".partial")
-            digest = download(source.location, partial, source.expected_digest, report)
+            self._drop_stale_partials()
+            digest = download(source.location, partial, source.expected_digest, report, self.download_limits)
             report(PullProgress("verifying sha256 digest", digest))
             info = inspect_model(partial)
             size = self.blobs.adopt(partial, digest)
@@ -170,6 +182,9 @@ class ModelStore:
         entries = [(SINGLE_FILE_NAME, path)] if path.is_file() else [
             (str(p.relative_to(path)), p) for p in sorted(path.rglob("*"))
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)]
+        for rel, file in entries:  # a link inside an allowed folder may not lead out of it
+            if source.kind == "local" and not source.access.allows(file):
+                raise SourceError(f"{rel}: a symbolic link that leaves the folder local imports are allowed from")
         files = []
         for rel, file in entries:
             size = file.stat().st_size
@@ -186,6 +201,16 @@ class ModelStore:
             files.append({"path": rel, "digest": digest, "size": size})
         return self._manifest(files, "file" if path.is_file() else "dir", info, source)
 
+    def _drop_stale_partials(self) -> None:
+        """Interrupted downloads nobody resumed within PARTIAL_MAX_AGE are deleted, not kept for ever."""
+        if not self.partial.is_dir():
+            return
+        cutoff = time.time() - PARTIAL_MAX_AGE
+        for p in self.partial.glob("*.partial"):
+            with contextlib.suppress(OSError):
+                if p.stat().st_mtime < cutoff:
+                    discard(p)
+
     def _manifest(self, files: builtins.list[dict], layout: str, info: ModelInfo, source: Source) -> dict:
         content = json.dumps(sorted((f["path"], f["digest"]) for f in files)).encode()
         identity = source.identity() if source.kind != "hf" else f"hf:{source.location}"
@@ -196,10 +221,21 @@ class ModelStore:
 
     def _write_ref(self, ref: ModelName, manifest: dict) -> StoredModel:
         path = self._ref_path(ref)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1))
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_dir():
+                raise IsADirectoryError
+            # a temp file of its own: two writers of one ref (threads of one daemon) never share one
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(manifest, indent=1))
+                os.replace(tmp, path)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        except (FileExistsError, NotADirectoryError, IsADirectoryError):
+            raise NameConflictError(f"the name {str(ref)!r} conflicts with an existing model's: a name cannot be both "
+                                    f"a model and the folder of others (like 'a:b' and 'a/b:c')") from None
         return StoredModel(ref, manifest)
 
     def ensure(self, name: str, progress: ProgressCallback | None = None) -> StoredModel:
@@ -241,7 +277,7 @@ class ModelStore:
         return sum(self.blobs.remove(d) for d in self.blobs.digests() - used)
 
     def disk_usage(self) -> dict[str, int]:
-        partial = sum(p.stat().st_size for p in self.partial.glob("*")) if self.partial.is_dir() else 0
+        partial = sum(p.stat().st_size for p in self.partial.glob("*.partial")) if self.partial.is_dir() else 0
         return {"models": self.blobs.total_size(), "partial": partial}
 
     def purge(self) -> int:

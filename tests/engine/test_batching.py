@@ -89,3 +89,46 @@ def test_no_memory_growth_over_thousands_of_requests(llm: LLM) -> None:
     assert len(engine.blocks.cached) <= len(engine.blocks.blocks)
     assert engine.blocks.num_free_blocks == len(engine.blocks.blocks)
     assert not engine.requests and not engine.structured.seqs  # stop ids now live on the sequence
+
+
+def test_a_sequence_that_outgrows_the_whole_cache_finishes_and_never_blocks_the_queue(tiny_model, caplog) -> None:
+    """Issue 15 #1: it used to be preempted, then wait forever at the head of the queue."""
+    roomy = LLM(str(tiny_model("qwen2")), block_size=4, kv_cache_memory="64MiB")
+    # 10 blocks of 4 tokens: 40 tokens in all, far less than the context
+    tight = LLM(str(tiny_model("qwen2")), block_size=4, kv_cache_memory=10 * 4 * roomy.engine.kv_bytes_per_token)
+    engine = tight.engine
+    engine.add_request("long", {"prompt_token_ids": prompt_ids(8, seed=1)},
+                       SamplingParams(max_tokens=500, ignore_eos=True))
+    engine.add_request("short", {"prompt_token_ids": prompt_ids(5, seed=2)},
+                       SamplingParams(max_tokens=5, ignore_eos=True))
+    finished = {}
+    with caplog.at_level("WARNING", logger="runlm.engine"):
+        for _ in range(400):
+            finished |= {o.request_id: o for o in engine.step() if o.finished}
+            if not engine.has_unfinished_requests():
+                break
+    assert set(finished) == {"long", "short"}, "the engine stalled"
+    long = finished["long"].outputs[0]
+    assert long.finish_reason == "length" and 8 + len(long.token_ids) <= 40
+    assert finished["short"].outputs[0].finish_reason == "length"
+    assert len(finished["short"].outputs[0].token_ids) == 5
+    assert "KV cache" in caplog.text
+    assert engine.blocks.num_free_blocks == len(engine.blocks.blocks)
+
+
+def test_prompt_logprobs_are_computed_once_per_request_not_per_n(llm: LLM) -> None:
+    """Issue 15 #11: each of n completions computed them (and skipped the prefix cache to do so)."""
+    engine = llm.engine
+    llm.reset_prefix_cache()
+    prompt = {"prompt_token_ids": prompt_ids(40, seed=9)}
+    one = llm.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=3, ignore_eos=True))[0]
+    llm.reset_prefix_cache()
+    engine.add_request("n4", prompt, SamplingParams(n=4, max_tokens=2, prompt_logprobs=3, ignore_eos=True, seed=1))
+    seqs = list(engine.requests["n4"].seqs)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.finished]
+    assert len(seqs[0].prompt_logprobs) == 40
+    assert all(s.prompt_logprobs is None for s in seqs[1:])
+    assert outs[0].prompt_logprobs == one.prompt_logprobs and len(outs[0].outputs) == 4
+    assert engine.blocks.stats.hits > 0  # the other three took the prompt from the prefix cache

@@ -39,13 +39,14 @@ class Daemon:
     home: Path
     args: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> Daemon:
         self.home.mkdir(parents=True, exist_ok=True)
         self.log = open(self.home / "daemon-test.log", "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "runlm.cli", "serve", "--port", str(self.port),
                                       *self.args], stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=runlm_env(self.home))
+                                     env=runlm_env(self.home, **self.env))
         self.url = f"http://127.0.0.1:{self.port}"
         self.http = httpx.Client(base_url=self.url, timeout=300)
         deadline = time.monotonic() + 60

@@ -10,6 +10,7 @@ import pytest
 
 from runlm.runner.backends import all_backends
 from runlm.runner.backends.base import BackendError
+from runlm.runner.backends.native import kv_cache_bytes
 from runlm.runner.config import BackendConfig, BackendMode, ConfigError
 from runlm.store import ModelStore
 
@@ -105,7 +106,8 @@ def test_llamacpp_serves_a_model(stored, tmp_path: Path) -> None:
         task = asyncio.create_task(backend.run(address, str(store.model_path(model)), "smollm2:latest",
                                                BackendMode.COMPLETION, BackendConfig(context_size=512)))
         try:
-            async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as c:
+            key = {"Authorization": f"Bearer {backend.api_key_for(address)}"}  # the daemon's own key for it
+            async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120, headers=key) as c:
                 for _ in range(600):
                     try:
                         if (await c.get(backend.health_path)).status_code == 200:
@@ -115,8 +117,11 @@ def test_llamacpp_serves_a_model(stored, tmp_path: Path) -> None:
                     await asyncio.sleep(0.2)
                 else:
                     raise TimeoutError("llama.cpp did not become ready")
-                r = await c.post("/v1/completions", json={"model": "smollm2:latest", "max_tokens": 5,
-                                                          "prompt": "The capital of France is", "temperature": 0})
+                body = {"model": "smollm2:latest", "max_tokens": 5, "prompt": "The capital of France is",
+                        "temperature": 0}
+                r = await c.post("/v1/completions", json=body)
+                without_key = await c.post("/v1/completions", json=body, headers={"Authorization": ""})
+                assert without_key.status_code == 401  # issue 15 #8: only the daemon can talk to it
                 return r.json()["choices"][0]["text"]
         finally:
             task.cancel()
@@ -134,3 +139,19 @@ def test_settings_a_backend_cannot_honour_are_refused(tmp_path: Path) -> None:
     spec.speculative.draft_model_path = "/d"
     argv = b["vllm"].command("/s", "/m", "m", BackendMode.COMPLETION, spec)
     assert '"num_speculative_tokens": 4' in argv[argv.index("--speculative-config") + 1]
+
+
+def test_a_kv_cache_runtime_flag_is_counted_by_the_budget(stored, tmp_path: Path) -> None:
+    """Issue 15 #11: '--kv-cache-memory 8GiB' as a runtime flag made the process take 8 GiB the budget never saw."""
+    store, model = stored
+    native = all_backends(tmp_path)["native"]
+    base = native.required_memory(model, BackendConfig()).ram
+    default_kv = kv_cache_bytes(model, native.context_size(model, BackendConfig()))
+    for flags, kv in ((["--kv-cache-memory", "8GiB"], 8 << 30), (["--kv-cache-memory=3GiB"], 3 << 30),
+                      (["--kv-cache-memory", "1GiB", "--kv-cache-memory", "2GiB"], 2 << 30)):
+        cfg = BackendConfig(runtime_flags=flags)
+        assert native.required_memory(model, cfg).ram == base - default_kv + kv, flags
+        argv = native.command("/s.sock", "/m.gguf", "m", model, cfg)
+        assert argv[-1] == flags[-1].partition("=")[2] or argv[-1] == flags[-1]  # and the process gets that size
+    half = native.required_memory(model, BackendConfig(runtime_flags=["--kv-cache-memory", "0.5"])).ram
+    assert half > base - default_kv + (1 << 20)  # a fraction of free memory, counted as bytes

@@ -7,12 +7,15 @@ from runlm.runner.config import BackendConfig, BackendMode, ConfigError, parse_k
 
 
 @pytest.mark.parametrize("value,seconds", [("5m", 300), ("1h30m", 5400), ("30s", 30), ("0", 0), (0, 0),
-                                           ("-1", -1), (-5, -1), ("-1m", -1), ("250ms", 0.25), (120, 120)])
+                                           ("-1", -1), (-5, -1), ("-1m", -1), ("250ms", 0.25), (120, 120),
+                                           # issue 15 #9: past ten years is forever, not an unrepresentable time
+                                           (1e20, -1), (float("inf"), -1), (float("-inf"), -1),
+                                           ("99999999999h", -1)])
 def test_keep_alive_durations(value: object, seconds: float) -> None:
     assert parse_keep_alive(value) == seconds
 
 
-@pytest.mark.parametrize("bad", ["soon", "5 minutes", "m5", "", True, "1d"])
+@pytest.mark.parametrize("bad", ["soon", "5 minutes", "m5", "", True, "1d", float("nan"), "Infinity", "NaN", "1e20"])
 def test_bad_keep_alive_is_named(bad: object) -> None:
     with pytest.raises(ConfigError, match="keep_alive"):
         parse_keep_alive(bad)

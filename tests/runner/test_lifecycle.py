@@ -23,7 +23,7 @@ def ask(daemon: Daemon, model: str, max_tokens: int = 2) -> str:
 
 
 def test_two_models_loaded_at_once(daemon: Daemon, qwen2_dir: Path) -> None:
-    daemon.http.post("/models/create", json={"from": str(qwen2_dir), "name": "tiny-qwen2"}).read()
+    ModelStore(daemon.home).pull(str(qwen2_dir), name="tiny-qwen2")
     ask(daemon, "tinycoder")
     ask(daemon, "tiny-qwen2")
     loaded = {r["model_name"]: r for r in daemon.ps()}

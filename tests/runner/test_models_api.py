@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 
+from runlm.store import ModelStore
 from tests.runner.daemon import Daemon
 
 
@@ -30,7 +31,7 @@ def test_create_list_inspect_tag(daemon: Daemon) -> None:
 
 
 def test_delete_refused_while_loaded_unless_forced(daemon: Daemon, qwen2_dir: Path) -> None:
-    daemon.http.post("/models/create", json={"from": str(qwen2_dir), "name": "solo"}).read()
+    ModelStore(daemon.home).pull(str(qwen2_dir), name="solo")  # local files: the CLI's way, not HTTP
     for tag in daemon.http.get("/models/solo").json()["tags"]:
         if tag != "solo:latest":  # other tests may have stored the same files under other names
             daemon.http.delete(f"/models/{tag}", params={"force": "true"})
@@ -101,3 +102,16 @@ def test_metrics_are_labelled_by_model(daemon: Daemon) -> None:
     assert "runlm_runner_loaded_models" in text
     labelled = [line for line in text.splitlines() if 'model="tinycoder:latest"' in line]
     assert labelled and all('backend="native"' in line for line in labelled)
+
+
+def test_name_collisions_are_409_without_the_store_path(daemon: Daemon) -> None:
+    """Issue 15 #11: 'a:b' and 'a/b:c' cannot both exist; that was a 500 naming the store's files."""
+    assert daemon.http.post("/models/tinycoder/tag", json={"target": "clash:x"}).status_code == 201
+    for r in (daemon.http.post("/models/tinycoder/tag", json={"target": "clash/x:y"}),
+              daemon.http.post("/api/copy", json={"source": "tinycoder", "destination": "clash/x:y"})):
+        assert r.status_code == 409, r.text
+        assert str(daemon.home) not in r.text and "conflicts" in r.text
+    r = daemon.http.post("/models/create", json={"from": "tinycoder", "name": "clash/x:z"})
+    last = json.loads(r.text.splitlines()[-1])
+    assert last["type"] == "error" and "conflicts" in last["message"] and str(daemon.home) not in last["message"]
+    assert daemon.http.get("/models/clash/x").status_code == 404

@@ -100,3 +100,16 @@ def test_embed_translates_to_the_backends_embeddings(daemon: Daemon) -> None:
     assert cos(vecs[0], vecs[1]) > cos(vecs[0], vecs[2])  # a real sentence-embedding model
     legacy = daemon.http.post("/api/embeddings", json={"model": "minilm", "prompt": "The cat sat."}).json()
     assert len(legacy["embedding"]) == 384
+
+
+@pytest.mark.parametrize("tool_calls", [
+    "call it", [1], [{"function": "f"}], [{"function": {"arguments": {}}}], [{"function": {"name": ""}}],
+    [{"function": {"name": "f", "arguments": "not an object"}}], [{"function": {"name": "f", "arguments": [1]}}],
+])
+def test_malformed_tool_calls_are_400(daemon: Daemon, tool_calls: object) -> None:
+    """Issue 15 #11: these were 500s (KeyError, TypeError)."""
+    body = {"model": "tinycoder", "stream": False, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": tool_calls}]}
+    r = daemon.http.post("/api/chat", json=body)
+    assert r.status_code == 400, r.text
+    assert "tool_calls" in r.json()["error"]

@@ -60,6 +60,10 @@ class Backend(abc.ABC):
         """GET path that answers 200 once the model is loaded (the loader polls it)."""
         return "/health"
 
+    def api_key_for(self, address: str) -> str | None:
+        """The key the daemon sends to the backend at ``address`` (None: it takes none)."""
+        return None
+
     @property
     def uses_tcp(self) -> bool:
         """True when ``run`` gets a 'host:port' address instead of a Unix socket path."""

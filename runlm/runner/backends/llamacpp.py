@@ -29,6 +29,7 @@ RUNTIME_OVERHEAD = 150 << 20
 
 class LlamaCppBackend(ProcessBackend):
     name = "llamacpp"
+    api_key_env = ("LLAMA_API_KEY", "API_KEY")  # llama-server; llama_cpp.server
     # flags both servers understand under these names (llama-server's spelling; see _python_argv)
     allowed_flags = {"--threads": is_int, "--batch-size": is_int, "--n-gpu-layers": is_int,
                      "--temp": is_float, "--parallel": is_int}

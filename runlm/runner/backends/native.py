@@ -9,6 +9,7 @@ from runlm.runner.backends.base import STATUS_RUNNING, RequiredMemory, format_st
 from runlm.runner.backends.flags import is_int, is_size
 from runlm.runner.backends.process import ProcessBackend
 from runlm.runner.config import BackendConfig, BackendMode
+from runlm.sizes import available_memory, parse_size
 
 if TYPE_CHECKING:
     from runlm.store import StoredModel
@@ -37,6 +38,30 @@ def kv_cache_bytes(model: StoredModel, context: int) -> int:
     return max(model.info.kv_bytes_per_token(4) * context * KV_SEQUENCES, MIN_KV_BYTES)
 
 
+def flag_value(flags: list[str], name: str) -> str | None:
+    """The value of the last ``name`` in flags ('--f v' or '--f=v'): the one argparse keeps."""
+    found = None
+    for i, flag in enumerate(flags):
+        if flag == name and i + 1 < len(flags):
+            found = flags[i + 1]
+        elif flag.startswith(name + "="):
+            found = flag.partition("=")[2]
+    return found
+
+
+def runtime_kv_bytes(config: BackendConfig) -> int | None:
+    """The KV cache a --kv-cache-memory runtime flag sets, read as serve-engine reads it (a number up to 1 is a
+    fraction of the memory free now); None without the flag."""
+    value = flag_value(config.runtime_flags, "--kv-cache-memory")
+    if value is None:
+        return None
+    try:
+        fraction = float(value)
+    except ValueError:
+        return parse_size(value)
+    return int(available_memory() * fraction) if 0 < fraction <= 1 else parse_size(value)
+
+
 class NativeBackend(ProcessBackend):
     name = "native"
     allowed_flags = {"--max-num-seqs": is_int, "--max-num-batched-tokens": is_int, "--kv-cache-memory": is_size,
@@ -54,7 +79,7 @@ class NativeBackend(ProcessBackend):
 
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
         weights = weight_bytes(model)
-        kv = kv_cache_bytes(model, self.context_size(model, config))
+        kv = runtime_kv_bytes(config) or kv_cache_bytes(model, self.context_size(model, config))
         return RequiredMemory(ram=weights + kv + RUNTIME_OVERHEAD, vram=0)
 
     def command(self, socket: str, model: str, model_ref: str, stored: StoredModel | None,

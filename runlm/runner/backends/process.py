@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from runlm.runner.backends.base import Backend, BackendExitedError
@@ -20,19 +22,32 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text[-lines:])
 
 
+# keys a child could inherit from the daemon's environment: a backend gets its own key, never these
+INHERITED_KEYS = ("RUNLM_API_KEY", "LLAMA_API_KEY", "VLLM_API_KEY", "API_KEY", "OPENAI_API_KEY")
+
+
 class ProcessBackend(Backend):
+    # the environment variables through which this backend's server reads its API key
+    api_key_env: tuple[str, ...] = ("RUNLM_API_KEY",)
+
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self._processes: dict[str, asyncio.subprocess.Process] = {}
+        self._keys: dict[str, str] = {}
 
     def process_id(self, socket: str) -> int | None:
         proc = self._processes.get(socket)
         return proc.pid if proc else None
 
-    def child_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+    def api_key_for(self, address: str) -> str:
+        """A fresh secret per backend process: only the daemon can talk to it, whatever the socket's reach."""
+        return self._keys.setdefault(address, secrets.token_urlsafe(32))
+
+    def child_env(self, address: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in INHERITED_KEYS}
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        return env
+        env.update(dict.fromkeys(self.api_key_env, self.api_key_for(address)))  # the environment, not argv:
+        return env                                                                # argv is world-readable
 
     async def run_process(self, argv: list[str], socket: str, log_name: str) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -41,8 +56,10 @@ class ProcessBackend(Backend):
             log.write(f"--- {' '.join(argv)}\n".encode())
             log.flush()
             # a session of its own: a Ctrl-C at the daemon's terminal is the daemon's to handle
+            # through parent_watch: the backend gets SIGTERM if the daemon dies without stopping it
+            watched = [sys.executable, "-m", "runlm.runner.parent_watch", str(os.getpid()), *argv]
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.child_env(),
+                *watched, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.child_env(socket),
                 start_new_session=True)
         self._processes[socket] = proc
         try:
@@ -52,6 +69,7 @@ class ProcessBackend(Backend):
             raise
         finally:
             self._processes.pop(socket, None)
+            self._keys.pop(socket, None)
         how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
         raise BackendExitedError(f"the {self.name} backend process {how} (log: {log_path})", log_tail(log_path))
 

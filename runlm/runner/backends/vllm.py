@@ -30,6 +30,7 @@ def _version() -> str | None:
 
 class VLLMBackend(ProcessBackend):
     name = "vllm"
+    api_key_env = ("VLLM_API_KEY",)
     supports_speculative = True
     allowed_flags = {"--max-num-seqs": is_int, "--tensor-parallel-size": is_int, "--enforce-eager": None,
                      "--max-num-batched-tokens": is_int}

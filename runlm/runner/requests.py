@@ -1,0 +1,89 @@
+"""The daemon's request bodies (pydantic), for the routes it answers itself: what each handler validates
+before it reads the fields, and what /openapi.json documents. Unknown fields are allowed (clients send
+more than we use); the types of the fields we read are checked, so a wrong one is a 400 naming it."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, populate_by_name=True)
+
+
+class CreateRequest(_Body):
+    """POST /models/create: a built-in name, a URL or a Hugging Face id (local paths: see --allow-local-import)."""
+    from_: StrictStr = Field(alias="from", min_length=1)
+    name: StrictStr | None = None
+
+
+class TagRequest(_Body):
+    target: StrictStr | None = None
+
+
+class UnloadRequest(_Body):
+    models: list[StrictStr] | None = None
+    all: StrictBool | None = None
+    backend: StrictStr | None = None
+
+
+class ConfigureRequest(_Body):
+    """POST /engines/_configure; the keys are Docker Model Runner's (snake_case spellings are accepted too)."""
+    model: StrictStr = Field(min_length=1)
+    context_size: StrictInt | None = Field(None, alias="context-size")
+    runtime_flags: list[StrictStr] | StrictStr | None = Field(None, alias="runtime-flags")
+    keep_alive: StrictStr | float | None = None
+    speculative: dict[str, Any] | None = None
+    llamacpp: dict[str, Any] | None = None
+    vllm: dict[str, Any] | None = None
+
+
+class ModelRequest(_Body):
+    """Ollama's /api/show, /api/pull, /api/delete: ``model`` (or its older name, ``name``)."""
+    model: StrictStr | None = None
+    name: StrictStr | None = None
+    stream: StrictBool | None = None
+    force: StrictBool | None = None
+
+
+class CopyRequest(_Body):
+    source: StrictStr
+    destination: StrictStr
+
+
+class _Ollama(_Body):
+    model: StrictStr = Field(min_length=1)
+    options: dict[str, Any] | None = None
+    keep_alive: StrictStr | float | None = None
+    stream: StrictBool | None = None
+
+
+class GenerateRequest(_Ollama):
+    prompt: StrictStr | None = None
+    system: StrictStr | None = None
+    raw: StrictBool | None = None
+    format: StrictStr | dict[str, Any] | None = None
+    images: list[Any] | None = None
+
+
+class ChatRequest(_Ollama):
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    format: StrictStr | dict[str, Any] | None = None
+
+
+class EmbedRequest(_Ollama):
+    input: StrictStr | list[StrictStr] | None = None
+    dimensions: StrictInt | None = None
+
+
+class EmbeddingsRequest(_Ollama):
+    prompt: StrictStr | None = None
+
+
+class OpenAIRequest(_Body):
+    """/v1/... (and /engines/...): forwarded to the model's backend, which checks the rest; ``keep_alive``
+    is the daemon's own extra."""
+    model: StrictStr = Field(min_length=1)
+    keep_alive: StrictStr | float | None = None
