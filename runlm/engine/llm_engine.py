@@ -26,6 +26,7 @@ from runlm.engine.sequence import Sequence
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.kv_size import kv_bytes_per_token
 from runlm.models.load import LoadedModel, load_decoder
+from runlm.sizes import return_free_heap
 
 PromptType = str | Mapping[str, Any] | list[int]
 
@@ -35,6 +36,8 @@ class LLMEngine(EngineCore):
         self.config = config
         self._set_threads()
         self.loaded = loaded or self._load(Path(config.model))
+        # before the cache is allocated: its untouched pages would otherwise land on the load's freed, resident ones
+        return_free_heap()
         self.tokenizer = self.loaded.tokenizer
         mc = self.loaded.config
         self.vocab_size = mc.vocab_size
