@@ -154,6 +154,14 @@ class RegistryClient:
         return RegistryError(f"{what}: the registry {self.registry} answered HTTP {resp.status_code}"
                              + (f" ({detail})" if detail else ""))
 
+    def ping(self) -> None:
+        """GET /v2/: proves the registry speaks the protocol and takes our credentials (``runlm login``)."""
+        url = f"{self.scheme}://{Reference(self.registry, 'x').api_host}/v2/"
+        resp = self.request("GET", url, "")
+        resp.close()
+        if resp.status_code != 200:
+            raise self._fail(resp, "checking the login")
+
     @staticmethod
     def scope(ref: Reference, push: bool = False) -> str:
         return f"repository:{ref.repository}:" + ("pull,push" if push else "pull")

@@ -8,6 +8,7 @@ so a registry never lists a model whose blobs are missing; locally the ref is wr
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import shutil
 import tempfile
@@ -116,6 +117,17 @@ def push(store: ModelStore, name: str, target: str | None = None, insecure: bool
     return ref, oci["manifest"]
 
 
+def push_reference(store: ModelStore, reference: str, insecure: bool = False,
+                   progress: ProgressCallback | None = None) -> tuple[Reference, str]:
+    """Ollama's push: the model named by its registry reference (the one pulled from or pushed to it, else the
+    stored ``repository:tag``) goes to that reference."""
+    ref = parse_reference(reference)
+    for model in store.list():
+        if (model.manifest.get("oci") or {}).get("reference") == str(ref):
+            return push(store, str(model.name), str(ref), insecure, progress)
+    return push(store, str(default_name(ref)), str(ref), insecure, progress)
+
+
 def _mount_source(known: str | None, ref: Reference) -> str | None:
     """A repository on the same registry that has the model's blobs: the one it was pulled from or pushed to."""
     if not known:
@@ -190,6 +202,27 @@ def pull(store: ModelStore, reference: str, name: str | None = None, insecure: b
             model = store.write_ref(target, model_manifest(files, plan.layout, info, source, oci=oci))
     report(PullProgress("success"))
     return model
+
+
+def inspect_remote(store: ModelStore, reference: str, insecure: bool = False) -> dict:
+    """The registry's manifest and config for ``reference``, and what runlm would store; no layer is fetched."""
+    ref = parse_reference(reference)
+    with client_for(store, ref, insecure) as client:
+        got = client.get_manifest(ref)
+        manifest = json.loads(got.body)
+        out = {"reference": str(ref), "digest": got.digest, "mediaType": got.media_type, "manifest": manifest}
+        config = manifest.get("config") or {}
+        if config.get("digest") and 0 < int(config.get("size", 0)) <= 1 << 20:
+            resp = client.request("GET", client.blob_url(ref, config["digest"]), client.scope(ref))
+            if resp.status_code == 200 and "sha256:" + hashlib.sha256(resp.content).hexdigest() == config["digest"]:
+                with contextlib.suppress(ValueError):
+                    out["config"] = json.loads(resp.content)
+            resp.close()
+    with contextlib.suppress(ArtifactError):
+        plan = artifact.plan(manifest)
+        out["files"] = [{"path": la.path, "digest": la.digest, "size": la.size} for la in plan.layers]
+        out["kind"] = plan.kind
+    return out
 
 
 def _pull_blob(store: ModelStore, client: RegistryClient, ref: Reference, layer: Layer,
