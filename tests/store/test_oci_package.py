@@ -83,6 +83,7 @@ def test_references() -> None:
     assert looks_like_reference("127.0.0.1:5000/m") and looks_like_reference("ghcr.io/org/m:1")
     # Hugging Face ids and paths stay what they were
     assert not looks_like_reference("HuggingFaceTB/SmolLM2-135M") and not looks_like_reference("./m.gguf")
+    assert not looks_like_reference("hf.co/TestOrg/Tiny-GGUF:f16")
     for bad in ("localhost:5000/UPPER", "reg.io/../x", "reg.io/m:bad tag", "reg.io/m@sha256:short"):
         with pytest.raises(InvalidReferenceError):
             parse_reference(bad)

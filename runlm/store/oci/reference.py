@@ -16,6 +16,7 @@ _PATH_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*")  # the di
 _TAG = re.compile(r"[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}")
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
+HF_HOSTS = ("hf.co", "huggingface.co")
 
 
 class InvalidReferenceError(ValueError):
@@ -56,6 +57,8 @@ def looks_like_reference(text: str) -> bool:
     if len(parts) < 2 or not _HOST.fullmatch(parts[0]):
         return False
     host = parts[0]
+    if host.lower() in HF_HOSTS:  # Hugging Face ids, which the store pulls through huggingface_hub
+        return False
     return ":" in host or host == "localhost" or (len(parts) >= 3 and "." in host) or host == DOCKER_HUB
 
 
