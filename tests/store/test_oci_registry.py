@@ -204,3 +204,14 @@ def test_pull_ollama_style_manifest(store: ModelStore, registry: Registry, tinyc
     assert path.name == "model.gguf" and path.read_bytes() == files["model"]
     assert (path.parent / "template.txt").read_bytes() == files["template"]
     assert model.info.format == "gguf"
+
+
+def test_registry_errors_carry_its_message(registry: Registry) -> None:
+    """A manifest naming a blob the registry lacks is refused by the registry; its error code reaches the user."""
+    ref = parse_reference(f"{registry.host}/team/broken:v1")
+    body = json.dumps({"schemaVersion": 2, "mediaType": media.OCI_MANIFEST,
+                       "config": {"mediaType": media.DMR_CONFIG_V01, "digest": "sha256:" + "0" * 64, "size": 2},
+                       "layers": []}).encode()
+    with RegistryClient(registry.host, credentials.Credentials(USER, PASSWORD), insecure=True) as client:
+        with pytest.raises(RegistryError, match="HTTP 400 .*MANIFEST_BLOB_UNKNOWN"):
+            client.put_manifest(ref, body, media.OCI_MANIFEST)

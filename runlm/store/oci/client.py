@@ -145,11 +145,13 @@ class RegistryClient:
             raise RegistryError(f"the token service of {self.registry} answered without a token") from None
 
     def _fail(self, resp: httpx.Response, what: str) -> RegistryError:
+        detail = ""
         try:
+            resp.read()  # a streamed answer may not have been read yet
             errors = resp.json().get("errors") or []
             detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors if isinstance(e, dict))
-        except (ValueError, AttributeError):
-            detail = resp.text[:200] if not resp.is_stream_consumed else ""
+        except (ValueError, AttributeError, httpx.HTTPError, httpx.StreamError):
+            pass  # no error body in the spec's shape: the status says it
         resp.close()
         return RegistryError(f"{what}: the registry {self.registry} answered HTTP {resp.status_code}"
                              + (f" ({detail})" if detail else ""))
