@@ -215,3 +215,16 @@ def test_registry_errors_carry_its_message(registry: Registry) -> None:
     with RegistryClient(registry.host, credentials.Credentials(USER, PASSWORD), insecure=True) as client:
         with pytest.raises(RegistryError, match="HTTP 400 .*MANIFEST_BLOB_UNKNOWN"):
             client.put_manifest(ref, body, media.OCI_MANIFEST)
+
+
+def test_folder_model_round_trip(store: ModelStore, registry: Registry, tiny_model, tmp_path: Path) -> None:
+    """A safetensors folder: Model Runner's v0.2 layout (one layer per file) there and back, paths kept."""
+    package(store, tiny_model("qwen2"), "qwen")
+    _login(store, registry)
+    push(store, "qwen", f"{registry.host}/team/qwen:v1", insecure=True)
+    other = ModelStore(tmp_path / "other")
+    _login(other, registry)
+    model = other.pull(f"{registry.host}/team/qwen:v1", insecure=True)
+    assert model.manifest["layout"] == "dir" and model.info.format == "safetensors"
+    assert _files(other, "team/qwen:v1") == _files(store, "qwen")
+    assert (other.model_path(model) / "config.json").is_file()

@@ -3,6 +3,12 @@ cross-repository mounts, manifests by tag or digest, and the auth a registry ask
 ``WWW-Authenticate`` challenge (Basic; Bearer tokens from its realm, anonymous or with credentials).
 
 Every request has a connect and an idle limit, so a registry that is down or stalls is an error, never a hang.
+
+Why not a library: oras-py (0.2.43, the maintained Python OCI client) has the token flows and chunked uploads,
+but no cross-repository mounts, no ranged (resumable) or digest-checked blob downloads, no progress callbacks,
+requests without timeouts, and it reads a whole blob into memory for a monolithic upload (models are GBs). The
+protocol parts it would save are the small ones here; blob downloads go through the store's own resumable,
+digest-checked, time-limited download (runlm/store/download.py).
 """
 from __future__ import annotations
 
