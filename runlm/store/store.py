@@ -157,7 +157,9 @@ class ModelStore:
         files may be read (the daemon's HTTP API passes its own)."""
         from runlm.store.oci.reference import looks_like_reference
 
-        if looks_like_reference(source_text) and not Path(source_text).expanduser().exists():
+        # decided from the text alone over HTTP (a remote caller must not learn which paths exist); the CLI's
+        # user may name a local folder that happens to read like one
+        if looks_like_reference(source_text) and not (access.any and Path(source_text).expanduser().exists()):
             from runlm.store.oci.transfer import pull as pull_oci
             return pull_oci(self, source_text, name, insecure=insecure, progress=progress)
         report = progress or (lambda p: None)
