@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -121,3 +122,23 @@ def test_login_file_is_private_and_docker_config_is_read(tmp_path: Path, monkeyp
     (tmp_path / "docker/config.json").write_text(json.dumps({"auths": {"https://other.example": {"auth": "dTpwdw=="}}}))
     assert credentials.lookup("other.example", home) == credentials.Credentials("u", "pw")
     assert credentials.forget("reg.example", home) and credentials.lookup("reg.example", home) is None
+
+
+def test_docker_credential_helper_is_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docker's credential-helper protocol: `docker-credential-NAME get`, the registry on stdin. The helper here is
+    a stand-in script (the real ones talk to a desktop keychain)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    helper = bin_dir / "docker-credential-teststore"
+    helper.write_text('#!/bin/sh\nread host\n[ "$1" = get ] && [ "$host" = helped.example ] && '
+                      'echo \'{"ServerURL":"helped.example","Username":"hu","Secret":"hs"}\' && exit 0\n'
+                      'echo "credentials not found in native keychain"; exit 1\n')
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker/config.json").write_text(json.dumps({"credsStore": "teststore"}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    assert credentials.lookup("helped.example", tmp_path / "home") == credentials.Credentials("hu", "hs")
+    assert credentials.lookup("other.example", tmp_path / "home") is None
+    (tmp_path / "docker/config.json").write_text(json.dumps({"credHelpers": {"helped.example": "../../bin/sh"}}))
+    assert credentials.lookup("helped.example", tmp_path / "home") is None  # a helper name is a name, not a path

@@ -1,11 +1,16 @@
 """Registry credentials: ``runlm login`` keeps them in $RUNLM_HOME/registry-auth.json (mode 0600); Docker's
-``~/.docker/config.json`` (``auths``, as ``docker login`` writes it) is read as well, runlm's own first."""
+``~/.docker/config.json`` is read as well, runlm's own first: its ``auths`` (as ``docker login`` writes them
+without a helper), then its ``credHelpers`` / ``credsStore`` through Docker's credential-helper protocol
+(``docker-credential-NAME get``, the registry on stdin, JSON with Username and Secret on stdout)."""
 from __future__ import annotations
 
 import base64
 import binascii
 import json
 import os
+import re
+import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,13 +52,38 @@ def _decode(entry: object) -> Credentials | None:
     return Credentials(user, password) if sep and user else None
 
 
-def _auths(path: Path) -> dict:
+def _config(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-    auths = data.get("auths") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def _auths(path: Path) -> dict:
+    auths = _config(path).get("auths")
     return auths if isinstance(auths, dict) else {}
+
+
+def _from_helper(registry: str, config: dict) -> Credentials | None:
+    """Ask Docker's credential helper for ``registry`` (the one named for it, else the default store)."""
+    found = config.get("credHelpers")
+    helpers: dict = found if isinstance(found, dict) else {}
+    name = next((helpers[k] for k in _keys(registry) if k in helpers), None) or config.get("credsStore")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        return None
+    exe = shutil.which(f"docker-credential-{name}")
+    if exe is None:
+        return None
+    for key in (registry, f"https://{registry}"):
+        try:
+            out = subprocess.run([exe, "get"], input=key, capture_output=True, text=True, timeout=30)
+            data = json.loads(out.stdout) if out.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+            data = None
+        if isinstance(data, dict) and data.get("Username") and data.get("Secret"):
+            return Credentials(str(data["Username"]), str(data["Secret"]))
+    return None
 
 
 def auth_file(home: Path | None = None) -> Path:
@@ -71,7 +101,7 @@ def lookup(registry: str, home: Path | None = None) -> Credentials | None:
             found = _decode(auths.get(key))
             if found:
                 return found
-    return None
+    return _from_helper(registry, _config(docker_config()))
 
 
 def save(registry: str, creds: Credentials, home: Path | None = None) -> Path:
