@@ -123,7 +123,7 @@ def safe_path(path: str) -> str:
     return "/".join(parts)
 
 
-def _unique(path: str, taken: set[str]) -> str:
+def unique_path(path: str, taken: set[str]) -> str:
     stem, dot, ext = path.rpartition(".") if "." in PurePosixPath(path).name else (path, "", "")
     n, out = 2, path
     while out in taken:
@@ -173,7 +173,7 @@ def plan(manifest: dict[str, Any]) -> Plan:
             path = "template.jinja"
         else:
             continue  # unnamed layers of other kinds say nothing runlm can place
-        layers.append(Layer(_unique(path, taken), digest, size, mtype, {k: str(v) for k, v in ann.items()}))
+        layers.append(Layer(unique_path(path, taken), digest, size, mtype, {k: str(v) for k, v in ann.items()}))
     weights = [la for la in layers if la.path.endswith((".gguf", ".safetensors")) and la.path != "mmproj.gguf"]
     if not weights:
         raise ArtifactError("the manifest has no GGUF or safetensors layer: not a model runlm can run")

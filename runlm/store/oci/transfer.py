@@ -76,7 +76,7 @@ def package(store: ModelStore, path: Path, name: str, licenses: tuple[Path, ...]
         taken = {f["path"] for f in files}
         for lic in licenses:
             digest, size = store.blobs.put_file(lic)
-            rel = artifact._unique(artifact.safe_path(lic.name), taken)
+            rel = artifact.unique_path(artifact.safe_path(lic.name), taken)
             files.append({"path": rel, "digest": digest, "size": size, "media_type": media.DMR_LICENSE})
         manifest = model_manifest(files, model.manifest["layout"], model.info, model.manifest["source"])
         return store.write_ref(model.name, with_oci(store, manifest, context_size))
