@@ -157,7 +157,8 @@ def cmd_purge(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("pull", help="store a model: a built-in name, a file, a URL or a Hugging Face repo")
+    p = sub.add_parser("pull", help="store a model: a built-in name, a file, a URL, a Hugging Face repo or an OCI "
+                                    "registry reference")
     p.add_argument("source", help="smollm2 | ./model.gguf | ./model-dir | https://.../m.gguf[#sha256=HEX] | org/repo | "
                                   "registry.example:5000/namespace/name:tag (an OCI registry)")
     p.add_argument("--name", default=None, help="name[:tag] to store it under (default: from the source)")
