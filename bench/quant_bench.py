@@ -44,16 +44,19 @@ def model_file(key: str) -> Path:
     from bench.models import CACHE, build_gguf
 
     target = CACHE / f"{SHAPE}.{key}.gguf"
-    if not target.exists():
-        source = build_gguf(SHAPE)
-        code = ("import sys, llama_cpp\n"
-                "p = llama_cpp.llama_model_quantize_default_params()\n"
-                f"p.ftype = {FTYPES[key]}\np.nthread = {os.cpu_count() or 2}\n"
-                "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))\n")
-        partial = target.with_suffix(".partial")
-        subprocess.run([sys.executable, "-c", code, str(source), str(partial)], check=True,  # its own process:
-                       capture_output=True)
-        partial.rename(target)  # llama.cpp's ggml must not meet runlm's in one process
+    return target if target.exists() else quantize(build_gguf(SHAPE), target, key)
+
+
+def quantize(source: Path, target: Path, key: str) -> Path:
+    """``source`` written by llama.cpp's own quantizer as ``key`` (q8_0, q4_k_m, q4_0)."""
+    code = ("import sys, llama_cpp\n"
+            "p = llama_cpp.llama_model_quantize_default_params()\n"
+            f"p.ftype = {FTYPES[key]}\np.nthread = {os.cpu_count() or 2}\n"
+            "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))\n")
+    partial = target.with_suffix(".partial")
+    subprocess.run([sys.executable, "-c", code, str(source), str(partial)], check=True,  # its own process:
+                   capture_output=True)
+    partial.rename(target)  # llama.cpp's ggml must not meet runlm's in one process
     return target
 
 

@@ -21,9 +21,10 @@ def available() -> bool:
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                     query_lens: list[int], context_lens: list[int], scale: float,
-                    window: int | None = None) -> torch.Tensor | None:
-    """q [T, H, D]; caches [S, KVH, D]; slots: every sequence's context slots, concatenated.
-    -> [T, H, D], or None when the kernel does not apply."""
+                    window: int | None = None, softcap: float | None = None) -> torch.Tensor | None:
+    """q [T, H, D]; caches [S, KVH, D]; slots: every sequence's context slots, concatenated; softcap: scores
+    pass through softcap * tanh(s / softcap) first. -> [T, H, D], or None when the kernel does not apply."""
     if not available():
         return None
-    return _kernel.module.paged_attention(q, k_cache, v_cache, slots, query_lens, context_lens, scale, window or 0)
+    return _kernel.module.paged_attention(q, k_cache, v_cache, slots, query_lens, context_lens, scale, window or 0,
+                                          softcap or 0.0)

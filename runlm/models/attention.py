@@ -104,7 +104,7 @@ def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.T
 def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                         window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Store the new tokens' K/V in layer ``layer``'s cache slots, then attend over each sequence's cached
-    context (kernels.paged_attention, or torch; torch alone soft-caps scores). q: [T, H, D]; k, v: [T, KVH, D].
+    context (kernels.paged_attention, or torch). q: [T, H, D]; k, v: [T, KVH, D].
     Returns [T, H, D]."""
     ctx = get_forward_context()
     if ctx.kv_caches is not None:
@@ -112,8 +112,8 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
         slot_mapping, flat_slots, context_slots = ctx.slots_of(layer)
         k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
-        out = None if softcap else kernels.paged_attention(q, k_cache, v_cache, flat_slots,
-                                                           ctx.query_lens, ctx.context_lens, scale, window)
+        out = kernels.paged_attention(q, k_cache, v_cache, flat_slots, ctx.query_lens, ctx.context_lens, scale,
+                                      window, softcap)
         if out is not None:
             return out
     out = torch.empty_like(q)

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from runlm.models.attention import get_forward_context
 from runlm.models.config import ModelConfig
 from runlm.models.linear import Weight
 from runlm.models.llama import MLP, Attention, LlamaForCausalLM, LlamaModel, RMSNorm
@@ -25,6 +26,8 @@ from runlm.models.rope import RotaryEmbedding
 
 
 class GemmaDecoderLayer(nn.Module):
+    fusable = True  # LlamaModel._forward_fused computes it, sandwich norms included
+
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, layer, rope)
@@ -47,6 +50,8 @@ class GemmaModel(LlamaModel):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids) * self.embed_scale
+        if self.fused and get_forward_context().kv_caches is not None:
+            return self._forward_fused(x, positions)
         for layer in self.layers:
             x = layer(positions, x)
         return self.norm(x)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -90,6 +90,8 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class DecoderLayer(nn.Module):
+    fusable = True  # LlamaModel._forward_fused computes it
+
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, layer, rope)
@@ -118,10 +120,11 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(self.layer_cls(cfg, i, local if cfg.layer_window(i) else rope)
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        # whether _forward_fused computes this model's layers (one whole-head RoPE table, Llama's layer)
-        self.supports_fused = self.layer_cls is DecoderLayer and rope.fusable
+        # whether _forward_fused computes this model's layers (whole-head RoPE tables, a layer class it knows)
+        self.supports_fused = getattr(self.layer_cls, "fusable", False) and rope.fusable and local.fusable
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
         self._plan: list[_FusedLayer] | None = None  # built at the first fused forward
+        self._ropes: list[RotaryEmbedding] = []  # the plan's distinct RoPE tables
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
@@ -135,21 +138,29 @@ class LlamaModel(nn.Module):
         """The same layers in ~8 native calls each (fast mode): the residual stream is added into in
         place, each RMSNorm is fused with the add before it, and one call splits QKV, normalizes and
         rotates q and k and writes K/V to the cache."""
-        ops, ctx, rope = fused.ops(), get_forward_context(), self.rope
-        rope.ensure_positions(int(positions.max()) + 1)
+        ops, ctx = fused.ops(), get_forward_context()
         if self._plan is None:
-            self._plan = [_FusedLayer.of(self, i) for i in range(len(self.layers))]
+            self._plan = [_FusedLayer.of(self, i, ops) for i in range(len(self.layers))]
+            self._ropes = list({id(p.rope): p.rope for p in self._plan}.values())
+        for rope in self._ropes:
+            rope.ensure_positions(int(positions.max()) + 1)
         t, residual = x.shape[0], x
         first = self.layers[0].input_layernorm
         h = ops.rms_norm(x, first.weight, first.eps)
         for i, (p, (k_cache, v_cache)) in enumerate(zip(self._plan, ctx.kv_caches)):
             slot_mapping, flat_slots, _ = ctx.slots_of(i)
+            rope = p.rope
             q = ops.qkv_rope_store(p.qkv(h), positions, rope.cos, rope.sin, k_cache, v_cache, slot_mapping,
                                    p.heads, p.kv_heads, p.head_dim, rope.interleaved, p.q_norm, p.k_norm, p.eps)
-            o = kernels.paged_attention(q, k_cache, v_cache, flat_slots, ctx.query_lens,
-                                        ctx.context_lens, p.scale, p.window)
-            h = ops.add_rms_norm(p.o(o.view(t, -1)), residual, p.post_norm, p.eps)
-            h = ops.add_rms_norm(p.down(ops.silu_mul(p.gate_up(h))), residual, p.next_norm, p.eps)
+            o = p.o(kernels.paged_attention(q, k_cache, v_cache, flat_slots, ctx.query_lens,
+                                            ctx.context_lens, p.scale, p.window, p.softcap).view(t, -1))
+            if p.attn_out_norm is not None:  # Gemma's sandwich norms
+                o = ops.rms_norm(o, p.attn_out_norm, p.eps)
+            h = ops.add_rms_norm(o, residual, p.mlp_norm, p.eps)
+            m = p.down(p.act(p.gate_up(h)))
+            if p.mlp_out_norm is not None:
+                m = ops.rms_norm(m, p.mlp_out_norm, p.eps)
+            h = ops.add_rms_norm(m, residual, p.next_norm, p.eps)
         return h
 
 
@@ -160,9 +171,12 @@ class _FusedLayer(NamedTuple):
     o: Callable[[torch.Tensor], torch.Tensor]
     gate_up: Callable[[torch.Tensor], torch.Tensor]
     down: Callable[[torch.Tensor], torch.Tensor]
+    act: Callable[[torch.Tensor], torch.Tensor]  # [T, 2I] gate_up -> [T, I]
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    post_norm: torch.Tensor
+    attn_out_norm: torch.Tensor | None  # Gemma: the norm of the attention output, before the residual add
+    mlp_norm: torch.Tensor  # the norm of the MLP's input
+    mlp_out_norm: torch.Tensor | None  # Gemma: the norm of the MLP's output
     next_norm: torch.Tensor  # the next layer's input norm, or the final norm
     eps: float
     heads: int
@@ -170,16 +184,24 @@ class _FusedLayer(NamedTuple):
     head_dim: int
     scale: float
     window: int | None
+    softcap: float | None
+    rope: RotaryEmbedding
 
     @classmethod
-    def of(cls, model: LlamaModel, i: int) -> _FusedLayer:
+    def of(cls, model: LlamaModel, i: int, ops: Any) -> _FusedLayer:
         layer = model.layers[i]
         attn, mlp = layer.self_attn, layer.mlp
         following = model.layers[i + 1].input_layernorm if i + 1 < len(model.layers) else model.norm
         qn, kn = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
+        sandwich = hasattr(layer, "pre_feedforward_layernorm")
+        act = ops.gelu_tanh_mul if mlp.act is _ACTIVATIONS["gelu_tanh"] else ops.silu_mul
         return cls(attn.qkv_proj.direct_call(), attn.o_proj.direct_call(), mlp.gate_up_proj.direct_call(),
-                   mlp.down_proj.direct_call(), qn, kn, layer.post_attention_layernorm.weight, following.weight,
-                   layer.input_layernorm.eps, attn.heads, attn.kv_heads, attn.head_dim, attn.scale, attn.window)
+                   mlp.down_proj.direct_call(), act, qn, kn,
+                   layer.post_attention_layernorm.weight if sandwich else None,
+                   (layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm).weight,
+                   layer.post_feedforward_layernorm.weight if sandwich else None, following.weight,
+                   layer.input_layernorm.eps, attn.heads, attn.kv_heads, attn.head_dim, attn.scale, attn.window,
+                   attn.softcap, attn.rope)
 
 
 # checkpoint name fragment -> (fused parameter fragment, shard index)

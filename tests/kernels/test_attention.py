@@ -54,6 +54,29 @@ def test_matches_sdpa(heads, kv_heads, dim, window):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 9])
+def test_soft_capped_scores_match_gemma2s_attention(window):
+    from runlm.models.attention import _mask, _softcapped
+
+    heads, kv_heads, dim, cap = 8, 2, 32, 5.0
+    k_cache, v_cache = _cache(256, kv_heads, dim, seed=4)
+    query_lens, context_lens = [1, 12, 1], [30, 12, 70]
+    slots = torch.cat([_slots(c, 256, i) for i, c in enumerate(context_lens)])
+    q = 4 * torch.randn(sum(query_lens), heads, dim, generator=torch.Generator().manual_seed(2))  # scores past the cap
+    out = attn.paged_attention(q, k_cache, v_cache, slots, query_lens, context_lens, dim ** -0.5, window, cap)
+    ref, start, s0 = [], 0, 0
+    for ql, cl in zip(query_lens, context_lens):
+        idx = slots[s0:s0 + cl]
+        ks, vs = k_cache[idx].transpose(0, 1).double(), v_cache[idx].transpose(0, 1).double()
+        o = _softcapped(q[start:start + ql].transpose(0, 1).double(), ks, vs, _mask(ql, cl, window, q.device),
+                        dim ** -0.5, cap)
+        ref.append(o.transpose(0, 1).float())
+        start, s0 = start + ql, s0 + cl
+    torch.testing.assert_close(out, torch.cat(ref), rtol=1e-5, atol=1e-5)
+    plain = attn.paged_attention(q, k_cache, v_cache, slots, query_lens, context_lens, dim ** -0.5, window)
+    assert not torch.allclose(out, plain, atol=1e-3)  # the cap changed the result
+
+
 def test_row_is_batch_and_chunk_invariant():
     """The same sequence alone, among others, and with its prompt cut into chunks: identical bits."""
     heads, kvh, dim = 14, 2, 64

@@ -3,7 +3,8 @@
 // One call per layer serves every sequence in the step, prefill chunks and decode tokens alike:
 // query row t of sequence b sits at position p = context_len[b] - query_len[b] + i and attends
 // to the positions max(0, p - window + 1) .. p of its context, whose K/V rows are read straight
-// from the cache through the sequence's slot list (no gather copies).
+// from the cache through the sequence's slot list (no gather copies). Scores may be soft-capped
+// (softcap * tanh(s / softcap), Gemma 2) before the softmax.
 //
 // Reduction order (what makes it batch-invariant): a row's result depends only on its own
 // q, its own context and its position. Scores are 8-lane dot products over head_dim combined
@@ -75,6 +76,7 @@ struct Args {
   __m256i dtail;
   float scale;
   int64_t window;        // 0: none
+  float softcap;         // 0: none; else scores pass through softcap * tanh(s / softcap) (Gemma 2)
 };
 
 inline float dot(const Args& a, const float* x, const float* y) {
@@ -95,6 +97,8 @@ void row(const Args& a, int64_t t, int64_t kvh, int64_t p, const int64_t* slots,
     const float* kr = a.k + (slots[lo + j] * a.KVH + kvh) * a.D;
     for (int64_t g = 0; g < a.G; ++g) scores[g * L + j] = dot(a, q + g * a.D, kr) * a.scale;
   }
+  if (a.softcap > 0.0f)
+    for (int64_t i = 0; i < a.G * L; ++i) scores[i] = std::tanh(scores[i] / a.softcap) * a.softcap;
   const int64_t lfull = L / 8 * 8;
   const __m256i ltail = first_lanes(L - lfull);
   const __m256 ninf = _mm256_set1_ps(-INFINITY);
@@ -140,7 +144,8 @@ void row(const Args& a, int64_t t, int64_t kvh, int64_t p, const int64_t* slots,
 // inputs the kernel does not cover (the caller then uses torch).
 c10::optional<at::Tensor> paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                           const at::Tensor& slots_in, const std::vector<int64_t>& query_lens,
-                                          const std::vector<int64_t>& context_lens, double scale, int64_t window) {
+                                          const std::vector<int64_t>& context_lens, double scale, int64_t window,
+                                          double softcap) {
   const auto covered = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
   if (!covered(q_in) || !covered(k_cache) || !covered(v_cache) || q_in.dim() != 3 || k_cache.dim() != 3 ||
       !k_cache.is_contiguous() || !v_cache.is_contiguous() || slots_in.scalar_type() != at::kLong ||
@@ -169,7 +174,8 @@ c10::optional<at::Tensor> paged_attention(const at::Tensor& q_in, const at::Tens
   at::Tensor out = at::empty({T, H, D}, q.options());
   const int64_t G = H / KVH;
   Args a{q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), slots.data_ptr<int64_t>(),
-         out.data_ptr<float>(), H, KVH, D, G, D / 8 * 8, first_lanes(D % 8), static_cast<float>(scale), window};
+         out.data_ptr<float>(), H, KVH, D, G, D / 8 * 8, first_lanes(D % 8), static_cast<float>(scale), window,
+         static_cast<float>(softcap)};
   // Tasks are (row, KV head) pairs; rows are taken alternately from both ends, so that the
   // contiguous ranges handed to threads mix short (early) and long (late) causal rows.
   const int64_t tasks = T * KVH;

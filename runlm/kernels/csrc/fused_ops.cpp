@@ -7,6 +7,7 @@
 //   rms_norm(x, w, eps)                         out = x / rms(x) * w
 //   add_rms_norm(x, residual, w, eps)           residual += x; out = rms_norm(residual)
 //   silu_mul(gate_up)                           [T, 2I] -> silu(gate) * up  [T, I]
+//   gelu_tanh_mul(gate_up)                      [T, 2I] -> gelu_tanh(gate) * up  [T, I]
 //   qkv_rope_store(qkv, ...)                    split a fused QKV row, optional per-head RMSNorm
 //                                               of q and k, RoPE, K/V written to their cache
 //                                               slots; returns q [T, H, D] for attention
@@ -61,7 +62,9 @@ at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Ten
   return rms_norm(residual, w, eps);
 }
 
-at::Tensor silu_mul(const at::Tensor& gate_up) {
+// [T, 2I] -> act(gate) * up [T, I], row by row.
+template <class Act>
+at::Tensor gated(const at::Tensor& gate_up, Act act) {
   check_rows(gate_up, "gate_up");
   const int64_t two_i = gate_up.size(-1), inner = two_i / 2, rows = gate_up.numel() / std::max<int64_t>(two_i, 1);
   TORCH_CHECK(two_i % 2 == 0, "gate_up must have an even number of columns");
@@ -75,10 +78,20 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
       const float* gr = g + r * two_i;
       const float* ur = gr + inner;
       float* orow = o + r * inner;
-      for (int64_t i = 0; i < inner; ++i) orow[i] = gr[i] / (1.0f + std::exp(-gr[i])) * ur[i];
+      for (int64_t i = 0; i < inner; ++i) orow[i] = act(gr[i]) * ur[i];
     }
   });
   return out;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  return gated(gate_up, [](float x) { return x / (1.0f + std::exp(-x)); });
+}
+
+// GELU, tanh approximation (Gemma): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), torch's formula.
+at::Tensor gelu_tanh_mul(const at::Tensor& gate_up) {
+  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
+  return gated(gate_up, [](float x) { return 0.5f * x * (1.0f + std::tanh(kBeta * (x + kKappa * x * x * x))); });
 }
 
 // One head of D values rotated in place by the table rows cos/sin (laid out as RotaryEmbedding
@@ -153,5 +166,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("silu_mul", &silu_mul);
+  m.def("gelu_tanh_mul", &gelu_tanh_mul);
   m.def("qkv_rope_store", &qkv_rope_store);
 }
