@@ -33,3 +33,11 @@ def minilm_dir() -> Path:
 def tiny_model():
     """tiny_model("qwen2") -> path of a cached random-weight model directory."""
     return models.build_model
+
+
+@pytest.fixture(scope="session")
+def tiny_sd() -> Path:
+    """A random-weight Stable Diffusion pipeline directory (diffusers' own classes, a few thousand parameters)."""
+    from tests.fixtures.diffusion import tiny_pipeline
+
+    return tiny_pipeline()

@@ -23,6 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:N)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="weights' dtype (default float32 on CPU, float16 on a GPU)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--max-waiting", type=int, default=8, help="requests that may wait before new ones get 503")
     p.add_argument("--max-side", type=int, default=MAX_SIDE, help=f"largest width or height (default {MAX_SIDE})")
     return p.parse_args(argv)
@@ -38,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the pipeline is in the store: nothing to fetch
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         sock, where = open_socket("127.0.0.1", 0, args.uds)
     except OSError as exc:

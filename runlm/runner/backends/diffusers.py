@@ -40,7 +40,7 @@ class DiffusersBackend(ProcessBackend):
     name = "diffusers"
     modes = (BackendMode.IMAGE_GENERATION,)
     allowed_flags = {"--device": _is_device, "--dtype": lambda v: v in DTYPE_BYTES, "--max-waiting": is_int,
-                     "--max-side": is_int}
+                     "--max-side": is_int, "--threads": is_int}
 
     def status(self) -> str:
         if self._installing or self._install_error:
