@@ -10,13 +10,12 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runlm.runner.backends.base import STATUS_NOT_INSTALLED, STATUS_RUNNING, BackendError, RequiredMemory, format_status
 from runlm.runner.backends.flags import is_int
 from runlm.runner.backends.native import flag_value
-from runlm.runner.backends.process import ProcessBackend
+from runlm.runner.backends.process import ProcessBackend, package_size
 from runlm.runner.config import BackendConfig, BackendMode
 
 if TYPE_CHECKING:
@@ -52,11 +51,7 @@ class DiffusersBackend(ProcessBackend):
         return format_status(STATUS_RUNNING, f"diffusers {importlib.metadata.version('diffusers')}")
 
     def disk_usage(self) -> int:
-        spec = importlib.util.find_spec("diffusers")
-        if spec is None or not spec.submodule_search_locations:
-            return 0
-        root = Path(next(iter(spec.submodule_search_locations)))
-        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        return package_size("diffusers")
 
     async def install(self) -> None:
         if not self.installed():

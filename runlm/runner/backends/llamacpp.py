@@ -16,7 +16,7 @@ from runlm.runner.backends.base import (
     format_status,
 )
 from runlm.runner.backends.flags import is_float, is_int
-from runlm.runner.backends.process import ProcessBackend
+from runlm.runner.backends.process import ProcessBackend, package_size
 from runlm.runner.config import BackendConfig, BackendMode
 
 if TYPE_CHECKING:
@@ -69,11 +69,7 @@ class LlamaCppBackend(ProcessBackend):
                                                    "run: runlm install-backend llamacpp")
 
     def disk_usage(self) -> int:
-        spec = importlib.util.find_spec("llama_cpp")
-        if spec is None or not spec.submodule_search_locations:
-            return 0
-        root = Path(next(iter(spec.submodule_search_locations)))
-        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        return package_size("llama_cpp")
 
     async def install(self) -> None:
         if not self.installed():

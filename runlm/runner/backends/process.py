@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import secrets
 import signal
@@ -20,6 +21,15 @@ def log_tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return ""
     return "\n".join(text[-lines:])
+
+
+def package_size(name: str) -> int:
+    """Bytes an installed Python package's folder takes (0 when it is not installed); found without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return 0
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 # keys a child could inherit from the daemon's environment: a backend gets its own key, never these
