@@ -24,6 +24,7 @@ from runlm.runner.ollama_convert import (
     tag_entry,
     timings,
 )
+from runlm.runner.ollama_images import generate_image
 from runlm.runner.proxy import pop_keep_alive, require_model, send, sse_events
 from runlm.runner.pulling import pull_error_status, pull_events
 from runlm.runner.requests import (
@@ -142,7 +143,9 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
         await loader.unload_idle_models(name)  # never from under a request that holds it
         reason = "unload"
     else:
-        runner = await loader.acquire(name)
+        model = await loader.model(name)
+        image = "image-generation" in model.info.capabilities
+        runner = await loader.acquire(name, None, BackendMode.IMAGE_GENERATION if image else BackendMode.COMPLETION)
         loader.release(runner, keep_alive)
         reason = "load"
     out: dict[str, Any] = {"model": name, "created_at": now_iso(), "done": True, "done_reason": reason}
@@ -257,6 +260,8 @@ async def generate(request: Request) -> Response:
         raise BadRequest("'prompt' must be a string", param="prompt")
     if body.get("images"):
         raise BadRequest("images are not supported by runlm's models", param="images")
+    if "image-generation" in (await request.app.state.loader.model(name)).info.capabilities:
+        return await generate_image(request, body, name)
     fields = sampling_fields(body)
     if body.get("raw"):
         payload: dict[str, Any] = {"prompt": prompt, **fields}

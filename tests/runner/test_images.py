@@ -122,6 +122,22 @@ def test_cli_generate_image(daemon: Daemon, tmp_path: Path) -> None:
     assert direct.data is not None and base64.b64decode(direct.data[0].b64_json or "") == target.read_bytes()
 
 
+def test_ollama_client_generates_images(daemon: Daemon) -> None:
+    ollama = pytest.importorskip("ollama")
+    c = ollama.Client(host=daemon.url)
+    out = c.generate(model=MODEL, prompt="a red cat", width=48, height=32, steps=2, options={"seed": 11})
+    assert out.done and png(out.image).size == (48, 32)
+    same = client(daemon).images.generate(model=MODEL, prompt="a red cat", size="48x32",  # type: ignore[arg-type]
+                                          extra_body={"seed": 11, "steps": 2})
+    assert same.data is not None and same.data[0].b64_json == out.image
+    parts = list(c.generate(model=MODEL, prompt="a red cat", width=16, height=16, steps=3, stream=True))
+    assert [(p.completed, p.total) for p in parts[:-1]] == [(1, 3), (2, 3), (3, 3)]
+    assert parts[-1].done and png(parts[-1].image).size == (16, 16)
+    assert c.generate(model=MODEL, prompt="").done_reason == "load"  # an empty prompt loads the model
+    with pytest.raises(ollama.ResponseError, match="multiples of 8"):
+        c.generate(model=MODEL, prompt="x", width=30, height=30)
+
+
 @pytest.mark.slow  # a second load of the pipeline (diffusers' imports take most of it)
 def test_a_crashed_backend_is_unloaded_and_reloads(daemon: Daemon) -> None:
     body = {"model": MODEL, "prompt": "x", "size": "16x16", "steps": 1, "seed": 1}
