@@ -28,7 +28,7 @@ from runlm.server.errors import APIError, install_error_handlers, not_ready
 from runlm.server.sse import DONE, HEADERS, error_event, event
 from runlm.web.api_key import APIKeyMiddleware
 from runlm.web.body_limit import DEFAULT_MAX_BODY, BodyLimitMiddleware
-from runlm.web.disconnect import unless_disconnected
+from runlm.web.disconnect import ClientDisconnected, unless_disconnected
 
 log = logging.getLogger("runlm.images")
 router = APIRouter()
@@ -112,6 +112,12 @@ async def generations(request: Request) -> Response:
     state.queued += 1
     try:
         images = await unless_disconnected(request, Job(state, req).run(generator))
+    except (ClientDisconnected, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # the pipeline's own failure (out of memory, a bad component): this request's only
+        log.exception("image generation failed")
+        raise APIError(500, f"image generation failed: {type(exc).__name__}: {exc}", code="generation_failed") \
+            from None
     finally:
         state.queued -= 1
     return JSONResponse({"created": created, "data": [image_json(i) for i in images], "size": req.size,
@@ -200,6 +206,11 @@ def build_app(state: ImageServer, load: Callable[[], ImageGenerator] | None = No
                   redoc_url=None)
     app.state.images = state
     install_error_handlers(app)
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_gone(_: Request, exc: ClientDisconnected) -> Response:
+        return Response(status_code=499)  # nobody reads it; the pipeline stopped at its next step
+
     app.include_router(router)
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     if api_key:
