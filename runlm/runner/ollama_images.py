@@ -3,21 +3,19 @@
 the streamed lines before it. Translated onto the backend's POST /v1/images/generations stream."""
 from __future__ import annotations
 
-import json
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from runlm.runner.config import BackendMode
-from runlm.runner.errors import BackendUnavailable, BadRequest, RunnerError
-from runlm.runner.ollama_convert import backend_error_message, now_iso
-from runlm.runner.proxy import pop_keep_alive, send, sse_events
-from runlm.web.disconnect import unless_disconnected
-
-NDJSON = "application/x-ndjson"
+from runlm.runner.errors import BadRequest
+from runlm.runner.ollama_convert import now_iso
+from runlm.runner.ollama_stream import answer, events, open_stream
+from runlm.runner.proxy import pop_keep_alive
 
 
 def image_request(body: dict) -> dict[str, Any]:
@@ -42,25 +40,15 @@ async def generate_image(request: Request, body: dict, name: str) -> Response:
     loader = request.app.state.loader
     payload = image_request(body)
     t0 = time.monotonic()
-    runner = await loader.acquire(name, None, BackendMode.IMAGE_GENERATION)
+    runner, resp = await open_stream(loader, name, BackendMode.IMAGE_GENERATION, "/v1/images/generations",
+                                     payload, keep_alive)
     t_loaded = time.monotonic()
-    try:
-        resp = await send(runner, "POST", "/v1/images/generations", {"model": runner.model_ref, **payload},
-                          stream=True)
-        if resp.status_code != 200:
-            content = await resp.aread()
-            await resp.aclose()
-            raise RunnerError(backend_error_message(content), status=resp.status_code)
-    except BaseException:
-        loader.release(runner, keep_alive)
-        raise
 
-    async def lines() -> AsyncIterator[dict]:
-        try:
-            async for ev in sse_events(runner, resp):
+    async def lines() -> AsyncGenerator[dict, None]:
+        async with contextlib.aclosing(events(loader, runner, resp, keep_alive)) as evs:
+            async for ev in evs:
                 if ev.get("error"):
-                    err = ev["error"]
-                    yield {"error": err.get("message", str(err)) if isinstance(err, dict) else str(err)}
+                    yield ev
                     return
                 if ev.get("type") == "image_generation.progress":
                     yield {"model": name, "created_at": now_iso(), "done": False, "completed": ev["step"],
@@ -71,21 +59,11 @@ async def generate_image(request: Request, body: dict, name: str) -> Response:
                            "done_reason": "stop", "image": ev["b64_json"],
                            "total_duration": int((time.monotonic() - t0) * ns),
                            "load_duration": int((t_loaded - t0) * ns)}
-        except BackendUnavailable as exc:
-            yield {"error": exc.message}
-        finally:
-            await resp.aclose()
-            loader.release(runner, keep_alive)
 
-    if body.get("stream", True) is not False:
-        async def ndjson() -> AsyncIterator[bytes]:
-            async for line in lines():
-                yield (json.dumps(line) + "\n").encode()
-        return StreamingResponse(ndjson(), media_type=NDJSON)
-    return await unless_disconnected(request, _last(lines()))
+    return await answer(request, body, lines(), _last)
 
 
-async def _last(lines: AsyncIterator[dict]) -> JSONResponse:
+async def _last(lines: AsyncGenerator[dict, None]) -> Response:
     final: dict = {}
     async for line in lines:
         if "error" in line:
