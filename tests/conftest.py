@@ -41,3 +41,16 @@ def tiny_sd() -> Path:
     from tests.fixtures.diffusion import tiny_pipeline
 
     return tiny_pipeline()
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory):
+    """A real OCI registry (CNCF Distribution) with basic auth on a loopback port (tests/fixtures/registry.py)."""
+    from tests.fixtures.registry import Registry, available
+
+    if not available():
+        pytest.skip("docker-registry (Debian's package of CNCF Distribution) is not installed: "
+                    "apt-get install docker-registry")
+    reg = Registry(tmp_path_factory.mktemp("registry")).start()
+    yield reg
+    reg.stop()
