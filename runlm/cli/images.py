@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import importlib.util
 import json
 import sys
 from collections.abc import Iterator
@@ -58,17 +59,21 @@ def _in_process(args: argparse.Namespace) -> list[tuple[bytes, int]]:
     from runlm.store import ModelNotFoundError, ModelStore
 
     try:
+        req = parse_request(_body(args))  # before the pipeline loads: a typo costs nothing
+    except ImageRequestError as exc:
+        raise CLIError(str(exc), code=2) from None
+    try:
         store = ModelStore()
         path = store.model_path(store.ensure(args.model))
     except (ModelNotFoundError, ValueError) as exc:
         raise CLIError(str(exc)) from None
-    try:
-        from runlm.images.pipeline import ImageGenerator
-    except ImportError as exc:
-        raise CLIError(f"{exc}; run: runlm install-backend diffusers") from None
+    if importlib.util.find_spec("diffusers") is None:
+        raise CLIError("diffusers is not installed; run: runlm install-backend diffusers")
+    from runlm.images.pipeline import ImageGenerator
+
     generator = ImageGenerator.load(path)
     try:
-        req = generator.resolve(parse_request(_body(args)))
+        req = generator.resolve(req)
     except ImageRequestError as exc:
         raise CLIError(str(exc), code=2) from None
     return [(img.data, img.seed) for img in generator.generate(req, _progress)]
