@@ -60,7 +60,9 @@ class ImageGenerator:
 
         # fp32 on CPU, where half-precision convolutions are many times slower; fp16 on a GPU
         torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.float16)
-        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+        # safetensors only: a pickled .bin would run code on load; no remote code either (diffusers' default)
+        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True,
+                                                 use_safetensors=True, trust_remote_code=False)
         return cls(pipe.to(device), device)
 
     @property

@@ -112,3 +112,17 @@ def test_good_requests_parse() -> None:
     assert req == ImageRequest("x", n=10, width=512, height=768, seed=5, steps=20, guidance_scale=7.5,
                                negative_prompt="blurry")
     assert parse_request({"prompt": "x", "size": "auto"}).width is None
+
+
+def test_pickled_weights_are_refused(tiny_sd: Path, tmp_path: Path) -> None:
+    """A .bin file is a pickle, which runs code when loaded: the backend reads safetensors only."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    copy = shutil.copytree(tiny_sd, tmp_path / "pipe")
+    unet = copy / "unet"
+    torch.save(load_file(unet / "diffusion_pytorch_model.safetensors"), unet / "diffusion_pytorch_model.bin")
+    (unet / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(Exception, match="safetensors"):
+        ImageGenerator.load(copy)
