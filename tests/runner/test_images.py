@@ -159,3 +159,24 @@ def test_unload_stops_the_backend_process(daemon: Daemon) -> None:
     assert resp.json() == {"unloaded_runners": 1}
     assert daemon.ps() == []
     assert not psutil.pid_exists(pid)  # the unload answers once the process has exited
+
+
+@pytest.mark.slow  # three model loads
+def test_image_and_text_models_share_the_memory_budget(tmp_path: Path, tiny_sd: Path) -> None:
+    """Each fits the budget alone, not both: loading one evicts the other (least recently used, idle)."""
+    store = ModelStore(tmp_path / "home")
+    store.pull("tinycoder")
+    store.pull(str(tiny_sd), MODEL)
+    d = Daemon(tmp_path / "home", args=("--memory-budget", "900MiB")).start()
+    try:
+        image = {"model": MODEL, "prompt": "x", "size": "16x16", "steps": 1}
+        text = {"model": "tinycoder", "prompt": "a", "max_tokens": 1}
+        assert d.http.post("/v1/completions", json=text).status_code == 200
+        assert d.http.post("/v1/images/generations", json=image).status_code == 200
+        assert [r["model_name"] for r in d.ps()] == [f"{MODEL}:latest"]  # tinycoder made room
+        assert d.http.post("/v1/completions", json=text).status_code == 200
+        assert [r["model_name"] for r in d.ps()] == ["tinycoder:latest"]
+        assert d.http.post("/v1/images/generations", json={**image, "keep_alive": 0}).status_code == 200
+        assert d.wait_unloaded(f"{MODEL}:latest")  # keep_alive 0: unloaded once the answer is out
+    finally:
+        d.stop()
