@@ -76,6 +76,7 @@ class Job:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
             self.cancel.set()  # the worker stops at the next step; the next request waits for that
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())  # its GenerationCancelled: expected
             raise
 
 

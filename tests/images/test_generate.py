@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,14 +10,6 @@ from PIL import Image
 
 from runlm.images.pipeline import GenerationCancelled, ImageGenerator
 from runlm.images.request import ImageRequest, ImageRequestError, parse_request
-
-
-@pytest.fixture(scope="module")
-def generator(tiny_sd: Path) -> Iterator[ImageGenerator]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a few thousand parameters: a second thread only waits (and spins on a busy machine)
-    yield ImageGenerator.load(tiny_sd)
-    torch.set_num_threads(threads)
 
 
 def generate(generator: ImageGenerator, **fields) -> list:
