@@ -35,6 +35,14 @@ def tiny_model():
     return models.build_model
 
 
+@pytest.fixture(scope="session")
+def tiny_sd() -> Path:
+    """A random-weight Stable Diffusion pipeline directory (diffusers' own classes, a few thousand parameters)."""
+    from tests.fixtures.diffusion import tiny_pipeline
+
+    return tiny_pipeline()
+
+
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory):
     """A real OCI registry (CNCF Distribution) with basic auth on a loopback port (tests/fixtures/registry.py)."""

@@ -180,7 +180,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("configure", help="set how a model is loaded (context size, flags, keep-alive, ...)")
     p.add_argument("model")
-    p.add_argument("--backend", default=None, help="native, llamacpp or vllm")
+    p.add_argument("--backend", default=None, help="native, llamacpp, vllm or diffusers")
     p.add_argument("--context-size", type=int, default=None)
     p.add_argument("--runtime-flags", default=None, help="allow-listed backend flags, e.g. '--max-num-seqs 8'")
     p.add_argument("--keep-alive", default=None, help="5m, 1h, 0 (unload after each request), -1 (never)")
@@ -192,6 +192,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hf-overrides", default=None, help="vllm: JSON object of config overrides")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_configure)
-    p = sub.add_parser("install-backend", help="install a backend (llamacpp: pip install llama-cpp-python[server])")
+    p = sub.add_parser("install-backend", help="install a backend (llamacpp: pip install llama-cpp-python[server]; "
+                                               "diffusers: pip install diffusers transformers)")
     p.add_argument("backend")
     p.set_defaults(func=cmd_install_backend)

@@ -96,12 +96,16 @@ def cmd_show(args: argparse.Namespace) -> int:
     print("  Model")
     for label, value in (("format", c["format"]), ("architecture", c["architecture"]),
                          ("parameters", c["parameters"]), ("quantization", c["quantization"]),
-                         ("context length", c["context_size"]), ("size", human_bytes(c["size"])),
+                         ("context length", c["context_size"] or "-"), ("size", human_bytes(c["size"])),
                          ("capabilities", ", ".join(c.get("capabilities", []))), ("digest", m["id"]),
                          ("tags", ", ".join(m["tags"]))):
         print(f"    {label:<16}{value}")
         if label == "parameters" and c.get("experts"):
             print(f"    {'experts':<16}{c['experts']} ({c['experts_used']} active per token)")
+    if c.get("components"):  # a diffusers pipeline: its architecture is the pipeline class
+        print("\n  Components")
+        for name, cls in c["components"].items():
+            print(f"    {name:<16}{cls}")
     if c.get("template"):
         print("\n  Template")
         print("\n".join("    " + line for line in c["template"].splitlines()))

@@ -17,7 +17,7 @@ from runlm.web.disconnect import unless_disconnected
 from runlm.web.openapi import json_body
 
 router = APIRouter()
-OPENAI_POST_ROUTES = ("chat/completions", "completions", "embeddings", "rerank", "score")
+OPENAI_POST_ROUTES = ("chat/completions", "completions", "embeddings", "rerank", "score", "images/generations")
 
 
 def _check_backend(request: Request, backend: str | None) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from runlm.runner.backends import DEFAULT_BACKEND, Backend, BackendError
+from runlm.runner.backends import DEFAULT_BACKEND, IMAGE_BACKEND, Backend, BackendError
 from runlm.runner.backends.base import RequiredMemory
 from runlm.runner.config import KEEP_ALIVE_DEFAULT, BackendConfig, BackendMode, ConfigError
 from runlm.runner.errors import BackendUnavailable, BadRequest, Busy, Conflict, ModelTooLarge, NotFound
@@ -67,7 +67,8 @@ class Loader:
 
     def backend(self, name: str | None, model: StoredModel | None = None) -> Backend:
         configured = self.preferred_backend.get(model.id) if model else None
-        chosen = name or configured or DEFAULT_BACKEND
+        default = IMAGE_BACKEND if model and "image-generation" in model.info.capabilities else DEFAULT_BACKEND
+        chosen = name or configured or default
         backend = self.backends.get(chosen)
         if backend is None:
             raise NotFound(f"unknown backend {chosen!r} (backends: {', '.join(self.backends)})", param="backend")
@@ -96,10 +97,18 @@ class Loader:
                       mode: BackendMode = BackendMode.COMPLETION) -> Runner:
         model = await self.model(name)
         backend = self.backend(backend_name, model)
-        if mode is BackendMode.COMPLETION and "completion" not in model.info.capabilities:
-            what = ", ".join(model.info.capabilities)
-            raise BadRequest(f"model {str(model.name)!r} cannot do {mode.value} (it is a {what} model)",
+        caps = model.info.capabilities
+        # an image model does nothing else, and only an image model generates images
+        if (mode is BackendMode.COMPLETION and "completion" not in caps) or \
+                (mode is BackendMode.IMAGE_GENERATION) != ("image-generation" in caps):
+            what = ", ".join(caps)
+            hint = "; use POST /v1/images/generations" if "image-generation" in caps else ""
+            raise BadRequest(f"model {str(model.name)!r} cannot do {mode.value} (it is a {what} model){hint}",
                              param="model", code="unsupported_mode")
+        if mode not in backend.modes:
+            raise BadRequest(f"the {backend.name} backend cannot serve {mode.value} "
+                             f"(it serves: {', '.join(m.value for m in backend.modes)})",
+                             param="backend", code="unsupported_mode")
         key: RunnerKey = (backend.name, model.id, mode)
         while True:
             runner = self.runners.get(key)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -12,7 +13,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from runlm import __version__
 from runlm.runner.config import BackendMode
-from runlm.runner.errors import BackendUnavailable, BadRequest, RunnerError
+from runlm.runner.errors import BadRequest, RunnerError
 from runlm.runner.models_api import body_json, delete_model, get_model
 from runlm.runner.ollama_convert import (
     backend_error_message,
@@ -24,7 +25,9 @@ from runlm.runner.ollama_convert import (
     tag_entry,
     timings,
 )
-from runlm.runner.proxy import pop_keep_alive, require_model, send, sse_events
+from runlm.runner.ollama_images import generate_image
+from runlm.runner.ollama_stream import answer, events, open_stream
+from runlm.runner.proxy import pop_keep_alive, require_model, send
 from runlm.runner.pulling import pull_error_status, pull_events, transfer_events
 from runlm.runner.requests import (
     ChatRequest,
@@ -36,7 +39,6 @@ from runlm.runner.requests import (
 )
 from runlm.store import InvalidNameError
 from runlm.store.progress import PullProgress
-from runlm.web.disconnect import unless_disconnected
 from runlm.web.openapi import OllamaError, json_body
 
 router = APIRouter(prefix="/api")
@@ -162,7 +164,9 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
         await loader.unload_idle_models(name)  # never from under a request that holds it
         reason = "unload"
     else:
-        runner = await loader.acquire(name)
+        model = await loader.model(name)
+        image = "image-generation" in model.info.capabilities
+        runner = await loader.acquire(name, None, BackendMode.IMAGE_GENERATION if image else BackendMode.COMPLETION)
         loader.release(runner, keep_alive)
         reason = "load"
     out: dict[str, Any] = {"model": name, "created_at": now_iso(), "done": True, "done_reason": reason}
@@ -177,27 +181,17 @@ async def _generate(request: Request, body: dict, route: str, payload: dict,
     keep_alive = pop_keep_alive(body)
     loader = request.app.state.loader
     t0 = time.monotonic()
-    runner = await loader.acquire(name, None, BackendMode.COMPLETION)
+    payload.update(stream=True, stream_options={"include_usage": True})
+    runner, resp = await open_stream(loader, name, BackendMode.COMPLETION, f"/v1/{route}", payload, keep_alive)
     t_loaded = time.monotonic()
-    payload.update(model=runner.model_ref, stream=True, stream_options={"include_usage": True})
-    try:
-        resp = await send(runner, "POST", f"/v1/{route}", payload, stream=True)
-        if resp.status_code != 200:
-            content = await resp.aread()
-            await resp.aclose()
-            raise RunnerError(backend_error_message(content), status=resp.status_code)
-    except BaseException:
-        loader.release(runner, keep_alive)
-        raise
 
     async def chunks() -> AsyncGenerator[dict, None]:
         usage, finish, t_first = None, "stop", None
         tools: list[dict] = []
-        try:
-            async for ev in sse_events(runner, resp):
+        async with contextlib.aclosing(events(loader, runner, resp, keep_alive)) as evs:
+            async for ev in evs:
                 if ev.get("error"):
-                    err = ev["error"]
-                    yield {"error": err.get("message", str(err)) if isinstance(err, dict) else str(err)}
+                    yield ev
                     return
                 usage = ev.get("usage") or usage
                 for choice in ev.get("choices") or []:
@@ -208,21 +202,11 @@ async def _generate(request: Request, body: dict, route: str, payload: dict,
                     if text:
                         t_first = t_first or time.monotonic()
                         yield {"model": name, "created_at": now_iso(), **shape(text, None), "done": False}
-            final = {"model": name, "created_at": now_iso(), **shape("", ollama_tool_calls(tools)),
-                     "done": True, "done_reason": finish}
-            yield final | timings(t0, t_loaded, t_first, time.monotonic(), usage)
-        except BackendUnavailable as exc:
-            yield {"error": exc.message}
-        finally:
-            await resp.aclose()
-            loader.release(runner, keep_alive)
+        final = {"model": name, "created_at": now_iso(), **shape("", ollama_tool_calls(tools)),
+                 "done": True, "done_reason": finish}
+        yield final | timings(t0, t_loaded, t_first, time.monotonic(), usage)
 
-    if body.get("stream", True) is not False:
-        async def lines() -> AsyncIterator[bytes]:
-            async for c in chunks():
-                yield _line(c)
-        return StreamingResponse(lines(), media_type=NDJSON)
-    return await unless_disconnected(request, _whole(chunks()))
+    return await answer(request, body, chunks(), _whole)
 
 
 async def _whole(chunks: AsyncGenerator[dict, None]) -> Response:
@@ -277,6 +261,8 @@ async def generate(request: Request) -> Response:
         raise BadRequest("'prompt' must be a string", param="prompt")
     if body.get("images"):
         raise BadRequest("images are not supported by runlm's models", param="images")
+    if "image-generation" in (await request.app.state.loader.model(name)).info.capabilities:
+        return await generate_image(request, body, name)
     fields = sampling_fields(body)
     if body.get("raw"):
         payload: dict[str, Any] = {"prompt": prompt, **fields}

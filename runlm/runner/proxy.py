@@ -21,7 +21,8 @@ from runlm.runner.runner import Runner
 DEATH_GRACE_SECONDS = 5.0
 # never the client's Authorization: it is the daemon's key; backends get their own (runner.backend_client)
 _FORWARDED_HEADERS = ("accept", "content-type")
-MODES = {"embeddings": BackendMode.EMBEDDING, "rerank": BackendMode.RERANKING, "score": BackendMode.RERANKING}
+MODES = {"embeddings": BackendMode.EMBEDDING, "rerank": BackendMode.RERANKING, "score": BackendMode.RERANKING,
+         "images": BackendMode.IMAGE_GENERATION}
 
 
 class BackendGone(BackendUnavailable):

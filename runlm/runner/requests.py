@@ -73,6 +73,9 @@ class GenerateRequest(_Ollama):
     raw: StrictBool | None = None
     format: StrictStr | dict[str, Any] | None = None
     images: list[Any] | None = None
+    width: StrictInt | None = None   # image generation models
+    height: StrictInt | None = None
+    steps: StrictInt | None = None
 
 
 class ChatRequest(_Ollama):

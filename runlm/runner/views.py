@@ -17,7 +17,8 @@ def model_json(models: list[StoredModel]) -> dict:
     return {"id": m.id, "tags": [str(x.name) for x in models], "created": unix_time(m.created),
             "config": {"format": info.format, "quantization": info.quantization, "parameters": info.parameter_size,
                        "architecture": info.architecture, "size": m.size, "context_size": info.context_length,
-                       **({"experts": info.experts, "experts_used": info.experts_used} if info.experts else {})},
+                       **({"experts": info.experts, "experts_used": info.experts_used} if info.experts else {}),
+                       **({"components": info.components} if info.components else {})},
             **_registry(models)}
 
 

@@ -40,6 +40,8 @@ class ModelInfo:
     # mixtures of experts: experts per MoE layer and how many each token uses (0: a dense model)
     experts: int = 0
     experts_used: int = 0
+    # diffusers pipelines (format "diffusers"; architecture is the pipeline class): component -> "library.Class"
+    components: dict[str, str] = field(default_factory=dict)
 
     @property
     def parameter_size(self) -> str:
@@ -109,6 +111,18 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
         return json.loads(f.read(n))
 
 
+def count_parameters(files: list[Path]) -> tuple[int, dict[str, int]]:
+    """Parameters in safetensors files, from their headers: the total and how many of each dtype."""
+    params, dtypes = 0, dict[str, int]()
+    for f in files:
+        for name, t in _safetensors_header(f).items():
+            if name != "__metadata__":
+                n = math.prod(t["shape"])
+                params += n
+                dtypes[t["dtype"]] = dtypes.get(t["dtype"], 0) + n
+    return params, dtypes
+
+
 def inspect_safetensors_dir(directory: Path) -> ModelInfo:
     try:
         cfg = json.loads((directory / "config.json").read_text())
@@ -117,13 +131,7 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ModelFormatError(f"{directory.name}: no *.safetensors weights next to config.json")
-    params, dtypes = 0, dict[str, int]()
-    for f in files:
-        for name, t in _safetensors_header(f).items():
-            if name != "__metadata__":
-                n = math.prod(t["shape"])
-                params += n
-                dtypes[t["dtype"]] = dtypes.get(t["dtype"], 0) + n
+    params, dtypes = count_parameters(files)
     arch = (cfg.get("architectures") or [cfg.get("model_type", "unknown")])[0]
     caps = ["completion"]
     if arch.endswith("ForSequenceClassification"):
@@ -151,7 +159,11 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
 
 
 def inspect_model(path: Path) -> ModelInfo:
-    """A .gguf file or a safetensors model directory -> its ModelInfo."""
+    """A .gguf file, a safetensors model directory or a diffusers pipeline directory -> its ModelInfo."""
+    if path.is_dir() and (path / "model_index.json").exists():
+        from runlm.store.pipeline_info import inspect_diffusers_dir
+
+        return inspect_diffusers_dir(path)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         if ggufs and not (path / "config.json").exists():

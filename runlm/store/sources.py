@@ -14,6 +14,10 @@ from runlm.store.names import default_name_for
 _HF_REPO = re.compile(r"(?:hf\.co/|huggingface\.co/)?([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([\w.-]+))?")
 # the files of a model directory worth storing; READMEs, images and other formats' weights are not
 HF_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model", "*/config.json"]
+# a diffusers pipeline: the index, each component's configs, tokenizer files and plain weights; not the
+# repo's single-file checkpoints nor its fp16 / non-EMA variants, which would double or triple the download
+DIFFUSERS_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt", "*/*.model", "*/diffusion_pytorch_model.safetensors",
+                      "*/diffusion_pytorch_model-*.safetensors", "*/model.safetensors", "*/model-*.safetensors"]
 
 
 class SourceError(LookupError):
@@ -89,8 +93,10 @@ def resolve_source(text: str, access: LocalAccess = ANY_LOCAL) -> Source:
         return Source("url", url, default_name_for(base), expected)
     path = _local_path(text, access)
     if path is not None and (path.is_file() or path.is_dir()):
-        if path.is_dir() and not (path / "config.json").exists() and not any(path.glob("*.gguf")):
-            raise SourceError(f"{text}: a model directory needs config.json and *.safetensors (or a .gguf file)")
+        if path.is_dir() and not any((path / f).exists() for f in ("config.json", "model_index.json")) \
+                and not any(path.glob("*.gguf")):
+            raise SourceError(f"{text}: a model directory needs config.json and *.safetensors, a .gguf file, or "
+                              f"model_index.json (a diffusers pipeline)")
         return Source("local", str(path.resolve()), default_name_for(path.resolve().name), access=access)
     m = _HF_REPO.fullmatch(text)
     if m and not text.startswith((".", "/", "~")):
@@ -125,9 +131,7 @@ def fetch_hf(repo: str, tag: str | None) -> Path:
 
     try:
         files = HfApi().list_repo_files(repo)
-        ggufs = [f for f in files if f.endswith(".gguf")]
-        patterns = [_pick_gguf(ggufs, tag, repo)] if ggufs and not any(f.endswith(".safetensors") for f in files) \
-            else HF_PATTERNS
+        patterns = hf_patterns(files, tag, repo)
         snapshot = Path(snapshot_download(repo, allow_patterns=patterns))
     except (OfflineModeIsEnabled, OSError) as exc:
         if not isinstance(exc, OfflineModeIsEnabled) and "offline" not in str(exc).lower() \
@@ -144,6 +148,16 @@ def fetch_hf(repo: str, tag: str | None) -> Path:
     if ggufs and not any(snapshot.glob("*.safetensors")):
         return snapshot / _pick_gguf(ggufs, tag, repo)
     return snapshot
+
+
+def hf_patterns(files: list[str], tag: str | None, repo: str) -> list[str]:
+    """Which of a repo's files a pull downloads: one GGUF file, a diffusers pipeline, or a model directory."""
+    if "model_index.json" in files:
+        return DIFFUSERS_PATTERNS
+    ggufs = [f for f in files if f.endswith(".gguf")]
+    if ggufs and not any(f.endswith(".safetensors") for f in files):
+        return [_pick_gguf(ggufs, tag, repo)]
+    return HF_PATTERNS
 
 
 def _pick_gguf(names: list[str], tag: str | None, repo: str) -> str:

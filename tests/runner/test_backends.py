@@ -25,7 +25,7 @@ def stored(tmp_path_factory: pytest.TempPathFactory):
 
 def test_statuses_follow_the_protocol(tmp_path: Path) -> None:
     backends = all_backends(tmp_path)
-    assert set(backends) == {"native", "llamacpp", "vllm"}
+    assert set(backends) == {"native", "llamacpp", "vllm", "diffusers"}
     assert backends["native"].status().startswith("Running: runlm")
     for b in backends.values():
         assert b.status().split(":")[0] in ("Running", "Error", "Not Installed", "Installing")

@@ -49,6 +49,8 @@ class RequiredMemory:
 
 class Backend(abc.ABC):
     name: str  # lowercase, usable in a URL path and a socket file name
+    # what the backend can serve a model for
+    modes: tuple[BackendMode, ...] = (BackendMode.COMPLETION, BackendMode.EMBEDDING, BackendMode.RERANKING)
 
     @property
     def uses_external_model_management(self) -> bool:

@@ -1,7 +1,6 @@
 """llama.cpp as a backend: a ``llama-server`` on PATH, or llama-cpp-python's server module."""
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import shutil
 import sys
@@ -10,7 +9,6 @@ from typing import TYPE_CHECKING
 
 from runlm.runner.backends.base import (
     DEFAULT_CONTEXT,
-    STATUS_INSTALLING,
     STATUS_NOT_INSTALLED,
     STATUS_RUNNING,
     BackendError,
@@ -18,7 +16,7 @@ from runlm.runner.backends.base import (
     format_status,
 )
 from runlm.runner.backends.flags import is_float, is_int
-from runlm.runner.backends.process import ProcessBackend, log_tail
+from runlm.runner.backends.process import ProcessBackend, package_size
 from runlm.runner.config import BackendConfig, BackendMode
 
 if TYPE_CHECKING:
@@ -33,11 +31,6 @@ class LlamaCppBackend(ProcessBackend):
     # flags both servers understand under these names (llama-server's spelling; see _python_argv)
     allowed_flags = {"--threads": is_int, "--batch-size": is_int, "--n-gpu-layers": is_int,
                      "--temp": is_float, "--parallel": is_int}
-
-    def __init__(self, log_dir: Path) -> None:
-        super().__init__(log_dir)
-        self._installing = False
-        self._install_error: str | None = None
 
     @property
     def uses_tcp(self) -> bool:
@@ -63,7 +56,7 @@ class LlamaCppBackend(ProcessBackend):
 
     def status(self) -> str:
         if self._installing:
-            return format_status(STATUS_INSTALLING, "pip install llama-cpp-python[server]")
+            return self.install_status()
         if self._binary():
             return format_status(STATUS_RUNNING, f"llama-server at {self._binary()}")
         if self._python_server():
@@ -71,33 +64,16 @@ class LlamaCppBackend(ProcessBackend):
 
             return format_status(STATUS_RUNNING, f"llama-cpp-python {importlib.metadata.version('llama_cpp_python')}")
         if self._install_error:
-            return format_status("Error", self._install_error)
+            return self.install_status()
         return format_status(STATUS_NOT_INSTALLED, "no llama-server on PATH and no llama-cpp-python[server]; "
                                                    "run: runlm install-backend llamacpp")
 
     def disk_usage(self) -> int:
-        spec = importlib.util.find_spec("llama_cpp")
-        if spec is None or not spec.submodule_search_locations:
-            return 0
-        root = Path(next(iter(spec.submodule_search_locations)))
-        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        return package_size("llama_cpp")
 
     async def install(self) -> None:
-        if self.installed():
-            return
-        self._installing, self._install_error = True, None
-        log = self.log_dir / "install-llamacpp.log"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            with open(log, "wb") as out:
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "pip", "install", "llama-cpp-python[server]", stdout=out, stderr=out)
-                code = await proc.wait()
-        finally:
-            self._installing = False
-        if code != 0:
-            self._install_error = f"pip install failed (log: {log})"
-            raise BackendError(f"installing llama-cpp-python failed:\n{log_tail(log)}")
+        if not self.installed():
+            await self.pip_install("llama-cpp-python[server]")
 
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
         kv = model.info.kv_bytes_per_token(2) * self.context_size(model, config)  # f16 KV cache

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import secrets
 import signal
@@ -9,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runlm.runner.backends.base import Backend, BackendExitedError
+from runlm.runner.backends.base import STATUS_INSTALLING, Backend, BackendError, BackendExitedError, format_status
 
 STOP_GRACE_SECONDS = 10.0
 
@@ -20,6 +21,15 @@ def log_tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return ""
     return "\n".join(text[-lines:])
+
+
+def package_size(name: str) -> int:
+    """Bytes an installed Python package's folder takes (0 when it is not installed); found without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return 0
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 # keys a child could inherit from the daemon's environment: a backend gets its own key, never these
@@ -34,6 +44,30 @@ class ProcessBackend(Backend):
         self.log_dir = log_dir
         self._processes: dict[str, asyncio.subprocess.Process] = {}
         self._keys: dict[str, str] = {}
+        self._installing: str | None = None  # what pip is installing now
+        self._install_error: str | None = None
+
+    def install_status(self) -> str:
+        """'Installing: ...' while pip_install runs, else 'Error: ...' (for when either is the backend's state)."""
+        if self._installing:
+            return format_status(STATUS_INSTALLING, f"pip install {self._installing}")
+        return format_status("Error", self._install_error or "")
+
+    async def pip_install(self, *packages: str) -> None:
+        """Install ``packages`` into runlm's own environment (where the backend's process runs)."""
+        self._installing, self._install_error = " ".join(packages), None
+        log = self.log_dir / f"install-{self.name}.log"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(log, "wb") as out:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "pip", "install", *packages, stdout=out, stderr=out)
+                code = await proc.wait()
+        finally:
+            self._installing = None
+        if code != 0:
+            self._install_error = f"pip install failed (log: {log})"
+            raise BackendError(f"installing {' '.join(packages)} failed:\n{log_tail(log)}")
 
     def process_id(self, socket: str) -> int | None:
         proc = self._processes.get(socket)
