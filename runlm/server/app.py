@@ -12,8 +12,11 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from runlm import __version__
+from runlm.apis.responses import responses_router
+from runlm.apis.responses_store import ResponseStore
 from runlm.engine.async_llm import AsyncLLM
 from runlm.server import chat, completions, meta, pooling, tokenize
+from runlm.server.chat_source import EngineChatSource
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import ServerMetrics
 from runlm.server.state import ServerSettings, ServerState
@@ -49,6 +52,8 @@ def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
     state = ServerState(settings, ServerMetrics(settings.served_model_names[0], lambda: state.engine), engine)
     app.state.server = state
     install_error_handlers(app)
+    app.state.chat_source, app.state.response_store = EngineChatSource, ResponseStore()
+    app.include_router(responses_router())
     for router in (chat.router, completions.router, tokenize.router, meta.router, pooling.router,
                    meta.fallback_router):  # the fallback last: a pooling router goes before it
         app.include_router(router)

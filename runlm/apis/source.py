@@ -1,0 +1,87 @@
+"""What the translated APIs need from a server: a chat completion, whole or as chunks, and a token count.
+
+Requests and answers are chat-completion JSON (dicts), the one shape both servers already speak. Errors
+from either server (serve-engine's APIError, the daemon's RunnerError) carry ``status`` and ``message``;
+``ProtocolError`` is this package's own, and ``error_fields`` reads any of them."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from runlm.web.sse_text import sse_json
+
+
+class ProtocolError(Exception):
+    """A request the translation refuses (or an error a backend answered with)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+@dataclass(slots=True, frozen=True)
+class ErrorFields:
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] | None = None
+
+
+def error_fields(exc: BaseException) -> ErrorFields | None:
+    """The status and message of a server's error; None for an unexpected exception (a bug)."""
+    status, message = getattr(exc, "status", None), getattr(exc, "message", None)
+    if not isinstance(status, int) or not isinstance(message, str):
+        return None
+    return ErrorFields(status, message, getattr(exc, "param", None), getattr(exc, "code", None),
+                       getattr(exc, "headers", None))
+
+
+def bad_request(message: str, param: str | None = None) -> ProtocolError:
+    return ProtocolError(400, message, param)
+
+
+@dataclass(slots=True)
+class ChatStream:
+    """Chat-completion chunks (the usage chunk last); ``close`` gives the request's resources back."""
+    chunks: AsyncIterator[dict[str, Any]]
+    close: Callable[[], Awaitable[None]]
+
+
+class ChatSource(Protocol):
+    async def complete(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def open_stream(self, body: dict[str, Any]) -> ChatStream: ...
+
+    async def count_tokens(self, body: dict[str, Any]) -> int: ...
+
+
+def chat_source(request: Request) -> ChatSource:
+    """The app's source for this request (each app sets ``state.chat_source`` to a factory)."""
+    factory: Callable[[Request], ChatSource] = request.app.state.chat_source
+    return factory(request)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """Closes the chat stream however the response ends, even if its body never starts."""
+
+    def __init__(self, content: Any, stream: ChatStream, **kwargs: Any) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}, **kwargs)
+        self.stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.stream.close()
+
+
+def named_event(name: str, payload: dict[str, Any]) -> str:
+    """An SSE event with a name, as both Responses and Anthropic stream them."""
+    return f"event: {name}\ndata: {sse_json(payload)}\n\n"
