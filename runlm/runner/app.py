@@ -16,8 +16,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Scope
 
 from runlm import __version__
+from runlm.apis.responses import responses_router
+from runlm.apis.responses_store import ResponseStore
 from runlm.runner import engines_api, models_api, ollama_api
 from runlm.runner.backends import all_backends
+from runlm.runner.chat_source import BackendChatSource
+from runlm.runner.engines_api import OPENAI_PREFIXES
 from runlm.runner.errors import RunnerError, error_body
 from runlm.runner.loader import Loader
 from runlm.runner.memory import MemoryBudget
@@ -108,6 +112,8 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
     async def root() -> PlainTextResponse:
         return PlainTextResponse("runlm is running")
 
+    app.state.chat_source, app.state.response_store = BackendChatSource, ResponseStore()
+    app.include_router(responses_router(OPENAI_PREFIXES))  # before engines_api's catch-all /v1/{route}
     app.include_router(models_api.router)
     app.include_router(engines_api.router)
     app.include_router(ollama_api.router)

@@ -17,6 +17,8 @@ from runlm.web.disconnect import unless_disconnected
 from runlm.web.openapi import json_body
 
 router = APIRouter()
+# where the daemon answers OpenAI's API: Model Runner's paths and the plain /v1 alias
+OPENAI_PREFIXES = ("/v1", "/engines/v1", "/engines/{backend}/v1")
 OPENAI_POST_ROUTES = ("chat/completions", "completions", "embeddings", "rerank", "score")
 
 

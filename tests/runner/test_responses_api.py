@@ -1,0 +1,43 @@
+"""The Responses API through the daemon (official ``openai`` client): translated to the backend's chat
+completions, on every OpenAI prefix, with the daemon's own store of responses."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.runner.daemon import Daemon
+
+
+def client(daemon: Daemon, prefix: str = "/v1") -> openai.OpenAI:
+    return openai.OpenAI(base_url=daemon.url + prefix, api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.mark.parametrize("prefix", ["/v1", "/engines/native/v1"])
+def test_responses_whole_and_streamed(daemon: Daemon, prefix: str) -> None:
+    c = client(daemon, prefix)
+    body = dict(model="tinycoder", input="def add(a, b):", max_output_tokens=5, temperature=0)
+    whole = c.responses.create(**body)
+    assert whole.output_text and whole.usage.output_tokens == 5 and whole.status == "incomplete"
+    assert whole.model == "tinycoder:latest"
+    events = list(c.responses.create(stream=True, **body))
+    assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
+    assert c.responses.retrieve(whole.id).output_text == whole.output_text
+
+
+def test_chained_responses_and_errors(daemon: Daemon) -> None:
+    c = client(daemon)
+    first = c.responses.create(model="tinycoder", input="x = 1", max_output_tokens=3, temperature=0)
+    second = c.responses.create(model="tinycoder", input="y = 2", previous_response_id=first.id, max_output_tokens=3,
+                                temperature=0)
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    c.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError, match="pull it first"):
+        c.responses.create(model="no-such-model", input="x")
+    with pytest.raises(openai.BadRequestError) as err:  # the backend's validation, named as the client sent it
+        c.responses.create(model="tinycoder", input="x", max_output_tokens=-1)
+    assert err.value.body["param"] == "max_output_tokens"
+    r = daemon.http.post("/engines/nosuch/v1/responses", json={"model": "tinycoder", "input": "x"})
+    assert r.status_code == 404 and "nosuch" in r.json()["error"]["message"]
