@@ -27,6 +27,7 @@ from runlm.apis.source import (
     bad_request,
     chat_source,
     error_fields,
+    model_of,
     named_event,
 )
 from runlm.openai_error import error_body
@@ -78,8 +79,7 @@ async def create(request: Request) -> Response:
     chat = chat_request(body, history, stream)
     source = chat_source(request)
     keep = body.get("store", True) is not False
-    model = body.get("model")
-    shell = ResponseShell(new_id("resp"), model if isinstance(model, str) else "", body)
+    shell = ResponseShell(new_id("resp"), model_of(body), body)
     if not stream:
         answer = await source.complete(chat)
         shell.model = answer.get("model") or shell.model

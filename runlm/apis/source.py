@@ -46,6 +46,12 @@ def bad_request(message: str, param: str | None = None) -> ProtocolError:
     return ProtocolError(400, message, param)
 
 
+def model_of(body: dict[str, Any]) -> str:
+    """The model a request names ('' when none: serve-engine answers with its own)."""
+    model = body.get("model")
+    return model if isinstance(model, str) else ""
+
+
 @dataclass(slots=True)
 class ChatStream:
     """Chat-completion chunks (the usage chunk last); ``close`` gives the request's resources back."""

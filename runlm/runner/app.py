@@ -16,6 +16,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Scope
 
 from runlm import __version__
+from runlm.apis.anthropic import messages_router
+from runlm.apis.anthropic_output import error_body as anthropic_error_body
+from runlm.apis.anthropic_output import is_anthropic_path
 from runlm.apis.responses import responses_router
 from runlm.apis.responses_store import ResponseStore
 from runlm.runner import engines_api, models_api, ollama_api
@@ -36,19 +39,21 @@ from runlm.web.openapi import install_openapi
 log = logging.getLogger("runlm.runner")
 
 
-def _shaped(path: str, body: dict) -> dict:
-    # Ollama's clients read {"error": "message"}; everything else gets the OpenAI shape
-    return {"error": body["error"]["message"]} if path.startswith("/api/") else body
+def _shaped(path: str, body: dict, status: int) -> dict:
+    # Ollama's clients read {"error": "message"}, Anthropic's {"type": "error", ...}; the rest the OpenAI shape
+    if path.startswith("/api/"):
+        return {"error": body["error"]["message"]}
+    return anthropic_error_body(status, body["error"]["message"]) if is_anthropic_path(path) else body
 
 
 def _error(request: Request, status: int, body: dict) -> JSONResponse:
-    return JSONResponse(_shaped(request.url.path, body), status_code=status)
+    return JSONResponse(_shaped(request.url.path, body, status), status_code=status)
 
 
 def _middleware_error(scope: Scope, status: int, message: str, code: str) -> bytes:
     kind = {401: "authentication_error", 403: "permission_error"}.get(
         status, "invalid_request_error" if status < 500 else "internal_error")
-    return json.dumps(_shaped(scope["path"], error_body(message, kind, code=code))).encode()
+    return json.dumps(_shaped(scope["path"], error_body(message, kind, code=code), status)).encode()
 
 
 @dataclass(slots=True, frozen=True)
@@ -114,6 +119,7 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
 
     app.state.chat_source, app.state.response_store = BackendChatSource, ResponseStore()
     app.include_router(responses_router(OPENAI_PREFIXES))  # before engines_api's catch-all /v1/{route}
+    app.include_router(messages_router(OPENAI_PREFIXES))
     app.include_router(models_api.router)
     app.include_router(engines_api.router)
     app.include_router(ollama_api.router)

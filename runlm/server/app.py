@@ -12,6 +12,8 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from runlm import __version__
+from runlm.apis.anthropic import messages_router
+from runlm.apis.anthropic_output import middleware_error
 from runlm.apis.responses import responses_router
 from runlm.apis.responses_store import ResponseStore
 from runlm.engine.async_llm import AsyncLLM
@@ -54,13 +56,14 @@ def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
     install_error_handlers(app)
     app.state.chat_source, app.state.response_store = EngineChatSource, ResponseStore()
     app.include_router(responses_router())
+    app.include_router(messages_router())
     for router in (chat.router, completions.router, tokenize.router, meta.router, pooling.router,
                    meta.fallback_router):  # the fallback last: a pooling router goes before it
         app.include_router(router)
     # added innermost first: CORS outermost so preflights and error answers carry its headers
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, write_error=middleware_error)
     if settings.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key, write_error=middleware_error)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
                            allow_headers=["*"], allow_credentials=False)

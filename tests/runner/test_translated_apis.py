@@ -1,4 +1,4 @@
-"""The Responses API through the daemon (official ``openai`` client): translated to the backend's chat
+"""The Responses and Anthropic Messages APIs through the daemon (official clients): translated to the backend's chat
 completions, on every OpenAI prefix, with the daemon's own store of responses."""
 from __future__ import annotations
 
@@ -41,3 +41,19 @@ def test_chained_responses_and_errors(daemon: Daemon) -> None:
     assert err.value.body["param"] == "max_output_tokens"
     r = daemon.http.post("/engines/nosuch/v1/responses", json={"model": "tinycoder", "input": "x"})
     assert r.status_code == 404 and "nosuch" in r.json()["error"]["message"]
+
+
+def test_anthropic_messages_through_the_daemon(daemon: Daemon) -> None:
+    import anthropic
+    c = anthropic.Anthropic(base_url=daemon.url, api_key="unused", max_retries=0, timeout=300)
+    ask = dict(model="tinycoder", max_tokens=4, messages=[{"role": "user", "content": "def add(a, b):"}],
+               extra_body={"temperature": 0})
+    whole = c.messages.create(**ask)
+    assert whole.stop_reason == "max_tokens" and whole.usage.output_tokens == 4 and whole.model == "tinycoder:latest"
+    with c.messages.stream(**ask) as stream:
+        assert stream.get_final_message().content[0].text == whole.content[0].text
+    count = c.messages.count_tokens(model="tinycoder", messages=ask["messages"])
+    assert count.input_tokens == whole.usage.input_tokens
+    with pytest.raises(anthropic.NotFoundError) as err:
+        c.messages.create(model="no-such-model", max_tokens=2, messages=ask["messages"])
+    assert err.value.body["error"]["type"] == "not_found_error" and "pull it first" in err.value.body["error"]["message"]
