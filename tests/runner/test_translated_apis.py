@@ -2,6 +2,10 @@
 completions, on every OpenAI prefix, with the daemon's own store of responses."""
 from __future__ import annotations
 
+import threading
+import time
+
+import httpx
 import openai
 import pytest
 
@@ -57,3 +61,30 @@ def test_anthropic_messages_through_the_daemon(daemon: Daemon) -> None:
     with pytest.raises(anthropic.NotFoundError) as err:
         c.messages.create(model="no-such-model", max_tokens=2, messages=ask["messages"])
     assert err.value.body["error"]["type"] == "not_found_error" and "pull it first" in err.value.body["error"]["message"]
+
+
+def test_delete_model_is_409_while_in_use_then_deletes(daemon: Daemon) -> None:
+    r = daemon.http.post("/models/tinycoder/tag", json={"target": "tc-delete:latest"})
+    assert r.status_code in (200, 201), r.text
+    c = client(daemon)
+    daemon.http.post("/engines/unload", json={"all": True})
+    answers: list[int] = []
+    # a request that is loading the model holds it: the deletion waits for its answer (a 409 until then)
+    ask = threading.Thread(target=lambda: answers.append(httpx.post(
+        f"{daemon.url}/v1/completions", json={"model": "tc-delete", "prompt": "a", "max_tokens": 2},
+        timeout=300).status_code))
+    ask.start()
+    deadline = time.monotonic() + 60
+    while not [r for r in daemon.ps() if r["model_name"] == "tc-delete:latest"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with pytest.raises(openai.ConflictError, match="in use"):
+        c.models.delete("tc-delete")
+    ask.join()
+    assert answers == [200]
+    gone = daemon.http.delete("/v1/models/tc-delete")
+    assert gone.status_code == 200 and gone.json() == {"id": "tc-delete:latest", "object": "model", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("tc-delete")
+    with pytest.raises(openai.NotFoundError):
+        c.models.delete("tc-delete")
+    assert "tinycoder:latest" in {m.id for m in c.models.list()}  # only that name went; the blobs it shares stay

@@ -116,3 +116,9 @@ def test_bad_input_is_a_named_400(client: openai.OpenAI) -> None:
         with pytest.raises(openai.BadRequestError) as err:
             client.responses.create(model="smollm2", **body)
         assert err.value.body["param"] == param, err.value.body
+
+
+def test_serve_engine_cannot_delete_its_model(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.APIStatusError) as err:
+        client.models.delete("smollm2")
+    assert err.value.status_code == 405 and "cannot delete" in err.value.body["message"]
