@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
 
 from runlm import __version__
@@ -33,6 +33,7 @@ from runlm.store.sources import LocalAccess
 from runlm.web.api_key import APIKeyMiddleware
 from runlm.web.body_limit import DEFAULT_MAX_BODY, BodyLimitMiddleware
 from runlm.web.browser_guard import BrowserGuardMiddleware, BrowserPolicy
+from runlm.web.chat_page import PAGE_PATHS, page_router
 from runlm.web.disconnect import ClientDisconnected
 from runlm.web.openapi import install_openapi
 
@@ -113,10 +114,7 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
         log.exception("internal error on %s", request.url.path)
         return _error(request, 500, error_body(f"internal error: {type(exc).__name__}: {exc}", "internal_error"))
 
-    @app.get("/", include_in_schema=False)
-    async def root() -> PlainTextResponse:
-        return PlainTextResponse("runlm is running")
-
+    app.include_router(page_router("runlm is running"))
     app.state.chat_source, app.state.response_store = BackendChatSource, ResponseStore()
     app.include_router(responses_router(OPENAI_PREFIXES))  # before engines_api's catch-all /v1/{route}
     app.include_router(messages_router(OPENAI_PREFIXES))
@@ -128,7 +126,7 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
     app.add_middleware(BodyLimitMiddleware, limit=http.max_body_bytes, write_error=_middleware_error)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key,
-                           open_paths=frozenset({"/", "/api/version", "/openapi.json", "/docs"}),
+                           open_paths=frozenset({"/api/version", "/openapi.json", "/docs"}) | PAGE_PATHS,
                            write_error=_middleware_error)
     app.add_middleware(BrowserGuardMiddleware, write_error=_middleware_error,
                        policy=BrowserPolicy(http.host, http.allowed_hosts, http.allowed_origins))

@@ -22,8 +22,9 @@ from runlm.server.chat_source import EngineChatSource
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import ServerMetrics
 from runlm.server.state import ServerSettings, ServerState
-from runlm.web.api_key import APIKeyMiddleware
+from runlm.web.api_key import OPEN_PATHS, APIKeyMiddleware
 from runlm.web.body_limit import BodyLimitMiddleware
+from runlm.web.chat_page import PAGE_PATHS, page_router
 from runlm.web.openapi import install_openapi
 
 log = logging.getLogger("runlm.server")
@@ -56,6 +57,7 @@ def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
     install_error_handlers(app)
     app.state.chat_source, app.state.response_store = EngineChatSource, ResponseStore()
     app.include_router(responses_router())
+    app.include_router(page_router("runlm serve-engine is running"))
     app.include_router(messages_router())
     for router in (chat.router, completions.router, tokenize.router, meta.router, pooling.router,
                    meta.fallback_router):  # the fallback last: a pooling router goes before it
@@ -63,7 +65,8 @@ def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
     # added innermost first: CORS outermost so preflights and error answers carry its headers
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, write_error=middleware_error)
     if settings.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key, write_error=middleware_error)
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key, write_error=middleware_error,
+                           open_paths=OPEN_PATHS | PAGE_PATHS)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
                            allow_headers=["*"], allow_credentials=False)

@@ -88,3 +88,13 @@ def test_delete_model_is_409_while_in_use_then_deletes(daemon: Daemon) -> None:
     with pytest.raises(openai.NotFoundError):
         c.models.delete("tc-delete")
     assert "tinycoder:latest" in {m.id for m in c.models.list()}  # only that name went; the blobs it shares stay
+
+
+def test_chat_page_and_its_calls_pass_the_browser_guard(daemon: Daemon) -> None:
+    from tests.server.test_chat_page import check_page
+    check_page(daemon.url)
+    # the page's own origin may post; another site's may not
+    ask = {"model": "tinycoder", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert daemon.http.post("/v1/chat/completions", json=ask, headers={"Origin": daemon.url}).status_code == 200
+    r = daemon.http.post("/v1/chat/completions", json=ask, headers={"Origin": "https://evil.example"})
+    assert r.status_code == 403
