@@ -127,7 +127,9 @@ async function ask(question) {
   const parts = [`${count} tokens`];
   if (first !== null) {
     parts.push(`TTFT ${((first - start) / 1000).toFixed(2)} s`);
-    if (end > first && count > 1) parts.push(`${((count - 1) / ((end - first) / 1000)).toFixed(1)} tok/s`);
+    // tokens after the first over the time they took; an answer that arrived in one burst: over the whole wait
+    const rate = end - first > 50 ? (count - 1) / (end - first) : count / (end - start);
+    if (count > 1) parts.push(`${(rate * 1000).toFixed(1)} tok/s`);
   }
   if (stopped) parts.push("stopped");
   answer.stats.textContent = parts.join(" · ");
