@@ -14,16 +14,15 @@ from runlm.apis.anthropic_output import MessageEvents, error_body, message_event
 from runlm.apis.anthropic_request import PARAM_NAMES, chat_request
 from runlm.apis.responses import Handler
 from runlm.apis.responses_output import ChunkError
+from runlm.apis.schemas import MessagesCountRequest, MessagesRequest, checked_body
 from runlm.apis.source import (
     ChatStream,
     ClosingStreamingResponse,
-    bad_request,
     chat_source,
     error_fields,
     model_of,
     named_event,
 )
-from runlm.web.json_body import JSONBodyError, parse_json_object
 from runlm.web.openapi import json_body
 
 
@@ -44,20 +43,13 @@ def _anthropic_errors(handler: Handler) -> Handler:
     return wrapped
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    try:
-        return parse_json_object(await request.body())
-    except JSONBodyError as exc:
-        raise bad_request(str(exc), exc.param) from None
-
-
 def _stop_sequences(body: dict[str, Any]) -> list[str]:
     stops = body.get("stop_sequences")
     return [s for s in stops if isinstance(s, str)] if isinstance(stops, list) else []
 
 
 async def create(request: Request) -> Response:
-    body = await _body(request)
+    body = await checked_body(await request.body(), MessagesRequest)
     stream = body.get("stream") is True
     chat = chat_request(body, stream)
     source = chat_source(request)
@@ -82,7 +74,7 @@ async def _sse(chat_stream: ChatStream, events: MessageEvents) -> AsyncIterator[
 
 
 async def count_tokens(request: Request) -> Response:
-    body = await _body(request)
+    body = await checked_body(await request.body(), MessagesCountRequest)
     return JSONResponse({"input_tokens": await chat_source(request).count_tokens(chat_request(body, counting=True))})
 
 
@@ -90,7 +82,7 @@ def messages_router(prefixes: tuple[str, ...] = ("/v1",)) -> APIRouter:
     router = APIRouter()
     for prefix in prefixes:
         router.add_api_route(f"{prefix}/messages", _anthropic_errors(create), methods=["POST"],
-                             openapi_extra=json_body(), summary="Create a message (Anthropic Messages API)")
+                             openapi_extra=json_body(MessagesRequest), summary="Create a message (Anthropic)")
         router.add_api_route(f"{prefix}/messages/count_tokens", _anthropic_errors(count_tokens), methods=["POST"],
-                             openapi_extra=json_body(), summary="Count a message's input tokens (Anthropic)")
+                             openapi_extra=json_body(MessagesCountRequest), summary="Count input tokens (Anthropic)")
     return router

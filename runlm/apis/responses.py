@@ -20,18 +20,17 @@ from runlm.apis.responses_output import (
 )
 from runlm.apis.responses_request import PARAM_NAMES, chat_request, input_messages
 from runlm.apis.responses_store import ResponseStore, StoredResponse
+from runlm.apis.schemas import ResponsesRequest, checked_body
 from runlm.apis.source import (
     ChatStream,
     ClosingStreamingResponse,
     ProtocolError,
-    bad_request,
     chat_source,
     error_fields,
     model_of,
     named_event,
 )
 from runlm.openai_error import error_body
-from runlm.web.json_body import JSONBodyError, parse_json_object
 from runlm.web.openapi import json_body
 
 Handler = Callable[..., Coroutine[Any, Any, Response]]
@@ -67,13 +66,8 @@ def _conversation(history: list[dict[str, Any]], body: dict[str, Any], response:
 
 
 async def create(request: Request) -> Response:
-    try:
-        body = parse_json_object(await request.body())
-    except JSONBodyError as exc:
-        raise bad_request(str(exc), exc.param) from None
+    body = await checked_body(await request.body(), ResponsesRequest)
     prev = body.get("previous_response_id")
-    if prev is not None and not isinstance(prev, str):
-        raise bad_request("previous_response_id must be a string", "previous_response_id")
     history = _store(request).get(prev, "previous_response_id").conversation if prev else []
     stream = body.get("stream") is True
     chat = chat_request(body, history, stream)
@@ -123,7 +117,7 @@ def responses_router(prefixes: tuple[str, ...] = ("/v1",)) -> APIRouter:
     router = APIRouter()
     for prefix in prefixes:
         router.add_api_route(f"{prefix}/responses", _openai_errors(create), methods=["POST"],
-                             openapi_extra=json_body(), summary="Create a response (OpenAI Responses API)")
+                             openapi_extra=json_body(ResponsesRequest), summary="Create a response")
         router.add_api_route(f"{prefix}/responses/{{response_id}}", _openai_errors(retrieve), methods=["GET"],
                              summary="A stored response")
         router.add_api_route(f"{prefix}/responses/{{response_id}}", _openai_errors(delete), methods=["DELETE"],
