@@ -13,10 +13,10 @@ from starlette.responses import JSONResponse, Response
 from runlm.apis.anthropic_output import MessageEvents, error_body, message_events, whole_message
 from runlm.apis.anthropic_request import PARAM_NAMES, chat_request
 from runlm.apis.responses import Handler
-from runlm.apis.responses_output import ChunkError
 from runlm.apis.schemas import MessagesCountRequest, MessagesRequest, checked_body
 from runlm.apis.source import (
     ChatStream,
+    ChunkError,
     ClosingStreamingResponse,
     chat_source,
     error_fields,

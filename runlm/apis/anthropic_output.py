@@ -10,7 +10,8 @@ from typing import Any
 
 from starlette.types import Scope
 
-from runlm.apis.responses_output import ChunkError, new_id
+from runlm.apis.responses_output import new_id
+from runlm.apis.source import ChunkTranslator
 from runlm.web.asgi import openai_error_json
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -80,7 +81,7 @@ def whole_message(chat: dict[str, Any], model: str, stop_sequences: list[str]) -
 
 
 @dataclass(slots=True)
-class MessageEvents:
+class MessageEvents(ChunkTranslator):
     """Chat chunks in, Anthropic events out (each a dict whose ``type`` is the SSE event name)."""
     model: str
     stop_sequences: list[str]
@@ -108,31 +109,25 @@ class MessageEvents:
         self.block_kind = kind
         return events + [{"type": "content_block_start", "index": self.block, "content_block": block}]
 
-    def push(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        if "error" in chunk and "choices" not in chunk:
-            raise ChunkError(chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])})
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                if self.block_kind != "text":
-                    events += self._open("text", {"type": "text", "text": ""})
-                events.append({"type": "content_block_delta", "index": self.block,
-                               "delta": {"type": "text_delta", "text": delta["content"]}})
-            for call in delta.get("tool_calls") or []:
-                index, fn = call.get("index", 0), call.get("function") or {}
-                if index not in self.calls:
-                    self.calls.add(index)
-                    events += self._open(f"tool{index}", {"type": "tool_use", "id": call.get("id") or new_id("toolu"),
-                                                          "name": fn.get("name") or "", "input": {}})
-                if fn.get("arguments"):
-                    events.append({"type": "content_block_delta", "index": self.block,
-                                   "delta": {"type": "input_json_delta", "partial_json": fn["arguments"]}})
-            if choice.get("finish_reason"):
-                self.finish, self.matched = choice["finish_reason"], choice.get("stop_reason")
+    def on_text(self, text: str) -> list[dict[str, Any]]:
+        events = self._open("text", {"type": "text", "text": ""}) if self.block_kind != "text" else []
+        return events + [{"type": "content_block_delta", "index": self.block,
+                          "delta": {"type": "text_delta", "text": text}}]
+
+    def on_call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
+        index, fn = delta.get("index", 0), delta.get("function") or {}
+        events = []
+        if index not in self.calls:
+            self.calls.add(index)
+            events += self._open(f"tool{index}", {"type": "tool_use", "id": delta.get("id") or new_id("toolu"),
+                                                  "name": fn.get("name") or "", "input": {}})
+        if fn.get("arguments"):
+            events.append({"type": "content_block_delta", "index": self.block,
+                           "delta": {"type": "input_json_delta", "partial_json": fn["arguments"]}})
         return events
+
+    def on_finish(self, reason: str, matched: Any) -> None:
+        self.finish, self.matched = reason, matched
 
     def finish_events(self) -> list[dict[str, Any]]:
         reason, sequence = stop_reason(self.finish or "stop", self.matched, self.stop_sequences)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runlm.apis.source import bad_request
+from runlm.apis.source import bad_request, finish_chat_request
 
 # chat-completion field -> the Anthropic field the client sent, to name it in errors
 PARAM_NAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "messages": "messages",
@@ -160,9 +160,4 @@ def chat_request(body: dict[str, Any], stream: bool = False, counting: bool = Fa
             raise bad_request("tool_choice needs tools", "tool_choice")
         if parallel is not None and "tools" in chat:
             chat["parallel_tool_calls"] = parallel
-    fmt = _output_format(body.get("output_config"))
-    if fmt is not None:
-        chat["response_format"] = fmt
-    if "keep_alive" in body:  # the daemon's extra
-        chat["keep_alive"] = body["keep_alive"]
-    return chat
+    return finish_chat_request(chat, body, _output_format(body.get("output_config")))

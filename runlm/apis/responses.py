@@ -11,7 +11,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from runlm.apis.responses_output import (
-    ChunkError,
     ResponseEvents,
     ResponseShell,
     new_id,
@@ -23,6 +22,7 @@ from runlm.apis.responses_store import ResponseStore, StoredResponse
 from runlm.apis.schemas import ResponsesRequest, checked_body
 from runlm.apis.source import (
     ChatStream,
+    ChunkError,
     ClosingStreamingResponse,
     ProtocolError,
     chat_source,

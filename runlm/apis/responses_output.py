@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from runlm.apis.source import ChunkTranslator
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -74,14 +76,6 @@ def whole_response(shell: ResponseShell, chat: dict[str, Any]) -> dict[str, Any]
     return shell.build("completed", output, _usage(chat.get("usage")), choice.get("finish_reason"))
 
 
-class ChunkError(Exception):
-    """An error event inside a chat stream (the backend failed mid-answer)."""
-
-    def __init__(self, error: dict[str, Any]) -> None:
-        super().__init__(error.get("message", "the answer failed"))
-        self.error = error
-
-
 @dataclass(slots=True)
 class _OpenItem:
     index: int
@@ -89,7 +83,7 @@ class _OpenItem:
     text: str = ""
 
 
-class ResponseEvents:
+class ResponseEvents(ChunkTranslator):
     """Chat chunks in, Responses events out (each a dict with its ``type`` and ``sequence_number``)."""
 
     def __init__(self, shell: ResponseShell) -> None:
@@ -139,7 +133,7 @@ class ResponseEvents:
         self.calls = {}
         return events
 
-    def _text(self, text: str) -> list[dict[str, Any]]:
+    def on_text(self, text: str) -> list[dict[str, Any]]:
         events = []
         if self.message is None:
             self.message, added = self._open(message_item(new_id("msg"), "", "in_progress"))
@@ -151,7 +145,7 @@ class ResponseEvents:
                                   output_index=self.message.index, content_index=0, delta=text, logprobs=[]))
         return events
 
-    def _call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
+    def on_call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
         events = []
         index = delta.get("index", 0)
         fn = delta.get("function") or {}
@@ -168,21 +162,8 @@ class ResponseEvents:
                                       output_index=call.index, delta=fn["arguments"]))
         return events
 
-    def push(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        if "error" in chunk and "choices" not in chunk:
-            raise ChunkError(chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])})
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                events += self._text(delta["content"])
-            for call in delta.get("tool_calls") or []:
-                events += self._call(call)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-        return events
+    def on_finish(self, reason: str, matched: Any) -> None:
+        self.finish_reason = reason
 
     def finish(self) -> list[dict[str, Any]]:
         events = self._close_message() + self._close_calls()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runlm.apis.source import bad_request
+from runlm.apis.source import bad_request, finish_chat_request
 
 # chat-completion field -> the Responses field the client sent, to name it in errors
 PARAM_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
@@ -142,9 +142,4 @@ def chat_request(body: dict[str, Any], history: list[dict[str, Any]], stream: bo
             chat["tool_choice"] = _tool_choice(body["tool_choice"])
     elif body.get("tool_choice") not in (None, "none", "auto"):
         raise bad_request("tool_choice needs tools", "tool_choice")
-    fmt = _response_format(body.get("text"))
-    if fmt is not None:
-        chat["response_format"] = fmt
-    if "keep_alive" in body:  # the daemon's extra
-        chat["keep_alive"] = body["keep_alive"]
-    return chat
+    return finish_chat_request(chat, body, _response_format(body.get("text")))

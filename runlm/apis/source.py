@@ -24,6 +24,62 @@ class ProtocolError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
 
+class ChunkError(Exception):
+    """An error event inside a chat stream (the backend failed mid-answer)."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message", "the answer failed"))
+        self.error = error
+
+
+def chunk_parts(chunk: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """A chat stream chunk's choices and usage; an error event raises ChunkError."""
+    if "error" in chunk and "choices" not in chunk:
+        err = chunk["error"]
+        raise ChunkError(err if isinstance(err, dict) else {"message": str(err)})
+    return chunk.get("choices") or [], chunk.get("usage") or None
+
+
+class ChunkTranslator:
+    """Walks a chat stream for a translation: each choice's text, tool-call deltas and finish go to the
+    subclass's handlers, which return the events to send; the usage chunk is kept."""
+    usage: dict[str, Any] | None
+
+    def on_text(self, text: str) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def on_call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def on_finish(self, reason: str, matched: Any) -> None:
+        raise NotImplementedError
+
+    def push(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        choices, usage = chunk_parts(chunk)
+        self.usage = usage or self.usage
+        events: list[dict[str, Any]] = []
+        for choice in choices:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                events += self.on_text(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                events += self.on_call(call)
+            if choice.get("finish_reason"):
+                self.on_finish(choice["finish_reason"], choice.get("stop_reason"))
+        return events
+
+
+def finish_chat_request(chat: dict[str, Any], body: dict[str, Any],
+                        response_format: dict[str, Any] | None) -> dict[str, Any]:
+    """The fields both translations end a chat request with: the structured-output constraint, and the
+    daemon's ``keep_alive`` extra as the client sent it."""
+    if response_format is not None:
+        chat["response_format"] = response_format
+    if "keep_alive" in body:
+        chat["keep_alive"] = body["keep_alive"]
+    return chat
+
+
 @dataclass(slots=True, frozen=True)
 class ErrorFields:
     status: int
