@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from runlm.apis.anthropic_output import MessageEvents, error_body, message_events, whole_message
+from runlm.apis.anthropic_output import MessageEvents, error_body, whole_message
 from runlm.apis.anthropic_request import PARAM_NAMES, chat_request
 from runlm.apis.responses import Handler
 from runlm.apis.schemas import MessagesCountRequest, MessagesRequest, checked_body
@@ -22,6 +22,7 @@ from runlm.apis.source import (
     error_fields,
     model_of,
     named_event,
+    translate,
 )
 from runlm.web.openapi import json_body
 
@@ -62,7 +63,7 @@ async def create(request: Request) -> Response:
 
 async def _sse(chat_stream: ChatStream, events: MessageEvents) -> AsyncIterator[str]:
     try:
-        async for e in message_events(events, chat_stream.chunks):
+        async for e in translate(events, chat_stream.chunks, events.model):
             yield named_event(e["type"], e)
     except ChunkError as exc:
         yield named_event("error", error_body(500, exc.error.get("message", "the answer failed")))

@@ -4,7 +4,6 @@ Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,11 +88,12 @@ class MessageEvents(ChunkTranslator):
     block: int = -1                # the open content block's index (-1: none)
     block_kind: str | None = None  # "text" or the chat tool-call index of the open tool_use block
     calls: set[int] = field(default_factory=set)
-    finish: str | None = None
+    finish_reason: str | None = None
     matched: Any = None
     usage: dict[str, Any] | None = None
 
-    def start(self) -> list[dict[str, Any]]:
+    def start(self, model: str) -> list[dict[str, Any]]:
+        self.model = model
         return [{"type": "message_start", "message": _message(self.msg_id, self.model, [], None, None, _usage(None))},
                 {"type": "ping"}]
 
@@ -127,23 +127,11 @@ class MessageEvents(ChunkTranslator):
         return events
 
     def on_finish(self, reason: str, matched: Any) -> None:
-        self.finish, self.matched = reason, matched
+        self.finish_reason, self.matched = reason, matched
 
-    def finish_events(self) -> list[dict[str, Any]]:
-        reason, sequence = stop_reason(self.finish or "stop", self.matched, self.stop_sequences)
+    def finish(self) -> list[dict[str, Any]]:
+        reason, sequence = stop_reason(self.finish_reason or "stop", self.matched, self.stop_sequences)
         usage = _usage(self.usage)
         return self._close() + [
             {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage},
             {"type": "message_stop"}]
-
-
-async def message_events(events: MessageEvents, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict]:
-    for e in events.start():
-        yield e
-    async for chunk in chunks:
-        if chunk.get("model") and events.block < 0:
-            events.model = chunk["model"]
-        for e in events.push(chunk):
-            yield e
-    for e in events.finish_events():
-        yield e

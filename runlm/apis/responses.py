@@ -14,7 +14,6 @@ from runlm.apis.responses_output import (
     ResponseEvents,
     ResponseShell,
     new_id,
-    response_events,
     whole_response,
 )
 from runlm.apis.responses_request import PARAM_NAMES, chat_request, input_messages
@@ -29,6 +28,7 @@ from runlm.apis.source import (
     error_fields,
     model_of,
     named_event,
+    translate,
 )
 from runlm.openai_error import error_body
 from runlm.web.openapi import json_body
@@ -89,7 +89,7 @@ async def _sse(request: Request, chat_stream: ChatStream, shell: ResponseShell, 
                body: dict[str, Any], keep: bool) -> AsyncIterator[str]:
     events = ResponseEvents(shell)
     try:
-        async for e in response_events(events, chat_stream.chunks):
+        async for e in translate(events, chat_stream.chunks, shell.model):
             if e["type"] in ("response.completed", "response.incomplete") and keep:
                 _store(request).put(StoredResponse(e["response"], _conversation(history, body, e["response"])))
             yield named_event(e["type"], e)

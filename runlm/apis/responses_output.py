@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,7 +98,8 @@ class ResponseEvents(ChunkTranslator):
         self.seq += 1
         return {"type": kind, "sequence_number": self.seq - 1, **fields}
 
-    def start(self) -> list[dict[str, Any]]:
+    def start(self, model: str) -> list[dict[str, Any]]:
+        self.shell.model = model
         created = self.shell.build("in_progress", [])
         return [self._event("response.created", response=created),
                 self._event("response.in_progress", response=created)]
@@ -179,14 +179,3 @@ class ResponseEvents(ChunkTranslator):
         final["error"] = {"code": code or "server_error", "message": message}
         return [self._event("error", code=code, message=message, param=None),
                 self._event("response.failed", response=final)]
-
-
-async def response_events(events: ResponseEvents, chunks: AsyncIterator[dict[str, Any]],
-                          ) -> AsyncIterator[dict[str, Any]]:
-    for e in events.start():
-        yield e
-    async for chunk in chunks:
-        for e in events.push(chunk):
-            yield e
-    for e in events.finish():
-        yield e

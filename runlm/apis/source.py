@@ -45,6 +45,13 @@ class ChunkTranslator:
     subclass's handlers, which return the events to send; the usage chunk is kept."""
     usage: dict[str, Any] | None
 
+    def start(self, model: str) -> list[dict[str, Any]]:
+        """The opening events, once the stream's first chunk has said which model answers."""
+        raise NotImplementedError
+
+    def finish(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
     def on_text(self, text: str) -> list[dict[str, Any]]:
         raise NotImplementedError
 
@@ -67,6 +74,25 @@ class ChunkTranslator:
             if choice.get("finish_reason"):
                 self.on_finish(choice["finish_reason"], choice.get("stop_reason"))
         return events
+
+
+async def translate(translator: ChunkTranslator, chunks: AsyncIterator[dict[str, Any]], model: str,
+                    ) -> AsyncIterator[dict[str, Any]]:
+    """A chat stream as the translator's events: start (named for the model the first chunk names), one
+    push per chunk, finish."""
+    started = False
+    async for chunk in chunks:
+        if not started:
+            started = True
+            for e in translator.start(chunk.get("model") or model):
+                yield e
+        for e in translator.push(chunk):
+            yield e
+    if not started:
+        for e in translator.start(model):
+            yield e
+    for e in translator.finish():
+        yield e
 
 
 def finish_chat_request(chat: dict[str, Any], body: dict[str, Any],

@@ -98,3 +98,21 @@ def test_errors_and_auth_are_anthropics(client: anthropic.Anthropic, smollm2_ser
     with pytest.raises(anthropic.AuthenticationError) as err:
         bad.messages.create(model="smollm2", messages=ASK, max_tokens=2)
     assert err.value.body["error"]["type"] == "authentication_error"
+
+
+def test_raw_stream_names_each_event_and_the_served_model(smollm2_server) -> None:
+    body = {"messages": ASK, "max_tokens": 3, "stream": True, "temperature": 0}  # no model: the served one
+    with httpx.stream("POST", f"{smollm2_server.url}/v1/messages", json=body, headers={"x-api-key": API_KEY},
+                      timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        blocks = r.read().decode().strip().split("\n\n")
+    events = []
+    for block in blocks:
+        name, data = block.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: ")
+        payload = json.loads(data[6:])
+        assert payload["type"] == name[7:]
+        events.append(payload)
+    assert events[0]["message"]["model"] == "smollm2"
+    assert [e["type"] for e in events][-2:] == ["message_delta", "message_stop"]
+    assert events[-2]["delta"]["stop_reason"] == "max_tokens" and events[-2]["usage"]["output_tokens"] == 3
