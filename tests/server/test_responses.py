@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -122,3 +123,20 @@ def test_serve_engine_cannot_delete_its_model(client: openai.OpenAI) -> None:
     with pytest.raises(openai.APIStatusError) as err:
         client.models.delete("smollm2")
     assert err.value.status_code == 405 and "cannot delete" in err.value.body["message"]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/responses", {"input": "Write a very long story about a dragon.", "max_output_tokens": 2000}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 2000})],
+    ids=["responses", "messages"])
+def test_a_stream_the_client_leaves_is_aborted(smollm2_server, path: str, body: dict) -> None:
+    from tests.server.test_load import metrics, wait_idle
+    before = metrics(smollm2_server)["runlm:generation_tokens_total"]
+    with httpx.stream("POST", f"{smollm2_server.url}{path}", json={**body, "stream": True, "ignore_eos": True},
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as r:
+        lines = r.iter_lines()
+        while "delta" not in next(lines):  # text is flowing
+            pass
+    # the engine request is gone within moments, long before its 2000 tokens
+    after = wait_idle(smollm2_server, timeout=10)
+    assert after["runlm:generation_tokens_total"] - before < 1000
