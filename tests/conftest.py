@@ -33,3 +33,16 @@ def minilm_dir() -> Path:
 def tiny_model():
     """tiny_model("qwen2") -> path of a cached random-weight model directory."""
     return models.build_model
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory):
+    """A real OCI registry (CNCF Distribution) with basic auth on a loopback port (tests/fixtures/registry.py)."""
+    from tests.fixtures.registry import Registry, available
+
+    if not available():
+        pytest.skip("docker-registry (Debian's package of CNCF Distribution) is not installed: "
+                    "apt-get install docker-registry")
+    reg = Registry(tmp_path_factory.mktemp("registry")).start()
+    yield reg
+    reg.stop()

@@ -36,7 +36,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         daemon = None
     try:
         if daemon:
-            body = {"from": args.source, **({"name": args.name} if args.name else {})}
+            body = {"from": args.source, **({"name": args.name} if args.name else {}),
+                    **({"insecure": True} if args.insecure else {})}
             for msg in daemon.stream("/models/create", body):
                 if msg["type"] == "progress":
                     bar(PullProgress(msg["message"], None, msg.get("total", 0), msg.get("pulled", 0)))
@@ -44,7 +45,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
                     raise CLIError(msg["message"])  # (the progress stream already ended with "success")
         else:
             try:
-                ModelStore().pull(args.source, args.name, progress=bar)
+                ModelStore().pull(args.source, args.name, progress=bar, insecure=args.insecure)
             except Exception as exc:  # the store's errors are for people: print them, no traceback
                 if isinstance(exc, KeyboardInterrupt):
                     raise
@@ -68,7 +69,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     rows = [[tag, m["id"].removeprefix("sha256:")[:12], human_bytes(m["config"]["size"]), _ago(m["created"])]
             for m in models for tag in m["tags"]]
-    print_table(sorted(rows), ["NAME", "ID", "SIZE", "MODIFIED"])
+    registry = {tag: r for m in models for tag, r in (m.get("registry") or {}).items()}
+    if not registry:
+        print_table(sorted(rows), ["NAME", "ID", "SIZE", "MODIFIED"])
+        return 0
+    for row in rows:  # models packaged, pushed or pulled as OCI artifacts: where they are and their digest
+        r = registry.get(row[0]) or {}
+        row += [r.get("reference") or "-", (r.get("digest") or "-").removeprefix("sha256:")[:12]]
+    print_table(sorted(rows), ["NAME", "ID", "SIZE", "MODIFIED", "REGISTRY REFERENCE", "DIGEST"])
     return 0
 
 
@@ -149,9 +157,12 @@ def cmd_purge(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("pull", help="store a model: a built-in name, a file, a URL or a Hugging Face repo")
-    p.add_argument("source", help="smollm2 | ./model.gguf | ./model-dir | https://.../m.gguf[#sha256=HEX] | org/repo")
+    p = sub.add_parser("pull", help="store a model: a built-in name, a file, a URL, a Hugging Face repo or an OCI "
+                                    "registry reference")
+    p.add_argument("source", help="smollm2 | ./model.gguf | ./model-dir | https://.../m.gguf[#sha256=HEX] | org/repo | "
+                                  "registry.example:5000/namespace/name:tag (an OCI registry)")
     p.add_argument("--name", default=None, help="name[:tag] to store it under (default: from the source)")
+    p.add_argument("--insecure", action="store_true", help="a registry over plain http (only for one you trust)")
     p.set_defaults(func=cmd_pull)
     p = sub.add_parser("ls", aliases=["list"], help="list stored models")
     p.add_argument("--json", action="store_true")

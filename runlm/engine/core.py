@@ -18,7 +18,7 @@ import torch
 from runlm import kernels
 from runlm.engine.config import EngineConfig, physical_cores
 from runlm.engine.errors import PromptError
-from runlm.engine.kv_cache import BlockManager
+from runlm.engine.kv_groups import AnyBlockManager
 from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.sampling_params import SamplingParams
@@ -59,7 +59,7 @@ class EngineCore:
     tokenizer: Tokenizer
     max_model_len: int
     vocab_size: int
-    blocks: BlockManager
+    blocks: AnyBlockManager
     scheduler: Scheduler
     requests: dict[str, Any]
     sleep_level: int = 0

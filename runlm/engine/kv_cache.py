@@ -6,9 +6,10 @@ in an LRU free queue; a later request with the same prefix takes them back (a ca
 instead of recomputing. A block is only overwritten when it leaves the free queue for a new
 use, so memory stays fixed at the budget however many requests pass through.
 
-Sliding-window models whose every layer has the window: a sequence lets go of the blocks that lie
-wholly before the window of its next token while it runs (``release_outside_window``); its table
-keeps a hole (``RELEASED``) at their place, and attention never reads those positions.
+Sliding-window layers: a sequence lets go of the blocks that lie wholly before the window of its next
+token while it runs (``release_outside_window``); its table keeps a hole (``RELEASED``) at their place,
+and attention never reads those positions. Where global layers sit beside window layers, each kind has a
+manager of its own (runlm/engine/kv_groups.py).
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class BlockTable:
     hashes: list[bytes] = field(default_factory=list)  # hashes of its full blocks, in order
     num_cached_tokens: int = 0
     num_released: int = 0  # leading entries given back (RELEASED)
+    groups: list[BlockTable] = field(default_factory=list)  # hybrid caches: the other KV groups' tables
 
 
 class BlockManager:
@@ -75,6 +77,10 @@ class BlockManager:
     @property
     def usage(self) -> float:
         return 1.0 - len(self.free) / len(self.blocks)
+
+    def layer_blocks(self, layer: int) -> int:
+        """How many blocks layer ``layer``'s K/V tensors hold (every layer: all of them)."""
+        return len(self.blocks)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -108,19 +114,25 @@ class BlockManager:
             found.append(block_id)
         return found
 
+    def fits_prompt(self, hits: list[int], num_tokens: int) -> bool:
+        """Whether a sequence whose prefix hit ``hits`` finds room for num_tokens in all."""
+        need = self.blocks_needed(num_tokens) - len(hits)
+        return need <= len(self.free) - sum(1 for b in hits if self.blocks[b].ref_count == 0)
+
     def allocate_prompt(self, table: BlockTable, token_ids: list[int], budget: int,
-                        use_cache: bool = True) -> int | None:
-        """Start a sequence: reuse cached prefix blocks, then room for up to ``budget`` new tokens.
+                        use_cache: bool = True, hits: list[int] | None = None) -> int | None:
+        """Start a sequence: reuse cached prefix blocks (``hits``: match_prefix's, or a prefix of them),
+        then room for up to ``budget`` new tokens.
 
         Returns how many tokens to compute now, or None (nothing taken) if they don't fit.
         """
-        hits = self.match_prefix(token_ids) if use_cache else []
+        if hits is None:
+            hits = self.match_prefix(token_ids) if use_cache else []
         cached = len(hits) * self.block_size
         n = min(len(token_ids) - cached, budget)
-        need = self.blocks_needed(cached + n) - len(hits)
-        reclaimable = sum(1 for b in hits if self.blocks[b].ref_count == 0)
-        if need > len(self.free) - reclaimable:
+        if not self.fits_prompt(hits, cached + n):
             return None
+        need = self.blocks_needed(cached + n) - len(hits)
         self.stats.queries += len(token_ids)
         self.stats.hits += cached
         for block_id in hits:

@@ -15,7 +15,7 @@ from runlm.engine.config import EngineConfig, kv_cache_blocks
 from runlm.engine.core import EngineCore, log
 from runlm.engine.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
 from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
-from runlm.engine.kv_cache import BlockManager
+from runlm.engine.kv_groups import block_manager
 from runlm.engine.model_runner import ModelRunner, SampledToken
 from runlm.engine.outputs import RequestOutput
 from runlm.engine.pooling_params import PoolingParams
@@ -26,6 +26,7 @@ from runlm.engine.sequence import Sequence
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.kv_size import kv_bytes_per_token
 from runlm.models.load import LoadedModel, load_decoder
+from runlm.sizes import return_free_heap
 
 PromptType = str | Mapping[str, Any] | list[int]
 
@@ -35,6 +36,8 @@ class LLMEngine(EngineCore):
         self.config = config
         self._set_threads()
         self.loaded = loaded or self._load(Path(config.model))
+        # before the cache is allocated: its untouched pages would otherwise land on the load's freed, resident ones
+        return_free_heap()
         self.tokenizer = self.loaded.tokenizer
         mc = self.loaded.config
         self.vocab_size = mc.vocab_size
@@ -42,12 +45,13 @@ class LLMEngine(EngineCore):
         self.kv_bytes_per_token = per_token = kv_bytes_per_token(
             mc.num_layers, mc.num_kv_heads, mc.head_dim, config.dtype.itemsize)
         num_blocks = kv_cache_blocks(config, per_token, self.max_model_len)
-        # a model whose every layer has a sliding window gives back the blocks behind it as sequences run
-        window = mc.sliding_window if all(mc.layer_window(i) for i in range(mc.num_layers)) else None
-        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, window)
+        # sliding-window layers give back the blocks behind their window as sequences run
+        self.blocks = block_manager(mc, num_blocks, config.block_size, config.enable_prefix_caching,
+                                    config.max_num_seqs, config.max_num_batched_tokens)
+        window = self.blocks.window
         # no sequence may outgrow the whole cache: preempted, it could never be readmitted (one whose
         # blocks behind the window are given back only ever holds about a window's worth)
-        capacity = num_blocks * config.block_size
+        capacity = len(self.blocks.blocks) * config.block_size
         fits_window = window is not None and window + 2 * config.block_size <= capacity
         self.max_seq_tokens = self.max_model_len if fits_window else min(self.max_model_len, capacity)
         self.scheduler = Scheduler(SchedulerConfig(self.max_model_len, config.max_num_seqs,
@@ -58,7 +62,8 @@ class LLMEngine(EngineCore):
         self.requests: dict[str, RequestState] = {}
         self.num_preemptions = 0
         self.sleep_level = 0
-        self.log_start(num_blocks * config.block_size * per_token)
+        layer_blocks = sum(self.blocks.layer_blocks(i) for i in range(mc.num_layers))
+        self.log_start(layer_blocks * config.block_size * per_token // mc.num_layers)
 
     def _load(self, path: Path) -> LoadedModel:
         c = self.config

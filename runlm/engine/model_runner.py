@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 import torch
 
 from runlm.engine.config import EngineConfig
-from runlm.engine.kv_cache import BlockManager
+from runlm.engine.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.outputs import Logprob
 from runlm.engine.sampler import process_logits, sample, token_logprobs
 from runlm.engine.scheduler import SchedulerOutput
 from runlm.engine.sequence import Sequence
 from runlm.engine.structured.backend import StructuredOutputManager
-from runlm.models.attention import ForwardContext, forward_context
+from runlm.models.attention import ForwardContext, GroupSlots, forward_context
 from runlm.models.load import LoadedModel
 
 
@@ -51,7 +51,7 @@ class PreparedBatch:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: BlockManager,
+    def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
         self.loaded, self.blocks, self.structured = loaded, blocks, structured
         self.dtype, self.device = config.dtype, torch.device(config.device)
@@ -60,10 +60,12 @@ class ModelRunner:
 
     def allocate_kv_cache(self) -> None:
         c = self.loaded.config
-        shape = (len(self.blocks.blocks) * self.blocks.block_size, c.num_kv_heads, c.head_dim)
         # empty, not zeros: attention reads only slots already written, and untouched pages cost no RAM
-        self.kv_caches = [(torch.empty(shape, dtype=self.dtype, device=self.device),
-                           torch.empty(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_layers)]
+        self.kv_caches = []
+        for layer in range(c.num_layers):
+            shape = (self.blocks.layer_blocks(layer) * self.blocks.block_size, c.num_kv_heads, c.head_dim)
+            self.kv_caches.append((torch.empty(shape, dtype=self.dtype, device=self.device),
+                                   torch.empty(shape, dtype=self.dtype, device=self.device)))
 
     def free_kv_cache(self) -> None:
         self.kv_caches = []
@@ -84,6 +86,8 @@ class ModelRunner:
         """Prefill chunks and decode tokens alike: each sequence contributes rows start..end."""
         ids: list[int] = []
         positions, slot_maps, context_slots = [], [], []
+        hybrid = self.blocks if isinstance(self.blocks, HybridBlockManager) else None
+        group_slots: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per sequence: per extra group
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
         lp_rows: list[PromptLogprobRows] = []
@@ -94,6 +98,9 @@ class ModelRunner:
             positions.append(torch.arange(start, end))
             slot_maps.append(self.blocks.slots(seq.table, start, end))
             context_slots.append(self.blocks.slots(seq.table, 0, end))
+            if hybrid is not None:
+                group_slots.append(list(zip(hybrid.group_slots(seq.table, start, end),
+                                            hybrid.group_slots(seq.table, 0, end))))
             # a preempted sequence recomputes its prompt: its prompt logprobs are already there
             if seq.wants_prompt_logprobs and start < seq.num_prompt_tokens - 1 and seq.num_preemptions == 0:
                 last = min(end, seq.num_prompt_tokens - 1)
@@ -105,6 +112,11 @@ class ModelRunner:
         context_lens = [s.num_computed_tokens + n for s, n in zip(sched.seqs, sched.num_new_tokens)]
         ctx = ForwardContext(list(sched.num_new_tokens), context_lens, torch.cat(slot_maps).to(self.device),
                              [c.to(self.device) for c in context_slots], self.kv_caches)
+        if hybrid is not None:
+            ctx.layer_group = hybrid.layer_group
+            ctx.groups = [GroupSlots(torch.cat([per[g][0] for per in group_slots]).to(self.device),
+                                     [per[g][1].to(self.device) for per in group_slots])
+                          for g in range(len(hybrid.groups) - 1)]
         return PreparedBatch(torch.tensor(ids, device=self.device), torch.cat(positions).to(self.device), ctx,
                              sample_rows, sample_seqs, lp_rows)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runlm.engine.kv_cache import BlockManager
+from runlm.engine.kv_groups import AnyBlockManager
 from runlm.engine.sequence import Sequence, SequenceStatus
 
 
@@ -34,7 +34,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, blocks: AnyBlockManager) -> None:
         self.config = config
         self.blocks = blocks
         self.waiting: list[Sequence] = []

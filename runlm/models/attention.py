@@ -10,12 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from runlm import kernels
+
+
+@dataclass(slots=True)
+class GroupSlots:
+    """Where one KV group's layers write and read (runlm/engine/kv_groups.py)."""
+    slot_mapping: torch.Tensor
+    context_slots: list[torch.Tensor]
+    flat_context_slots: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.flat_context_slots = torch.cat(self.context_slots)
 
 
 @dataclass(slots=True)
@@ -26,6 +37,21 @@ class ForwardContext:
     context_slots: list[torch.Tensor] | None  # per sequence: slots of positions 0..context_len-1
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None  # per layer: (k, v), each [slots, kv_heads, head_dim]
     flat_context_slots: torch.Tensor | None = None  # context_slots concatenated; built once per step
+    # a cache in groups of layers (runlm/engine/kv_groups.py): the fields above address group 0; layer i's
+    # group is layer_group[i], and group g > 0 has its own slots in groups[g - 1]
+    layer_group: list[int] | None = None
+    groups: list[GroupSlots] | None = None
+
+    def slots_of(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor, list[torch.Tensor] | None]:
+        """(slot_mapping, flat context slots, per-sequence context slots) addressing layer ``layer``'s cache."""
+        g = 0 if self.layer_group is None else self.layer_group[layer]
+        if g == 0:
+            if self.flat_context_slots is None:
+                self.flat_context_slots = torch.cat(self.context_slots)  # type: ignore[arg-type]
+            return self.slot_mapping, self.flat_context_slots, self.context_slots
+        assert self.groups is not None
+        group = self.groups[g - 1]
+        return group.slot_mapping, group.flat_context_slots, group.context_slots
 
     @classmethod
     def no_cache(cls, query_lens: list[int]) -> ForwardContext:
@@ -83,11 +109,10 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
     ctx = get_forward_context()
     if ctx.kv_caches is not None:
         k_cache, v_cache = ctx.kv_caches[layer]
-        k_cache.index_copy_(0, ctx.slot_mapping, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, ctx.slot_mapping, v.to(v_cache.dtype))
-        if ctx.flat_context_slots is None:
-            ctx.flat_context_slots = torch.cat(ctx.context_slots)
-        out = None if softcap else kernels.paged_attention(q, k_cache, v_cache, ctx.flat_context_slots,
+        slot_mapping, flat_slots, context_slots = ctx.slots_of(layer)
+        k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        out = None if softcap else kernels.paged_attention(q, k_cache, v_cache, flat_slots,
                                                            ctx.query_lens, ctx.context_lens, scale, window)
         if out is not None:
             return out
@@ -96,7 +121,7 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
     for i, (q_len, kv_len) in enumerate(zip(ctx.query_lens, ctx.context_lens)):
         end = start + q_len
         if ctx.kv_caches is not None:
-            slots = ctx.context_slots[i]
+            slots = context_slots[i]  # type: ignore[index]
             ks, vs = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
         else:
             ks, vs = k[start:end], v[start:end]

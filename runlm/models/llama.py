@@ -137,17 +137,16 @@ class LlamaModel(nn.Module):
         rotates q and k and writes K/V to the cache."""
         ops, ctx, rope = fused.ops(), get_forward_context(), self.rope
         rope.ensure_positions(int(positions.max()) + 1)
-        if ctx.flat_context_slots is None:
-            ctx.flat_context_slots = torch.cat(ctx.context_slots)
         if self._plan is None:
             self._plan = [_FusedLayer.of(self, i) for i in range(len(self.layers))]
         t, residual = x.shape[0], x
         first = self.layers[0].input_layernorm
         h = ops.rms_norm(x, first.weight, first.eps)
-        for p, (k_cache, v_cache) in zip(self._plan, ctx.kv_caches):
-            q = ops.qkv_rope_store(p.qkv(h), positions, rope.cos, rope.sin, k_cache, v_cache, ctx.slot_mapping,
+        for i, (p, (k_cache, v_cache)) in enumerate(zip(self._plan, ctx.kv_caches)):
+            slot_mapping, flat_slots, _ = ctx.slots_of(i)
+            q = ops.qkv_rope_store(p.qkv(h), positions, rope.cos, rope.sin, k_cache, v_cache, slot_mapping,
                                    p.heads, p.kv_heads, p.head_dim, rope.interleaved, p.q_norm, p.k_norm, p.eps)
-            o = kernels.paged_attention(q, k_cache, v_cache, ctx.flat_context_slots, ctx.query_lens,
+            o = kernels.paged_attention(q, k_cache, v_cache, flat_slots, ctx.query_lens,
                                         ctx.context_lens, p.scale, p.window)
             h = ops.add_rms_norm(p.o(o.view(t, -1)), residual, p.post_norm, p.eps)
             h = ops.add_rms_norm(p.down(ops.silu_mul(p.gate_up(h))), residual, p.next_norm, p.eps)

@@ -10,8 +10,8 @@ from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from runlm.runner.errors import BadRequest, Conflict, NotFound
-from runlm.runner.pulling import pull_events
-from runlm.runner.requests import CreateRequest, TagRequest
+from runlm.runner.pulling import pull_events, transfer_events
+from runlm.runner.requests import CreateRequest, PushRequest, TagRequest
 from runlm.runner.views import group_by_id, model_json
 from runlm.store import InvalidNameError, ModelNotFoundError, StoredModel
 from runlm.store.progress import PullProgress
@@ -52,13 +52,37 @@ async def create(request: Request) -> Response:
     store = request.app.state.store
 
     async def lines() -> AsyncIterator[bytes]:
-        async for item in pull_events(store, source, body.get("name"), request.app.state.local_access):
+        async for item in pull_events(store, source, body.get("name"), request.app.state.local_access,
+                                      insecure=bool(body.get("insecure"))):
             if isinstance(item, PullProgress):
                 msg = {"type": "progress", "message": item.status, "total": item.total, "pulled": item.completed}
             elif isinstance(item, Exception):
                 msg = {"type": "error", "message": str(item)}
             else:
                 msg = {"type": "success", "message": f"pulled {item.name}", "id": item.id}
+            yield (json.dumps(msg) + "\n").encode()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.post("/models/{name:path}/push", openapi_extra=json_body(PushRequest, required=False))
+async def push(request: Request, name: str) -> Response:
+    """Push a stored model to a registry (``target``, or the reference it came from), streaming progress."""
+    from runlm.store.oci.transfer import push as push_model
+
+    body = await body_json(request, PushRequest)
+    model = await get_model(request, name)
+    store, target, insecure = request.app.state.store, body.get("target"), bool(body.get("insecure"))
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for item in transfer_events(lambda put: push_model(store, str(model.name), target, insecure, put)):
+            if isinstance(item, PullProgress):
+                msg = {"type": "progress", "message": item.status, "total": item.total, "pushed": item.completed}
+            elif isinstance(item, Exception):
+                msg = {"type": "error", "message": str(item)}
+            else:
+                ref, digest = item
+                msg = {"type": "success", "message": f"pushed {ref}", "digest": digest}
             yield (json.dumps(msg) + "\n").encode()
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")

@@ -25,7 +25,7 @@ from runlm.runner.ollama_convert import (
     timings,
 )
 from runlm.runner.proxy import pop_keep_alive, require_model, send, sse_events
-from runlm.runner.pulling import pull_error_status, pull_events
+from runlm.runner.pulling import pull_error_status, pull_events, transfer_events
 from runlm.runner.requests import (
     ChatRequest,
     CopyRequest,
@@ -95,7 +95,27 @@ async def pull(request: Request) -> Response:
     source = body.get("model") or body.get("name")
     if not isinstance(source, str) or not source:
         raise BadRequest("'model' is required", param="model")
-    events = pull_events(request.app.state.store, source, None, request.app.state.local_access)
+    events = pull_events(request.app.state.store, source, None, request.app.state.local_access,
+                         insecure=bool(body.get("insecure")))
+    return await _progress_response(body, events)
+
+
+@router.post("/push", openapi_extra=json_body(ModelRequest, error=OllamaError))
+async def push(request: Request) -> Response:
+    """Ollama's push: ``model`` is the registry reference (host/namespace/name:tag) to push to."""
+    from runlm.store.oci.transfer import push_reference
+
+    body = await body_json(request, ModelRequest)
+    target = body.get("model") or body.get("name")
+    if not isinstance(target, str) or not target:
+        raise BadRequest("'model' is required: the registry reference to push to (host/namespace/name:tag)",
+                         param="model")
+    store, insecure = request.app.state.store, bool(body.get("insecure"))
+    return await _progress_response(body, transfer_events(lambda put: push_reference(store, target, insecure, put)))
+
+
+async def _progress_response(body: dict, events: AsyncIterator) -> Response:
+    """Ollama's answer to a pull or push: NDJSON progress lines, or one JSON object when ``stream`` is false."""
     if body.get("stream", True) is False:
         async for item in events:
             if isinstance(item, Exception):

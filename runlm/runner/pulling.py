@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from runlm.runner.errors import Busy, RunnerError
-from runlm.store import InvalidNameError, ModelStore, NameConflictError, StoredModel
-from runlm.store.progress import PullProgress
+from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore, NameConflictError, StoredModel
+from runlm.store.progress import ProgressCallback, PullProgress
 from runlm.store.sources import LocalAccess, SourceError
 
 MAX_PULLS = 4           # downloads at once; the rest wait their turn
@@ -33,9 +34,18 @@ def _unclaim() -> None:
         _pending -= 1
 
 
-async def pull_events(store: ModelStore, source: str, name: str | None, access: LocalAccess
-                      ) -> AsyncIterator[PullProgress | StoredModel | Exception]:
+def pull_events(store: ModelStore, source: str, name: str | None, access: LocalAccess, insecure: bool = False
+                ) -> AsyncIterator[PullProgress | StoredModel | Exception]:
     """Yields PullProgress events, then the StoredModel, or the exception that stopped the pull."""
+    return transfer_events(lambda put: store.pull(source, name, progress=put, access=access, insecure=insecure))
+
+
+T = TypeVar("T")
+
+
+async def transfer_events(job: Callable[[ProgressCallback], T]) -> AsyncIterator[PullProgress | T | Exception]:
+    """Runs a pull or a push (``job(progress)``) in a thread of its own; yields its PullProgress events, then
+    its result, or the exception that stopped it."""
     if not _claim():
         yield Busy(f"{MAX_PULLS + MAX_WAITING_PULLS} pulls are already running or waiting; try again later",
                    code="too_many_pulls")
@@ -52,7 +62,7 @@ async def pull_events(store: ModelStore, source: str, name: str | None, access: 
     def work() -> None:
         try:
             with _slots:
-                result: object = store.pull(source, name, progress=put, access=access)
+                result: object = job(put)
         except Exception as exc:  # every failure goes to the client as a message
             result = exc
         finally:
@@ -73,4 +83,6 @@ def pull_error_status(exc: Exception) -> int:
         return exc.status
     if isinstance(exc, NameConflictError):
         return 409
+    if isinstance(exc, ModelNotFoundError):
+        return 404
     return 400 if isinstance(exc, (InvalidNameError, SourceError, ValueError)) else 502

@@ -16,6 +16,13 @@ class CreateRequest(_Body):
     """POST /models/create: a built-in name, a URL or a Hugging Face id (local paths: see --allow-local-import)."""
     from_: StrictStr = Field(alias="from", min_length=1)
     name: StrictStr | None = None
+    insecure: StrictBool | None = None  # a registry reference over plain http
+
+
+class PushRequest(_Body):
+    """POST /models/{name}/push: where to (a registry reference; default: where the model came from)."""
+    target: StrictStr | None = None
+    insecure: StrictBool | None = None
 
 
 class TagRequest(_Body):
@@ -45,6 +52,7 @@ class ModelRequest(_Body):
     name: StrictStr | None = None
     stream: StrictBool | None = None
     force: StrictBool | None = None
+    insecure: StrictBool | None = None  # /api/pull, /api/push: a registry over plain http
 
 
 class CopyRequest(_Body):

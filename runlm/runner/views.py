@@ -17,7 +17,15 @@ def model_json(models: list[StoredModel]) -> dict:
     return {"id": m.id, "tags": [str(x.name) for x in models], "created": unix_time(m.created),
             "config": {"format": info.format, "quantization": info.quantization, "parameters": info.parameter_size,
                        "architecture": info.architecture, "size": m.size, "context_size": info.context_length,
-                       **({"experts": info.experts, "experts_used": info.experts_used} if info.experts else {})}}
+                       **({"experts": info.experts, "experts_used": info.experts_used} if info.experts else {})},
+            **_registry(models)}
+
+
+def _registry(models: list[StoredModel]) -> dict:
+    """Per tag, the OCI manifest digest and the registry reference it was pulled from or pushed to."""
+    out = {str(x.name): {"reference": oci.get("reference"), "digest": oci["manifest"]}
+           for x in models if (oci := x.manifest.get("oci") or {}).get("manifest")}
+    return {"registry": out} if out else {}
 
 
 def group_by_id(models: list[StoredModel]) -> list[list[StoredModel]]:

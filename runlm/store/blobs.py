@@ -70,6 +70,17 @@ class BlobStore:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def put_bytes(self, data: bytes) -> tuple[str, int]:
+        """Store a small blob held in memory (an OCI config or manifest); returns (digest, size)."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if not self.has(digest):
+            self.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(dir=self.tmp, prefix="blob-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            self.adopt(Path(tmp_name), digest)
+        return digest, len(data)
+
     def adopt(self, tmp: Path, digest: str) -> int:
         """Move a fully written, verified temp file into place (atomic rename; no-op if present)."""
         target = self.path(digest)

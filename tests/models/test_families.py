@@ -267,3 +267,44 @@ def test_sliding_window_blocks_are_given_back_and_outputs_stay_transformers(tiny
     first, again = (roomy.generate([{"prompt_token_ids": prompts[0]}], params)[0] for _ in range(2))
     # the prompt's blocks were given back as it ran but stay cached: the second run takes them back
     assert again.num_cached_tokens >= 140 and again.outputs[0].token_ids == outs[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("recipe", ["gemma2", "gemma3"])
+def test_window_layers_give_blocks_back_beside_global_ones_and_outputs_stay_transformers(recipe: str, tiny_model,
+                                                                                       monkeypatch) -> None:
+    """Gemma's local layers (window 16, blocks of 4) keep their own blocks: they hold ~window/block_size of them
+    however long a sequence runs while the global layers hold the whole context, and greedy decoding still
+    equals transformers' with chunked prefill, six sequences sharing a small cache, and prefix-cache hits."""
+    from runlm.engine.kv_cache import BlockManager
+    from runlm.engine.kv_groups import HybridBlockManager
+    from tests.models.test_llama import _reference_greedy
+
+    path = tiny_model(recipe)
+    ref = _reference(path)
+    held: dict[int | None, list[int]] = {None: [], 16: []}
+    release = BlockManager.release_outside_window
+
+    def spy(self, table, num_computed):
+        release(self, table, num_computed)
+        held[self.window].append(len(table.blocks) - table.num_released)
+
+    monkeypatch.setattr(BlockManager, "release_outside_window", spy)
+    vocab = load_decoder(path, exact_numerics=True).config.vocab_size
+    prompts = [_prompt(vocab, n, seed=n) for n in (150, 150, 90, 120, 60, 180)]
+    # a cache too small for all six at once (preemption), the window group sized for 8 running sequences
+    memory = {"gemma2": "256KiB", "gemma3": "512KiB"}[recipe]
+    llm = LLM(str(path), block_size=4, kv_cache_memory=memory, max_num_batched_tokens=64, max_num_seqs=8,
+              max_model_len=1024, exact_numerics=True)
+    blocks = llm.engine.blocks
+    assert isinstance(blocks, HybridBlockManager)
+    # the window group is sized for windows, and the budget it leaves goes to the global group
+    assert len(blocks.groups[1].blocks) < len(blocks.groups[0].blocks)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == _reference_greedy(ref, prompt)[:40]
+    assert max(held[16]) <= 16 // 4 + 2 and max(held[None]) >= 180 // 4 and llm.engine.num_preemptions > 0
+    roomy = LLM(str(path), block_size=4, kv_cache_memory="2MiB", max_model_len=1024, exact_numerics=True)
+    first, again = (roomy.generate([{"prompt_token_ids": prompts[0]}], params)[0] for _ in range(2))
+    # the local layers' blocks were given back as the prompt ran but stay cached: both groups hit
+    assert again.num_cached_tokens >= 140 and again.outputs[0].token_ids == outs[0].outputs[0].token_ids

@@ -29,9 +29,10 @@ def runlm_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def runlm(home: Path, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+def runlm(home: Path, *args: str, timeout: float = 300, input: str | None = None,
+          **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "runlm.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=runlm_env(home, **env))
+                          timeout=timeout, input=input, env=runlm_env(home, **env))
 
 
 @dataclass

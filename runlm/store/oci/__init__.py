@@ -1,0 +1,1 @@
+"""Models as OCI artifacts: Docker Model Runner's media types, registry references, the distribution protocol."""
