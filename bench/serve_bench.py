@@ -24,7 +24,6 @@ import json
 import os
 import re
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -35,6 +34,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from runlm.benchmark import load  # noqa: E402  (the measuring code runlm bench shares)
+from runlm.benchmark.load import RequestResult, summarise  # noqa: E402
+
 TOPICS = ["a lighthouse keeper", "the history of bread", "how tides work", "a robot learning to paint",
           "the water cycle", "a city under the sea", "why leaves change colour", "a chess tournament",
           "the first trip to Mars", "a bakery at dawn", "volcanoes", "a lost dog finding home"]
@@ -113,85 +116,13 @@ def server(name: str, model_path: str, threads: int, ctx: int) -> Server:
                   url, env)
 
 
-@dataclass
-class RequestResult:
-    ok: bool
-    ttft: float = 0.0
-    e2e: float = 0.0
-    itl: list[float] = field(default_factory=list)
-    output_tokens: int = 0
-    text: str = ""
-    error: str = ""
-
-
-async def one_request(http: httpx.AsyncClient, prompt: str, output_len: int, banned: dict[str, float]) -> RequestResult:
-    body = {"model": "bench", "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, "logit_bias": banned}
-    start = time.perf_counter()
-    last = None
-    res = RequestResult(ok=False)
-    try:
-        async with http.stream("POST", "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    res.output_tokens = chunk["usage"]["completion_tokens"]
-                if not chunk.get("choices") or not chunk["choices"][0].get("text"):
-                    continue
-                now = time.perf_counter()
-                if last is None:
-                    res.ttft = now - start
-                else:
-                    res.itl.append(now - last)
-                last = now
-                res.text += chunk["choices"][0]["text"]
-        res.e2e = time.perf_counter() - start
-        res.ok = last is not None
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        res.error = repr(exc)
-    return res
-
-
 async def run_level(url: str, texts: list[str], concurrency: int, output_len: int,
                     banned: dict[str, float]) -> tuple[list[RequestResult], float]:
-    sem = asyncio.Semaphore(concurrency)
+    bodies = [{"model": "bench", "prompt": p, "max_tokens": output_len, "temperature": 0.0, "logit_bias": banned}
+              for p in texts]
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as http:
-        async def limited(p: str) -> RequestResult:
-            async with sem:
-                return await one_request(http, p, output_len, banned)
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(limited(p) for p in texts))
-        return list(results), time.perf_counter() - t0
-
-
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
-
-
-def summarise(results: list[RequestResult], duration: float, count_tokens) -> dict:
-    ok = [r for r in results if r.ok]
-    for r in ok:
-        if not r.output_tokens:  # the peer sent no usage: count with the same tokenizer
-            r.output_tokens = count_tokens(r.text)
-    tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
-    itl = [x for r in ok for x in r.itl]
-    ttft = [r.ttft for r in ok]
-    out_tokens = sum(r.output_tokens for r in ok)
-    return {"completed": len(ok), "failed": len(results) - len(ok),
-            "errors": sorted({r.error for r in results if r.error})[:3], "duration_s": duration,
-            "output_tokens": out_tokens, "output_tok_s": out_tokens / duration, "req_s": len(ok) / duration,
-            **{f"{name}_{stat}_ms": 1000 * fn(xs) for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl))
-               for stat, fn in (("mean", lambda v: statistics.fmean(v) if v else float("nan")),
-                                ("median", lambda v: pct(v, 50)), ("p99", lambda v: pct(v, 99)))}}
+        return await load.run_level(http, bodies, concurrency)
 
 
 def table(rows: list[dict], levels: list[int], peers: list[str]) -> str:

@@ -6,6 +6,7 @@ import pty
 import select
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -14,7 +15,10 @@ from runlm.cli.run import Chat
 from runlm.engine.sampling_params import SamplingParams
 
 RUNLM = [sys.executable, "-m", "runlm.cli"]
-ENV = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+# a store of their own: `run` stores the built-ins it uses, and no daemon of the user's is found
+HOME = tempfile.mkdtemp(prefix="runlm-cli-test-")
+ENV = dict(os.environ, TOKENIZERS_PARALLELISM="false", RUNLM_HOME=HOME)
+ENV.pop("RUNLM_HOST", None)
 
 
 def runlm(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -45,6 +49,19 @@ def test_prompt_from_piped_stdin_and_options() -> None:
     again = runlm("run", "tinycoder", "--max-tokens", "8", "--seed", "7", "--top-k", "5", "--top-p", "0.9",
                   "--system", "You write code.", stdin="def add(a, b):")
     assert res.stdout == again.stdout and res.stdout.strip()  # seeded sampling is reproducible
+
+
+def test_a_builtin_used_by_run_is_stored_for_show_ls_and_rm() -> None:
+    runlm("rm", "tinycoder")  # whatever an earlier test left
+    res = runlm("run", "tinycoder", "hi", "--max-tokens", "2")
+    assert res.returncode == 0, res.stderr
+    assert "storing the built-in model tinycoder" in res.stderr
+    assert "tinycoder:latest" in runlm("ls").stdout
+    show = runlm("show", "tinycoder")
+    assert show.returncode == 0 and "gguf" in show.stdout.lower(), show.stdout + show.stderr
+    again = runlm("run", "tinycoder", "hi", "--max-tokens", "2")
+    assert again.returncode == 0 and "storing" not in again.stderr  # once
+    assert runlm("rm", "tinycoder").returncode == 0 and "tinycoder" not in runlm("ls").stdout
 
 
 def test_unknown_model_lists_models_and_how_to_get_one() -> None:

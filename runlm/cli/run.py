@@ -12,9 +12,10 @@ from runlm.engine.outputs import RequestOutput
 from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.formats import ModelFormatError
 from runlm.formats.chat_template import ChatTemplateError
-from runlm.store.builtin import DEFAULT_MODEL, UnknownModelError, resolve_model
+from runlm.store.builtin import BUILTIN_MODELS, DEFAULT_MODEL, UnknownModelError, resolve_model
 
 if TYPE_CHECKING:
+    from runlm.cli.client import Daemon
     from runlm.cli.run_daemon import DaemonChat
 
 _BYE = {"/bye", "/exit", "/quit"}
@@ -27,8 +28,27 @@ def local_model_path(ref: str) -> Path:
     try:
         store = ModelStore()
         return store.model_path(store.get(ref))
-    except (InvalidNameError, ModelNotFoundError):
+    except InvalidNameError:
         return resolve_model(ref)
+    except ModelNotFoundError:
+        if not _installed_builtin(ref):
+            return resolve_model(ref)
+    # a built-in goes into the store on first use (as `ollama run` pulls), so show, ls and rm see it
+    print(f"runlm: storing the built-in model {ref} (once)", file=sys.stderr)
+    return store.model_path(store.pull(ref))
+
+
+def _installed_builtin(ref: str) -> bool:
+    return ref in BUILTIN_MODELS and BUILTIN_MODELS[ref].path() is not None
+
+
+def _stored_on_daemon(daemon: Daemon, ref: str) -> None:
+    """The daemon's store gets a built-in the same way, through its own pull."""
+    if _installed_builtin(ref) and daemon.http.get(f"/models/{ref}").status_code == 404:
+        print(f"runlm: storing the built-in model {ref} (once)", file=sys.stderr)
+        for event in daemon.stream("/models/create", {"from": ref}):
+            if event.get("error"):
+                raise UnknownModelError(f"storing {ref} failed: {event['error']}")
 
 
 class Chat:
@@ -112,6 +132,7 @@ def run_command(args: argparse.Namespace) -> int:
     daemon = connect()
     try:
         if daemon is not None:  # the daemon has the model loaded already, or loads it once for everyone
+            _stored_on_daemon(daemon, args.model or DEFAULT_MODEL)
             chat: Chat | DaemonChat = DaemonChat(daemon, args.model or DEFAULT_MODEL, params, args.system)
         else:
             chat = Chat(args.model or DEFAULT_MODEL, params, args.system, args.exact_numerics, args.threads)

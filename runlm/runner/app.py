@@ -12,12 +12,19 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
 
 from runlm import __version__
+from runlm.apis.anthropic import messages_router
+from runlm.apis.anthropic_output import error_body as anthropic_error_body
+from runlm.apis.anthropic_output import is_anthropic_path
+from runlm.apis.responses import responses_router
+from runlm.apis.responses_store import ResponseStore
 from runlm.runner import engines_api, models_api, ollama_api
 from runlm.runner.backends import all_backends
+from runlm.runner.chat_source import BackendChatSource
+from runlm.runner.engines_api import OPENAI_PREFIXES
 from runlm.runner.errors import RunnerError, error_body
 from runlm.runner.loader import Loader
 from runlm.runner.memory import MemoryBudget
@@ -26,25 +33,28 @@ from runlm.store.sources import LocalAccess
 from runlm.web.api_key import APIKeyMiddleware
 from runlm.web.body_limit import DEFAULT_MAX_BODY, BodyLimitMiddleware
 from runlm.web.browser_guard import BrowserGuardMiddleware, BrowserPolicy
+from runlm.web.chat_page import PAGE_PATHS, page_router
 from runlm.web.disconnect import ClientDisconnected
 from runlm.web.openapi import install_openapi
 
 log = logging.getLogger("runlm.runner")
 
 
-def _shaped(path: str, body: dict) -> dict:
-    # Ollama's clients read {"error": "message"}; everything else gets the OpenAI shape
-    return {"error": body["error"]["message"]} if path.startswith("/api/") else body
+def _shaped(path: str, body: dict, status: int) -> dict:
+    # Ollama's clients read {"error": "message"}, Anthropic's {"type": "error", ...}; the rest the OpenAI shape
+    if path.startswith("/api/"):
+        return {"error": body["error"]["message"]}
+    return anthropic_error_body(status, body["error"]["message"]) if is_anthropic_path(path) else body
 
 
 def _error(request: Request, status: int, body: dict) -> JSONResponse:
-    return JSONResponse(_shaped(request.url.path, body), status_code=status)
+    return JSONResponse(_shaped(request.url.path, body, status), status_code=status)
 
 
 def _middleware_error(scope: Scope, status: int, message: str, code: str) -> bytes:
     kind = {401: "authentication_error", 403: "permission_error"}.get(
         status, "invalid_request_error" if status < 500 else "internal_error")
-    return json.dumps(_shaped(scope["path"], error_body(message, kind, code=code))).encode()
+    return json.dumps(_shaped(scope["path"], error_body(message, kind, code=code), status)).encode()
 
 
 @dataclass(slots=True, frozen=True)
@@ -104,10 +114,10 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
         log.exception("internal error on %s", request.url.path)
         return _error(request, 500, error_body(f"internal error: {type(exc).__name__}: {exc}", "internal_error"))
 
-    @app.get("/", include_in_schema=False)
-    async def root() -> PlainTextResponse:
-        return PlainTextResponse("runlm is running")
-
+    app.include_router(page_router("runlm is running"))
+    app.state.chat_source, app.state.response_store = BackendChatSource, ResponseStore()
+    app.include_router(responses_router(OPENAI_PREFIXES))  # before engines_api's catch-all /v1/{route}
+    app.include_router(messages_router(OPENAI_PREFIXES))
     app.include_router(models_api.router)
     app.include_router(engines_api.router)
     app.include_router(ollama_api.router)
@@ -116,7 +126,7 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
     app.add_middleware(BodyLimitMiddleware, limit=http.max_body_bytes, write_error=_middleware_error)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key,
-                           open_paths=frozenset({"/", "/api/version", "/openapi.json", "/docs"}),
+                           open_paths=frozenset({"/api/version", "/openapi.json", "/docs"}) | PAGE_PATHS,
                            write_error=_middleware_error)
     app.add_middleware(BrowserGuardMiddleware, write_error=_middleware_error,
                        policy=BrowserPolicy(http.host, http.allowed_hosts, http.allowed_origins))

@@ -7,9 +7,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from runlm.runner.config import BackendConfig, ConfigError
-from runlm.runner.errors import BadRequest, NotFound
+from runlm.runner.errors import BadRequest, Conflict, NotFound
 from runlm.runner.metrics import aggregate
-from runlm.runner.models_api import body_json
+from runlm.runner.models_api import body_json, delete_model, get_model
 from runlm.runner.proxy import forward_openai, require_model
 from runlm.runner.requests import ConfigureRequest, OpenAIRequest, UnloadRequest
 from runlm.runner.views import unix_time
@@ -17,6 +17,8 @@ from runlm.web.disconnect import unless_disconnected
 from runlm.web.openapi import json_body
 
 router = APIRouter()
+# where the daemon answers OpenAI's API: Model Runner's paths and the plain /v1 alias
+OPENAI_PREFIXES = ("/v1", "/engines/v1", "/engines/{backend}/v1")
 OPENAI_POST_ROUTES = ("chat/completions", "completions", "embeddings", "rerank", "score", "images/generations")
 
 
@@ -73,6 +75,23 @@ async def openai_models(request: Request, backend: str | None = None) -> JSONRes
 async def openai_model(request: Request, name: str, backend: str | None = None) -> JSONResponse:
     _check_backend(request, backend)
     return await _openai_models(request, name)
+
+
+@router.delete("/v1/models/{name:path}", openapi_extra=json_body())
+@router.delete("/engines/v1/models/{name:path}", openapi_extra=json_body())
+@router.delete("/engines/{backend}/v1/models/{name:path}", openapi_extra=json_body())
+async def delete_openai_model(request: Request, name: str, backend: str | None = None) -> JSONResponse:
+    """OpenAI's model deletion (the founding Go server's route): unloads and deletes the stored model; a model
+    that requests are using (or that is loading) is a 409, as DELETE /models/{name} says."""
+    _check_backend(request, backend)
+    model = await get_model(request, name)
+    runners = request.app.state.loader.runners.values()
+    busy = [r for r in runners if r.model.id == model.id and (r.in_use or not r.ready)]
+    if busy:
+        raise Conflict(f"model {str(model.name)!r} is in use ({sum(r.in_use for r in busy)} requests running, or it is "
+                       f"loading); delete it when they are done", param="model", code="model_in_use")
+    deleted = await delete_model(request, name, force=True)
+    return JSONResponse({"id": str(deleted.name), "object": "model", "deleted": True})
 
 
 @router.get("/engines/status", openapi_extra=json_body())

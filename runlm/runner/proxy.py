@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import httpx
 from starlette.background import BackgroundTask
@@ -82,9 +83,29 @@ def require_model(body: object) -> str:
     return model
 
 
-async def forward_openai(loader: Loader, route: str, body: dict, headers: dict[str, str],
-                         backend: str | None = None) -> Response:
-    """POST /v1/<route> for the model the body names, loading it first when needed."""
+@dataclass(slots=True)
+class BackendAnswer:
+    """A backend's answer, headers read and body not; ``release`` (idempotent) hands the model back."""
+    runner: Runner
+    resp: httpx.Response
+    release: Callable[[], None]
+
+    async def read(self) -> bytes:
+        try:
+            return await self.resp.aread()
+        except (httpx.HTTPError, RuntimeError) as exc:
+            raise await backend_failed(self.runner, exc) from None
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        await self.resp.aclose()
+        self.release()
+
+
+async def post_to_backend(loader: Loader, route: str, body: dict, headers: dict[str, str],
+                          backend: str | None = None) -> BackendAnswer:
+    """POST /v1/<route> to the backend of the model the body names, loading it first when needed."""
     name = require_model(body)
     keep_alive = pop_keep_alive(body)
     mode = MODES.get(route.split("/")[0], BackendMode.COMPLETION)
@@ -104,16 +125,17 @@ async def forward_openai(loader: Loader, route: str, body: dict, headers: dict[s
     except BaseException:
         release()
         raise
+    return BackendAnswer(runner, resp, release)
+
+
+async def forward_openai(loader: Loader, route: str, body: dict, headers: dict[str, str],
+                         backend: str | None = None) -> Response:
+    """POST /v1/<route> for the model the body names, streamed through as the backend answers."""
+    answer = await post_to_backend(loader, route, body, headers, backend)
+    resp, runner = answer.resp, answer.runner
     media = resp.headers.get("content-type", "application/json")
     if not media.startswith("text/event-stream"):
-        try:
-            content = await resp.aread()
-        except (httpx.HTTPError, RuntimeError) as exc:
-            raise await backend_failed(runner, exc) from None
-        finally:
-            await resp.aclose()
-            release()
-        return Response(content, status_code=resp.status_code, media_type=media)
+        return Response(await answer.read(), status_code=resp.status_code, media_type=media)
 
     async def passthrough() -> AsyncIterator[bytes]:
         try:
@@ -122,8 +144,7 @@ async def forward_openai(loader: Loader, route: str, body: dict, headers: dict[s
         except (httpx.HTTPError, RuntimeError) as exc:
             yield sse_error(await backend_failed(runner, exc))
         finally:
-            await resp.aclose()
-            release()
+            await answer.close()
 
     return StreamingResponse(passthrough(), status_code=resp.status_code, media_type=media,
-                             background=BackgroundTask(release))
+                             background=BackgroundTask(answer.release))

@@ -12,13 +12,19 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from runlm import __version__
+from runlm.apis.anthropic import messages_router
+from runlm.apis.anthropic_output import middleware_error
+from runlm.apis.responses import responses_router
+from runlm.apis.responses_store import ResponseStore
 from runlm.engine.async_llm import AsyncLLM
 from runlm.server import chat, completions, meta, pooling, tokenize
+from runlm.server.chat_source import EngineChatSource
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import ServerMetrics
 from runlm.server.state import ServerSettings, ServerState
-from runlm.web.api_key import APIKeyMiddleware
+from runlm.web.api_key import OPEN_PATHS, APIKeyMiddleware
 from runlm.web.body_limit import BodyLimitMiddleware
+from runlm.web.chat_page import PAGE_PATHS, page_router
 from runlm.web.openapi import install_openapi
 
 log = logging.getLogger("runlm.server")
@@ -49,13 +55,18 @@ def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
     state = ServerState(settings, ServerMetrics(settings.served_model_names[0], lambda: state.engine), engine)
     app.state.server = state
     install_error_handlers(app)
+    app.state.chat_source, app.state.response_store = EngineChatSource, ResponseStore()
+    app.include_router(responses_router())
+    app.include_router(page_router("runlm serve-engine is running"))
+    app.include_router(messages_router())
     for router in (chat.router, completions.router, tokenize.router, meta.router, pooling.router,
                    meta.fallback_router):  # the fallback last: a pooling router goes before it
         app.include_router(router)
     # added innermost first: CORS outermost so preflights and error answers carry its headers
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, write_error=middleware_error)
     if settings.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key, write_error=middleware_error,
+                           open_paths=OPEN_PATHS | PAGE_PATHS)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
                            allow_headers=["*"], allow_credentials=False)

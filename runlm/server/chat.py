@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter
@@ -11,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from runlm.server.body import parse_body
 from runlm.server.errors import APIError
-from runlm.server.generation import Generation, TicketedStreamingResponse, new_id, start_generation
+from runlm.server.generation import Generation, Ticket, TicketedStreamingResponse, new_id, start_generation
 from runlm.server.logprobs import TokenTexts, chat_logprobs
 from runlm.server.prompts import chat_prompt_ids, check_room_for_completion
 from runlm.server.protocol import ChatCompletionRequest
@@ -26,10 +27,35 @@ from runlm.web.openapi import json_body
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
-async def chat_completions(request: Request) -> Response:
+@dataclass(slots=True)
+class ChatRun:
+    """A started chat completion: read it whole (``whole``) or as chunk dicts (``chunks``), once.
+    The Responses and Anthropic routes (runlm/apis) read the same run and translate it."""
+    gen: Generation
+    ticket: Ticket
+    req: ChatCompletionRequest
+    model: str
+    texts: TokenTexts | None
+    plan: ToolPlan
+
+    async def whole(self) -> dict[str, Any]:
+        try:
+            return await _whole(self.gen, self.model, self.texts, self.plan)
+        finally:
+            self.close()
+
+    def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        return _chunks(self.gen, self.req, self.model, self.texts, self.plan)
+
+    def close(self) -> None:
+        self.gen.close()
+        self.ticket.release()
+
+
+async def start_chat(request: Request, req: ChatCompletionRequest) -> ChatRun:
+    """Check the request, build its prompt and add it to the engine (errors are APIErrors, raised before any
+    output)."""
     state: ServerState = request.app.state.server
-    req = await parse_body(request, ChatCompletionRequest)
     state.check_model(req.model)
     engine = state.require_task("generate", "chat completions")
     plan = tool_plan(req, engine)
@@ -42,21 +68,36 @@ async def chat_completions(request: Request) -> Response:
     gen, ticket = await start_generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority,
                                          "messages", constraint_source(req, plan.structured_outputs))
     texts = TokenTexts(engine.tokenizer) if params.logprobs is not None else None
-    if req.stream:
-        return TicketedStreamingResponse(_stream(gen, req, state.model_name, texts, plan), ticket, gen,
-                                         media_type="text/event-stream", headers=HEADERS)
+    return ChatRun(gen, ticket, req, state.model_name, texts, plan)
+
+
+@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
+async def chat_completions(request: Request) -> Response:
+    run = await start_chat(request, await parse_body(request, ChatCompletionRequest))
+    if run.req.stream:
+        return TicketedStreamingResponse(_sse(run), run.ticket, run.gen, media_type="text/event-stream",
+                                         headers=HEADERS)
+    return JSONResponse(await run.whole())
+
+
+async def _sse(run: ChatRun) -> AsyncIterator[str]:
     try:
-        body = await _whole(gen, state.model_name, texts, plan)
-    finally:
-        gen.close()
-        ticket.release()
-    return JSONResponse(body)
+        async for chunk in run.chunks():
+            yield event(chunk)
+    except APIError as exc:
+        yield error_event(exc)
+        yield DONE
+        return
+    if run.gen.disconnected:
+        return
+    yield DONE
 
 
 async def _whole(gen: Generation, model: str, texts: TokenTexts | None, plan: ToolPlan) -> dict[str, Any]:
     n = gen.params.n
     content = [""] * n
     finish: list[str | None] = [None] * n
+    stop_reason: list[int | str | None] = [None] * n
     tokens = [0] * n
     lps: list[list] = [[] for _ in range(n)]
     ids: list[list[int]] = [[] for _ in range(n)]
@@ -67,7 +108,7 @@ async def _whole(gen: Generation, model: str, texts: TokenTexts | None, plan: To
             content[c.index] += c.text
             tokens[c.index] += len(c.token_ids)
             if c.finish_reason is not None:
-                finish[c.index] = c.finish_reason
+                finish[c.index], stop_reason[c.index] = c.finish_reason, c.stop_reason
             if texts is not None and c.logprobs:
                 ids[c.index] += c.token_ids
                 lps[c.index] += c.logprobs
@@ -75,49 +116,47 @@ async def _whole(gen: Generation, model: str, texts: TokenTexts | None, plan: To
     for i in range(n):
         logprobs = chat_logprobs(texts, ids[i], lps[i], gen.params.logprobs or 0) if texts is not None else None
         message, reason = whole_message(plan, content[i], finish[i])
-        choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
+        choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason,
+                        "stop_reason": stop_reason[i]})
     return {"id": gen.request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage(prompt_tokens, sum(tokens), cached), "system_fingerprint": None}
 
 
-async def _stream(gen: Generation, req: ChatCompletionRequest, model: str,
-                  texts: TokenTexts | None, plan: ToolPlan) -> AsyncIterator[str]:
+async def _chunks(gen: Generation, req: ChatCompletionRequest, model: str,
+                  texts: TokenTexts | None, plan: ToolPlan) -> AsyncIterator[dict[str, Any]]:
+    """The stream's chunks as dicts (an APIError raised on a failure mid-way); the usage chunk last when asked."""
     created = int(time.time())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-    def chunk(choices: list[dict[str, Any]]) -> str:
+    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
         payload: dict[str, Any] = {"id": gen.request_id, "object": "chat.completion.chunk", "created": created,
                                    "model": model, "system_fingerprint": None, "choices": choices}
         if include_usage:
             payload["usage"] = None
-        return event(payload)
+        return payload
 
     for i in range(gen.params.n):
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None}])
     prompt_tokens = completion_tokens = cached = 0
     builders = [DeltaBuilder(plan) for _ in range(gen.params.n)]
-    try:
-        async for _, out in gen.stream():
-            prompt_tokens, cached = len(out.prompt_token_ids), out.num_cached_tokens
-            for c in out.outputs:
-                completion_tokens += len(c.token_ids)
-                if not c.text and not c.token_ids and c.finish_reason is None:
-                    continue
-                delta, reason = builders[c.index].delta(c.text, c.finish_reason)
-                logprobs = (chat_logprobs(texts, c.token_ids, c.logprobs or [], gen.params.logprobs or 0)
-                            if texts is not None and c.token_ids else None)
-                if not delta and reason is None and logprobs is None:
-                    continue  # text held back (it may be the start of a tool call)
-                yield chunk([{"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}])
-    except APIError as exc:
-        yield error_event(exc)
-        yield DONE
-        return
+    async for _, out in gen.stream():
+        prompt_tokens, cached = len(out.prompt_token_ids), out.num_cached_tokens
+        for c in out.outputs:
+            completion_tokens += len(c.token_ids)
+            if not c.text and not c.token_ids and c.finish_reason is None:
+                continue
+            delta, reason = builders[c.index].delta(c.text, c.finish_reason)
+            logprobs = (chat_logprobs(texts, c.token_ids, c.logprobs or [], gen.params.logprobs or 0)
+                        if texts is not None and c.token_ids else None)
+            if not delta and reason is None and logprobs is None:
+                continue  # text held back (it may be the start of a tool call)
+            choice = {"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+            if reason is not None:
+                choice["stop_reason"] = c.stop_reason  # vLLM's extra: the stop string or token id that matched
+            yield chunk([choice])
     if gen.disconnected:
         return
     if include_usage:
-        yield event({"id": gen.request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                     "system_fingerprint": None, "choices": [], "usage": usage(prompt_tokens, completion_tokens,
-                                                                               cached)})
-    yield DONE
+        yield {"id": gen.request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+               "system_fingerprint": None, "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached)}

@@ -41,6 +41,15 @@ async def get_model(request: Request, model_id: str) -> JSONResponse:
     return JSONResponse(_model_card(state, model_id))
 
 
+@router.delete("/v1/models/{model_id:path}")
+async def delete_model(request: Request, model_id: str) -> JSONResponse:
+    """The daemon deletes stored models; this server only serves one, which it cannot delete."""
+    state = _state(request)
+    raise APIError(405, f"runlm serve-engine serves the model {state.model_name!r} and cannot delete it; delete "
+                        f"stored models on the daemon (runlm rm, or DELETE /v1/models/{{id}} on runlm serve)",
+                   param="model", code="method_not_allowed", headers={"Allow": "GET"})
+
+
 def _health(state: ServerState) -> Response:
     if state.draining:
         return error_response(503, "the server is shutting down", code="shutting_down")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import schemathesis
 
+from runlm.apis.anthropic_output import is_anthropic_path
 from runlm.store import ModelStore
 from tests.fuzz import fuzz
 from tests.runner.daemon import Daemon
@@ -29,6 +30,8 @@ def error_shape(ctx, response, case) -> None:  # type: ignore[no-untyped-def]
     err = response.json()["error"]
     if case.path.startswith("/api/"):
         assert isinstance(err, str) and err, response.text[:300]
+    elif is_anthropic_path(case.path):
+        assert response.json()["type"] == "error" and set(err) == {"type", "message"} and err["message"]
     else:
         assert set(err) == {"message", "type", "param", "code"} and err["message"], response.text[:300]
 

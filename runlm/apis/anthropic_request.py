@@ -1,0 +1,163 @@
+"""An Anthropic Messages request (``POST /v1/messages``) as the chat-completion request that answers it:
+``system``, content blocks (text, ``tool_use``, ``tool_result``), ``max_tokens``, ``stop_sequences``,
+``tools`` and ``tool_choice`` map onto chat completions' own fields, so prompts, tool calls and sampling
+are the chat path's. Images, documents and server tools are refused by name."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from runlm.apis.source import bad_request, finish_chat_request
+
+# chat-completion field -> the Anthropic field the client sent, to name it in errors
+PARAM_NAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "messages": "messages",
+               "response_format": "output_config.format",
+               "response_format.json_schema.schema": "output_config.format.schema"}
+_PASSED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop_sequences": "stop"}
+
+
+def _text(block: dict[str, Any], where: str) -> str:
+    if not isinstance(block.get("text"), str):
+        raise bad_request(f"{where}.text must be a string", f"{where}.text")
+    return block["text"]
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be a string or a list of content blocks", where)
+    for j, block in enumerate(content):
+        if not isinstance(block, dict):
+            raise bad_request(f"{where}[{j}] must be a content block object", f"{where}[{j}]")
+    return content
+
+
+def _tool_result_text(block: dict[str, Any], where: str) -> str:
+    content = block.get("content", "")
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "".join(_text(b, f"{where}.content[{k}]") for k, b in enumerate(_blocks(content, f"{where}.content"))
+                       if b.get("type") == "text")
+    return f"Error: {text}" if block.get("is_error") else text
+
+
+def _message(i: int, msg: Any) -> list[dict[str, Any]]:
+    """One Anthropic message as chat messages: tool results become ``tool`` messages, tool uses tool_calls."""
+    where = f"messages[{i}]"
+    if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+        raise bad_request(f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
+    role = msg["role"]
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for j, block in enumerate(_blocks(msg.get("content"), f"{where}.content")):
+        at, kind = f"{where}.content[{j}]", block.get("type")
+        if kind == "text":
+            texts.append(_text(block, at))
+        elif kind == "tool_use" and role == "assistant":
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                raise bad_request(f"{at}: a tool_use block needs string id and name", at)
+            calls.append({"id": block["id"], "type": "function", "function": {
+                "name": block["name"], "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
+        elif kind == "tool_result" and role == "user":
+            if not isinstance(block.get("tool_use_id"), str):
+                raise bad_request(f"{at}.tool_use_id must be a string", f"{at}.tool_use_id")
+            results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
+                            "content": _tool_result_text(block, at)})
+        elif kind in ("thinking", "redacted_thinking"):
+            continue
+        elif kind in ("image", "document", "search_result"):
+            raise bad_request(f"{at}: {kind} blocks are not supported by this model (text only)", at)
+        else:
+            raise bad_request(f"{at}: {kind!r} blocks are not supported in {role} messages", f"{at}.type")
+    out: list[dict[str, Any]] = results
+    if role == "assistant":
+        out.append({"role": "assistant", "content": "".join(texts) or None, **({"tool_calls": calls} if calls else {})})
+    elif texts or not results:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _system(system: Any) -> str | None:
+    if system is None or isinstance(system, str):
+        return system
+    if isinstance(system, list):
+        return "\n".join(_text(b, f"system[{k}]") for k, b in enumerate(_blocks(system, "system")))
+    raise bad_request("system must be a string or a list of text blocks", "system")
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise bad_request("tools must be a list", "tools")
+    out = []
+    for i, tool in enumerate(tools):
+        custom = isinstance(tool, dict) and tool.get("type", "custom") == "custom"
+        if not custom or not isinstance(tool.get("name"), str):
+            raise bad_request(f"tools[{i}]: only custom tools ({{'name', 'description', 'input_schema'}}) are "
+                              f"supported", f"tools[{i}]")
+        fn = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
+        if tool.get("description"):
+            fn["description"] = tool["description"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: Any) -> tuple[Any, bool | None]:
+    if not isinstance(choice, dict):
+        raise bad_request("tool_choice must be an object like {'type': 'auto'}", "tool_choice")
+    parallel = None if choice.get("disable_parallel_tool_use") is None else not choice["disable_parallel_tool_use"]
+    kind = choice.get("type")
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}, parallel
+    raise bad_request(f"tool_choice.type must be auto, any, tool or none; got {kind!r}", "tool_choice.type")
+
+
+def _output_format(config: Any) -> dict[str, Any] | None:
+    """``output_config.format`` (Anthropic's structured outputs) as chat's response_format."""
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or "schema" not in fmt:
+        raise bad_request("output_config.format must be {'type': 'json_schema', 'schema': {...}}",
+                          "output_config.format")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+
+
+def chat_request(body: dict[str, Any], stream: bool = False, counting: bool = False) -> dict[str, Any]:
+    """The chat-completion request for ``body`` (``counting``: for count_tokens, which needs no max_tokens)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list", "messages")
+    chat_messages = [m for i, msg in enumerate(messages) for m in _message(i, msg)]
+    system = _system(body.get("system"))
+    if system:
+        chat_messages.insert(0, {"role": "system", "content": system})
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": chat_messages}
+    if body.get("tools"):
+        chat["tools"] = _tools(body["tools"])
+    if counting:
+        return chat
+    if "max_tokens" not in body:
+        raise bad_request("max_tokens is required", "max_tokens")
+    chat["max_completion_tokens"] = body["max_tokens"]
+    chat["stream"] = stream
+    if stream:
+        chat["stream_options"] = {"include_usage": True}
+    for key, chat_key in _PASSED.items():
+        if body.get(key) is not None:
+            chat[chat_key] = body[key]
+    if body.get("tool_choice") is not None:
+        choice, parallel = _tool_choice(body["tool_choice"])
+        if "tools" in chat:
+            chat["tool_choice"] = choice
+        elif choice not in ("auto", "none"):
+            raise bad_request("tool_choice needs tools", "tool_choice")
+        if parallel is not None and "tools" in chat:
+            chat["parallel_tool_calls"] = parallel
+    return finish_chat_request(chat, body, _output_format(body.get("output_config")))
