@@ -47,6 +47,8 @@ class SparseMoeBlock(nn.Module):
 
 
 class MoeDecoderLayer(DecoderLayer):
+    fusable = False  # its MLP is a mixture of experts: the fused loop does not compute it
+
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
         super().__init__(cfg, layer, rope)
         if cfg.is_moe_layer(layer):
