@@ -30,7 +30,7 @@ router = APIRouter()
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = await parse_body(request, ChatCompletionRequest)
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     engine = state.require_task("generate", "chat completions")
     plan = tool_plan(req, engine)
     params = to_sampling_params(req, plan.structured_outputs)
@@ -40,13 +40,14 @@ async def chat_completions(request: Request) -> Response:
                                    req.chat_template_kwargs, state.settings.trust_request_chat_template)
     check_room_for_completion(engine, [prompt], params, "messages")
     gen, ticket = await start_generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority,
-                                         "messages", constraint_source(req, plan.structured_outputs))
+                                         "messages", constraint_source(req, plan.structured_outputs), lora)
     texts = TokenTexts(engine.tokenizer) if params.logprobs is not None else None
+    model_name = lora.lora_name if lora else state.model_name  # answers name the adapter asked for, as vLLM's
     if req.stream:
-        return TicketedStreamingResponse(_stream(gen, req, state.model_name, texts, plan), ticket, gen,
+        return TicketedStreamingResponse(_stream(gen, req, model_name, texts, plan), ticket, gen,
                                          media_type="text/event-stream", headers=HEADERS)
     try:
-        body = await _whole(gen, state.model_name, texts, plan)
+        body = await _whole(gen, model_name, texts, plan)
     finally:
         gen.close()
         ticket.release()
