@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Scope
 
 from runlm import __version__
-from runlm.runner import engines_api, models_api, ollama_api
+from runlm.runner import engines_api, models_api, ollama_api, ollama_create
 from runlm.runner.backends import all_backends
 from runlm.runner.errors import RunnerError, error_body
 from runlm.runner.loader import Loader
@@ -111,6 +111,7 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
     app.include_router(models_api.router)
     app.include_router(engines_api.router)
     app.include_router(ollama_api.router)
+    app.include_router(ollama_create.router)
     http = http or HTTPSettings()
     # added innermost first: the browser guard runs before anything reads the body or the key
     app.add_middleware(BodyLimitMiddleware, limit=http.max_body_bytes, write_error=_middleware_error)

@@ -279,6 +279,11 @@ class Loader:
         await asyncio.gather(*(self.unload(r) for r in mine))
         return backend
 
+    def served_name(self, name: str, runner: Runner) -> str:
+        """The model name a request to ``runner`` carries: a LoRA adapter's own (the backend selects it by
+        that name), else the runner's model reference."""
+        return name if name in self.lora_models else runner.model_ref
+
     async def _adapters(self, model: StoredModel, config: BackendConfig) -> BackendConfig:
         """Link the adapters' blobs into place now (a later garbage collection cannot take them) and make
         their names route to this model; a name that is a stored model's is refused."""

@@ -159,7 +159,7 @@ async def _generate(request: Request, body: dict, route: str, payload: dict,
     t0 = time.monotonic()
     runner = await loader.acquire(name, None, BackendMode.COMPLETION)
     t_loaded = time.monotonic()
-    payload.update(model=runner.model_ref, stream=True, stream_options={"include_usage": True})
+    payload.update(model=loader.served_name(name, runner), stream=True, stream_options={"include_usage": True})
     try:
         resp = await send(runner, "POST", f"/v1/{route}", payload, stream=True)
         if resp.status_code != 200:

@@ -97,8 +97,7 @@ async def forward_openai(loader: Loader, route: str, body: dict, headers: dict[s
             loader.release(runner, keep_alive)
 
     try:
-        # a LoRA adapter's name stays: the backend selects the adapter by it
-        body["model"] = name if name in loader.lora_models else runner.model_ref
+        body["model"] = loader.served_name(name, runner)
         fwd = {k: v for k, v in headers.items() if k.lower() in _FORWARDED_HEADERS}
         resp = await send(runner, "POST", f"/v1/{route}", body, fwd, stream=True)
     except BaseException:

@@ -63,3 +63,24 @@ def test_bad_lora_configurations_are_refused(lora_daemon: Daemon) -> None:
     r = lora_daemon.http.post("/engines/llamacpp/_configure",
                               json={"model": "tiny-qwen2", "loras": {"x": {"a.gguf": digest}}})
     assert r.status_code == 400 and "does not serve LoRA adapters" in r.json()["error"]["message"], r.text
+
+
+def test_ollama_create_with_adapters(lora_daemon: Daemon, qwen2_dir: Path) -> None:
+    """The official ollama client: upload the adapter's files as blobs, create a model from the base with them."""
+    import ollama
+
+    client = ollama.Client(host=lora_daemon.url)
+    adapter = peft_adapter("qwen2", 8, seed=4, targets=("q_proj", "v_proj"))
+    digests = {f: client.create_blob(adapter / f) for f in ("adapter_config.json", "adapter_model.safetensors")}
+    assert lora_daemon.http.head(f"/api/blobs/{digests['adapter_config.json']}").status_code == 200
+    assert lora_daemon.http.head("/api/blobs/sha256:" + "1" * 64).status_code == 404
+    assert client.create(model="captain", from_="tiny-qwen2", adapters=digests).status == "success"
+    out = client.generate(model="captain", prompt=PROMPT, raw=True, options={"temperature": 0, "num_predict": 6})
+    assert out.response == _offline(qwen2_dir, adapter)
+    with pytest.raises(ollama.ResponseError) as bad:
+        client.create(model="x", from_="tiny-qwen2", adapters={"a.gguf": "sha256:" + "2" * 64})
+    assert bad.value.status_code == 400 and "not in the store" in bad.value.error
+    # the ollama client labels every body JSON, which the daemon's browser guard asks of any body
+    wrong = lora_daemon.http.post("/api/blobs/sha256:" + "3" * 64, content=b"not these bytes",
+                                  headers={"Content-Type": "application/json"})
+    assert wrong.status_code == 400 and "digest" in wrong.text
