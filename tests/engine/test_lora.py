@@ -59,6 +59,17 @@ def test_logits_equal_peft_in_exact_mode(recipe: str, rank: int, rslora: bool, t
     assert _rel(_logits(loaded, None, 0, ids), theirs) > 0.05  # the adapter changes the answer
 
 
+def test_fused_target_modules_equal_peft(tiny_model) -> None:
+    """Phi-3 names its projections fused (qkv_proj, gate_up_proj): an adapter on them fills the whole layer."""
+    targets = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+    base, adapter = tiny_model("phi3"), peft_adapter("phi3", 8, targets=targets)
+    ids = prompt_ids(30, seed=8)
+    loaded = load_decoder(base, exact_numerics=True)
+    manager = LoRAManager(loaded.model, loaded.config, 1, 8, None)
+    key = manager.acquire(LoRARequest("fused", 1, str(adapter)))
+    assert _rel(_logits(loaded, manager, key, ids), _peft_logits(base, adapter, ids)) < RTOL
+
+
 def test_gguf_adapter_equals_its_peft_source_on_gguf_and_safetensors_bases(tiny_model) -> None:
     """convert_lora_to_gguf.py permutes Q/K rows of B for llama.cpp's RoPE layout: read back, the adapter must
     give PEFT's logits on the safetensors base, and on the GGUF base in fast mode (Q/K kept interleaved)."""
@@ -227,3 +238,13 @@ def test_async_llm_generates_with_adapters(lora_llm: LLM) -> None:
         finally:
             llm.shutdown()
     assert asyncio.run(run()) == expected
+
+
+def test_adapters_survive_sleep_and_wake(tiny_model) -> None:
+    llm = LLM(str(tiny_model("qwen2")), kv_cache_memory="16MiB", enable_lora=True, max_lora_rank=8)
+    a, _ = _adapters()
+    prompt = [{"prompt_token_ids": prompt_ids(12, seed=21)}]
+    before = _tokens(llm.generate(prompt, GREEDY, lora_request=a))
+    llm.engine.sleep(2)  # the weights are dropped and reloaded: the adapter is attached to the new ones
+    llm.engine.wake_up()
+    assert _tokens(llm.generate(prompt, GREEDY, lora_request=a)) == before

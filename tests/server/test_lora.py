@@ -81,3 +81,12 @@ def test_load_and_unload_while_serving(server, client: openai.OpenAI) -> None:
     missing = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "b"}, headers=auth)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "lora_not_found"
     assert _complete(client, "a")  # the adapter loaded at start still serves
+
+
+def test_lora_modules_are_name_equals_path() -> None:
+    from runlm.cli.serve_engine import parse_lora_modules
+
+    assert parse_lora_modules(["a=/x", "b=rel/y=z"]) == {"a": "/x", "b": "rel/y=z"}
+    for bad in (["noequals"], ["=path"], ["a="], ["a=/x", "a=/y"]):
+        with pytest.raises(ValueError, match="--lora-modules"):
+            parse_lora_modules(bad)
