@@ -289,10 +289,6 @@ class AsyncLLM:
     async def pin_lora(self, lora_id: int) -> bool:
         return await self._call(lambda: self.engine.pin_lora(lora_id))
 
-    def lora_requests(self) -> list[LoRARequest]:
-        """The loaded adapters, least recently used first (read from the event loop: a snapshot)."""
-        return self.engine.lora.requests() if self.engine.lora is not None else []
-
     def check_health_now(self) -> None:
         if self._dead is not None:
             raise EngineDeadError(f"the engine died: {self._dead!r}")

@@ -99,9 +99,6 @@ class LoRAManager:
     def ids(self) -> set[int]:
         return set(self.loaded)
 
-    def requests(self) -> list[LoRARequest]:
-        return [a.request for a in self.loaded.values()]
-
     def _drop(self, adapter: LoadedLoRA) -> None:
         detach(self.model, adapter.key)
         self.by_key.pop(adapter.key, None)
