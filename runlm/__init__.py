@@ -4,7 +4,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "PoolingParams", "RequestOutput", "CompletionOutput",
-           "PoolingRequestOutput", "__version__"]
+           "PoolingRequestOutput", "LoRARequest", "__version__"]
 
 
 def __getattr__(name: str):
@@ -21,6 +21,9 @@ def __getattr__(name: str):
     if name == "PoolingParams":
         from runlm.engine.pooling_params import PoolingParams
         return PoolingParams
+    if name == "LoRARequest":
+        from runlm.engine.lora_request import LoRARequest
+        return LoRARequest
     if name in ("RequestOutput", "CompletionOutput", "PoolingRequestOutput"):
         from runlm.engine import outputs
         return getattr(outputs, name)

@@ -103,6 +103,8 @@ def cmd_configure(args: argparse.Namespace) -> int:
                                "min_acceptance_rate": args.min_acceptance_rate}
     if args.reasoning_budget is not None:
         body["llamacpp"] = {"reasoning-budget": args.reasoning_budget}
+    if args.lora:
+        body["loras"] = _import_loras(args.lora)
     if args.gpu_memory_utilization is not None or args.hf_overrides:
         try:
             overrides = json.loads(args.hf_overrides) if args.hf_overrides else None
@@ -117,6 +119,27 @@ def cmd_configure(args: argparse.Namespace) -> int:
     else:
         print(f"configured {out['model']} on the {out['backend']} backend: {json.dumps(out['config'])}")
     return 0
+
+
+def _import_loras(items: list[str]) -> dict[str, dict[str, str]]:
+    """NAME=PATH adapters -> {NAME: {file: digest}}, their files copied into the store the daemon reads."""
+    from pathlib import Path
+
+    from runlm.runner.config import ConfigError
+    from runlm.runner.lora import import_adapter
+    from runlm.store import ModelStore
+
+    blobs = ModelStore().blobs
+    loras: dict[str, dict[str, str]] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise CLIError(f"--lora takes NAME=PATH, not {item!r}", code=2)
+        try:
+            loras[name] = import_adapter(blobs, Path(path).expanduser().resolve())
+        except ConfigError as exc:
+            raise CLIError(str(exc), code=2) from None
+    return loras
 
 
 def cmd_install_backend(args: argparse.Namespace) -> int:
@@ -188,6 +211,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-tokens", type=int, default=5, help="speculative decoding: tokens drafted per step")
     p.add_argument("--min-acceptance-rate", type=float, default=0.0)
     p.add_argument("--reasoning-budget", type=int, default=None, help="llamacpp: reasoning budget (-1: unlimited)")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="native: serve a LoRA adapter (PEFT directory or GGUF LoRA file) as model NAME; repeatable")
     p.add_argument("--gpu-memory-utilization", type=float, default=None, help="vllm: fraction of GPU memory")
     p.add_argument("--hf-overrides", default=None, help="vllm: JSON object of config overrides")
     p.add_argument("--json", action="store_true")

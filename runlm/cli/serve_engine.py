@@ -55,12 +55,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(default 30; 0: stop at once)")
     p.add_argument("--trust-request-chat-template", action="store_true",
                    help="let requests replace the model's chat template (chat_template_kwargs.chat_template)")
+    p.add_argument("--enable-lora", action="store_true",
+                   help="serve LoRA adapters: requests name one in 'model'; /v1/load_lora_adapter adds more")
+    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                   help="adapters to load at start (a PEFT directory or a GGUF LoRA file each)")
+    p.add_argument("--max-loras", type=int, default=1, help="adapters used in one engine step (default 1)")
+    p.add_argument("--max-lora-rank", type=int, default=16, help="largest adapter rank accepted (default 16)")
+    p.add_argument("--max-cpu-loras", type=int, default=None,
+                   help="adapters kept loaded, least recently used evicted first (default: --max-loras)")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="compute dtype (default float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_numerics_arguments(p)
     p.set_defaults(func=run_serve_engine)
+
+
+def parse_lora_modules(items: list[str]) -> dict[str, str]:
+    """NAME=PATH pairs (vLLM's --lora-modules form) -> {name: path}."""
+    modules: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules takes NAME=PATH, not {item!r}")
+        if name in modules:
+            raise ValueError(f"--lora-modules names {name!r} twice")
+        modules[name] = path
+    return modules
 
 
 def _kv_cache_memory(value: str | None) -> str | float | None:
@@ -139,7 +160,9 @@ def run_serve_engine(args: argparse.Namespace) -> int:
         settings = ServerSettings(served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
                                   cors_origins=list(args.cors_origins), max_body_bytes=parse_size(args.max_body_size),
                                   max_waiting=args.max_waiting,
-                                  trust_request_chat_template=args.trust_request_chat_template)
+                                  trust_request_chat_template=args.trust_request_chat_template,
+                                  enable_lora=args.enable_lora or bool(args.lora_modules),
+                                  lora_modules=parse_lora_modules(args.lora_modules))
         if args.max_waiting < 0:
             raise ValueError("--max-waiting must be 0 or more")
         sock, where = open_socket(args.host, args.port, args.uds)
@@ -149,7 +172,9 @@ def run_serve_engine(args: argparse.Namespace) -> int:
     engine_args = dict(task=args.task, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        kv_cache_memory=_kv_cache_memory(args.kv_cache_memory), device=args.device,
-                       exact_numerics=args.exact_numerics, threads=args.threads)
+                       exact_numerics=args.exact_numerics, threads=args.threads,
+                       enable_lora=settings.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+                       max_cpu_loras=args.max_cpu_loras)
     if args.dtype or args.device.startswith("cuda"):
         engine_args["dtype"] = args.dtype or "bfloat16"
     try:

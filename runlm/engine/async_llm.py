@@ -26,6 +26,7 @@ from runlm.engine.detokenizer import DELTA, FINAL_ONLY
 from runlm.engine.errors import EngineDeadError
 from runlm.engine.factory import EngineCoreType, engine_from_model
 from runlm.engine.llm_engine import PromptType
+from runlm.engine.lora_request import LoRARequest
 from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.pooling_engine import PoolingPromptType
 from runlm.engine.pooling_params import PoolingParams
@@ -170,7 +171,7 @@ class AsyncLLM:
     # ---- requests ---------------------------------------------------------------------------
     async def add_request(self, request_id: str | None, prompt: PromptType | PoolingPromptType,
                           params: SamplingParams | PoolingParams | None = None, priority: int = 0,
-                          output_kind: str = DELTA) -> RequestStream:
+                          output_kind: str = DELTA, lora_request: LoRARequest | None = None) -> RequestStream:
         """Check and queue a request on the engine thread; raises the engine's typed errors (PromptError,
         SamplingParamsError, StructuredOutputsError, TaskError...) before any output. Returns its stream."""
         request_id = request_id or uuid.uuid4().hex
@@ -183,7 +184,8 @@ class AsyncLLM:
             params = SamplingParams()
         try:
             await self._call(lambda: self.engine.add_request(request_id, prompt, params, priority,  # type: ignore
-                                                             time.monotonic(), output_kind), hold_while_paused=True)
+                                                             time.monotonic(), output_kind, lora_request),
+                             hold_while_paused=True)
         except asyncio.CancelledError:  # the add may still run on the engine thread: abort it after
             stream.close()
             raise
@@ -195,10 +197,11 @@ class AsyncLLM:
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, priority: int = 0,
-                       output_kind: str = DELTA) -> AsyncIterator[RequestOutput]:
+                       output_kind: str = DELTA, lora_request: LoRARequest | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (by default each carries only what is new); aborted if the caller stops."""
         stream = await self.add_request(request_id, prompt, sampling_params or SamplingParams(), priority,
-                                        output_kind)
+                                        output_kind, lora_request)
         try:
             async for out in stream:
                 yield out
@@ -206,12 +209,13 @@ class AsyncLLM:
             stream.close()
 
     async def encode(self, prompt: PoolingPromptType, pooling_params: PoolingParams | None = None,
-                     request_id: str | None = None, priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:
+                     request_id: str | None = None, priority: int = 0,
+                     lora_request: LoRARequest | None = None) -> AsyncIterator[PoolingRequestOutput]:
         """An embedding or score, batched with other requests by the same scheduler: a stream that
         yields one finished PoolingRequestOutput (the request is aborted if the caller stops waiting)."""
         params = pooling_params or PoolingParams(task="embed" if "embed" in self.get_supported_tasks() else "score")
         # the engine dispatches on the params' type, so one add step and stream serve both
-        stream = await self.add_request(request_id, prompt, params, priority, FINAL_ONLY)
+        stream = await self.add_request(request_id, prompt, params, priority, FINAL_ONLY, lora_request)
         try:
             async for out in stream:
                 yield out
@@ -271,6 +275,19 @@ class AsyncLLM:
 
     async def reset_prefix_cache(self) -> None:
         await self._call(self.engine.reset_prefix_cache)
+
+    # ---- LoRA adapters (run on the engine thread, between steps) --------------------------------
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        return await self._call(lambda: self.engine.add_lora(lora_request))
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return await self._call(lambda: self.engine.remove_lora(lora_id))
+
+    async def list_loras(self) -> set[int]:
+        return await self._call(self.engine.list_loras)
+
+    async def pin_lora(self, lora_id: int) -> bool:
+        return await self._call(lambda: self.engine.pin_lora(lora_id))
 
     def check_health_now(self) -> None:
         if self._dead is not None:

@@ -44,6 +44,11 @@ class EngineConfig:
     exact_numerics: bool = False
     # CPU threads for the kernels (None: one per physical core)
     threads: int | None = None
+    # LoRA (vLLM's names): adapters in one step, their largest rank, adapters kept loaded (None: max_loras)
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         if self.task not in ("auto", "generate", "embed", "score"):
@@ -56,6 +61,10 @@ class EngineConfig:
             raise ValueError("block_size must be at least 1")
         if self.threads is not None and self.threads < 1:
             raise ValueError("threads must be at least 1")
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError("max_loras and max_lora_rank must be at least 1")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError("max_cpu_loras must be at least max_loras")
 
 
 DEFAULT_KV_FRACTION = 0.25

@@ -19,6 +19,7 @@ from runlm import kernels
 from runlm.engine.config import EngineConfig, physical_cores
 from runlm.engine.errors import PromptError
 from runlm.engine.kv_groups import AnyBlockManager
+from runlm.engine.lora_manager import LoRAError, LoRAManager, LoRARequest
 from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.sampling_params import SamplingParams
@@ -64,6 +65,7 @@ class EngineCore:
     requests: dict[str, Any]
     sleep_level: int = 0
     num_preemptions: int = 0
+    lora: LoRAManager | None = None  # set where LoRA is enabled (generation engines only)
 
     def _set_threads(self) -> None:
         self.device = torch.device(self.config.device)
@@ -93,7 +95,8 @@ class EngineCore:
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Any, params: RequestParams | None = None, priority: int = 0,
-                    arrival_time: float | None = None, output_kind: str = "cumulative") -> None:
+                    arrival_time: float | None = None, output_kind: str = "cumulative",
+                    lora_request: LoRARequest | None = None) -> None:
         """Check the request (raising runlm.engine.errors' typed errors) and queue it."""
         raise NotImplementedError
 
@@ -118,6 +121,28 @@ class EngineCore:
     def check_awake(self) -> None:
         if self.sleep_level:
             raise RuntimeError("the engine is asleep; call wake_up() first")
+
+    # ---- LoRA adapters (vLLM's names) ---------------------------------------------------------
+    def lora_manager(self) -> LoRAManager:
+        if self.lora is None:
+            raise LoRAError("LoRA adapters are not enabled for this engine; start it with enable_lora=True "
+                            "(--enable-lora) on a model that generates text")
+        return self.lora
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter now (requests naming one that is not loaded load it themselves)."""
+        return self.lora_manager().add(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload an adapter; requests already running with it finish with it."""
+        return self.lora_manager().remove(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return self.lora_manager().ids() if self.lora is not None else set()
+
+    def pin_lora(self, lora_int_id: int) -> bool:
+        """Keep an adapter loaded however many others are loaded after it (until removed)."""
+        return self.lora_manager().pin(lora_int_id)
 
     # ---- control --------------------------------------------------------------------------
     def reset_prefix_cache(self) -> None:

@@ -54,6 +54,7 @@ class BlockTable:
     hashes: list[bytes] = field(default_factory=list)  # hashes of its full blocks, in order
     num_cached_tokens: int = 0
     num_released: int = 0  # leading entries given back (RELEASED)
+    salt: bytes | None = None  # the first block's parent hash: a LoRA adapter's KV is never shared with another's
     groups: list[BlockTable] = field(default_factory=list)  # hybrid caches: the other KV groups' tables
 
 
@@ -100,12 +101,12 @@ class BlockManager:
             del self.free[block_id]
         block.ref_count += 1
 
-    def match_prefix(self, token_ids: list[int]) -> list[int]:
+    def match_prefix(self, token_ids: list[int], salt: bytes | None = None) -> list[int]:
         """Cached blocks holding the longest full-block prefix of token_ids (the last token excluded,
         so at least one token is always computed and produces logits)."""
         if not self.enable_prefix_caching:
             return []
-        found, parent = [], None
+        found, parent = [], salt
         for start in range(0, len(token_ids) - 1 - self.block_size + 1, self.block_size):
             parent = block_hash(parent, token_ids[start:start + self.block_size])
             block_id = self.cached.get(parent)
@@ -127,7 +128,7 @@ class BlockManager:
         Returns how many tokens to compute now, or None (nothing taken) if they don't fit.
         """
         if hits is None:
-            hits = self.match_prefix(token_ids) if use_cache else []
+            hits = self.match_prefix(token_ids, table.salt) if use_cache else []
         cached = len(hits) * self.block_size
         n = min(len(token_ids) - cached, budget)
         if not self.fits_prompt(hits, cached + n):
@@ -156,7 +157,7 @@ class BlockManager:
             return
         full = num_computed // self.block_size
         for i in range(len(table.hashes), full):
-            parent = table.hashes[-1] if table.hashes else None
+            parent = table.hashes[-1] if table.hashes else table.salt
             h = block_hash(parent, token_ids[i * self.block_size:(i + 1) * self.block_size])
             table.hashes.append(h)
             block = self.blocks[table.blocks[i]]

@@ -58,11 +58,13 @@ class HybridBlockManager:
     def _tables(self, table: BlockTable) -> list[BlockTable]:
         while len(table.groups) < len(self.groups) - 1:
             table.groups.append(BlockTable())
+        for t in table.groups:
+            t.salt = table.salt  # an adapter's KV is its own in every group
         return [table, *table.groups]
 
     def allocate_prompt(self, table: BlockTable, token_ids: list[int], budget: int,
                         use_cache: bool = True) -> int | None:
-        found = [g.match_prefix(token_ids) if use_cache else [] for g in self.groups]
+        found = [g.match_prefix(token_ids, table.salt) if use_cache else [] for g in self.groups]
         common = min(len(f) for f in found)
         hits = [f[:common] for f in found]
         cached = common * self.block_size

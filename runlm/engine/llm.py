@@ -11,6 +11,7 @@ from tqdm import tqdm
 from runlm.engine.errors import TaskError
 from runlm.engine.factory import EngineCoreType, engine_from_model
 from runlm.engine.llm_engine import PromptType
+from runlm.engine.lora_request import LoRARequest
 from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.pooling_engine import PoolingPromptType
 from runlm.engine.pooling_params import PoolingParams
@@ -38,7 +39,9 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """``lora_request``: one adapter for every prompt, or one (or None) per prompt."""
         prompts = _as_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
@@ -46,23 +49,30 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        loras = _per_prompt(lora_request, len(prompts))
         order: dict[str, int] = {}
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            rid = str(next(self._ids))
-            self.engine.add_request(rid, prompt, _copy(p), priority=priority[i] if priority else 0)
-            order[rid] = i
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params)):
+                rid = str(next(self._ids))
+                self.engine.add_request(rid, prompt, _copy(p), priority=priority[i] if priority else 0,
+                                        lora_request=loras[i])
+                order[rid] = i
+        except Exception:
+            self.engine.abort_request(list(order))  # all or nothing: a bad prompt leaves no strays behind
+            raise
         return self._run(order, use_tqdm and len(prompts) >= _PROGRESS_MIN)
 
     def chat(self, messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
              sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
-             tools: list[dict] | None = None) -> list[RequestOutput]:
+             tools: list[dict] | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """One conversation (a list of messages) or several; rendered with the model's chat template."""
         conversations = cast(list[Sequence[Mapping[str, Any]]],
                              [messages] if messages and isinstance(messages[0], Mapping) else list(messages))
         prompts = [{"prompt_token_ids": self.encode_chat(c, chat_template, add_generation_prompt, tools)}
                    for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
                     add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
@@ -82,23 +92,38 @@ class LLM:
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
 
+    # ---- LoRA adapters ------------------------------------------------------------------------
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.engine.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.engine.list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self.engine.pin_lora(lora_id)
+
     # ---- pooling models (embeddings, scores) ------------------------------------------------
     def get_supported_tasks(self) -> tuple[str, ...]:
         return self.engine.supported_tasks
 
     def encode(self, prompts: PoolingPromptType | Sequence[PoolingPromptType],
                pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-               use_tqdm: bool = True) -> list[PoolingRequestOutput]:
+               use_tqdm: bool = True,
+               lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[PoolingRequestOutput]:
         """One PoolingRequestOutput per prompt, in order, batched by the engine's scheduler."""
         prompts = _as_list(prompts)
+        loras = _per_prompt(lora_request, len(prompts))
         params = pooling_params if isinstance(pooling_params, Sequence) else [pooling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} pooling params for {len(prompts)} prompts")
         order: dict[str, int] = {}
         try:
-            for prompt, p in zip(prompts, params):
+            for prompt, p, lora in zip(prompts, params, loras):
                 rid = str(next(self._ids))
-                self.engine.add_request(rid, prompt, p)
+                self.engine.add_request(rid, prompt, p, lora_request=lora)
                 order[rid] = len(order)
         except Exception:
             self.engine.abort_request(list(order))  # all or nothing: a bad prompt leaves no strays behind
@@ -129,6 +154,15 @@ def _as_list(prompts: Any) -> list:
     single = isinstance(prompts, (str, Mapping)) or (isinstance(prompts, list) and prompts
                                                        and isinstance(prompts[0], int))
     return [prompts] if single else list(prompts)
+
+
+def _per_prompt(lora: LoRARequest | Sequence[LoRARequest | None] | None, n: int) -> list[LoRARequest | None]:
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * n
+    loras = list(lora)
+    if len(loras) != n:
+        raise ValueError(f"{len(loras)} LoRA requests for {n} prompts")
+    return loras
 
 
 def encode_chat(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,

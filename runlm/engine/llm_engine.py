@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from runlm.engine.core import EngineCore, log
 from runlm.engine.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
 from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.kv_groups import block_manager
+from runlm.engine.lora_manager import LoRAManager, LoRARequest, lora_salt
 from runlm.engine.model_runner import ModelRunner, SampledToken
 from runlm.engine.outputs import RequestOutput
 from runlm.engine.pooling_params import PoolingParams
@@ -59,6 +61,10 @@ class LLMEngine(EngineCore):
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids) | frozenset(mc.eos_token_ids)
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_ids)
         self.runner = ModelRunner(config, self.loaded, self.blocks, self.structured)
+        if config.enable_lora:
+            self.lora = LoRAManager(self.loaded.model, mc, config.max_loras, config.max_lora_rank,
+                                    config.max_cpu_loras)
+            self.scheduler.max_loras = config.max_loras
         self.requests: dict[str, RequestState] = {}
         self.num_preemptions = 0
         self.sleep_level = 0
@@ -101,7 +107,7 @@ class LLMEngine(EngineCore):
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams | None = None,
                     priority: int = 0, arrival_time: float | None = None,
-                    output_kind: str = CUMULATIVE) -> None:
+                    output_kind: str = CUMULATIVE, lora_request: LoRARequest | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
@@ -112,6 +118,7 @@ class LLMEngine(EngineCore):
         self.check_prompt(ids, params)
         # an invalid schema fails here, on the engine's thread, before anything is queued
         grammar = self.structured.compile(params)
+        lora_key = self.lora_manager().acquire(lora_request, params.n) if lora_request is not None else 0
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - len(ids)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
@@ -121,7 +128,8 @@ class LLMEngine(EngineCore):
             seed = None if params.seed is None else params.seed + i
             seq = Sequence(request_id, i, list(ids), len(ids), params, priority, arrival,
                            generator=make_generator(seed), logprobs=[] if params.logprobs is not None else None,
-                           stop_ids=stop_ids)
+                           stop_ids=stop_ids, lora_key=lora_key)
+            seq.table.salt = lora_salt(lora_key)
             self.structured.add(seq, grammar)
             seqs.append(seq)
         self.requests[request_id] = new_request_state(request_id, text, ids, seqs, self.tokenizer, output_kind)
@@ -148,6 +156,8 @@ class LLMEngine(EngineCore):
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
         self.structured.remove(seq)
+        if seq.lora_key and self.lora is not None:
+            self.lora.release(seq.lora_key)
 
     # ---- the loop -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -156,7 +166,8 @@ class LLMEngine(EngineCore):
         sched = self._schedule()
         if not sched.seqs:
             return []
-        sampled = self.runner.execute(sched)
+        with self.lora.batch(s.lora_key for s in sched.seqs) if self.lora else nullcontext():
+            sampled = self.runner.execute(sched)
         self.scheduler.update(sched)
         return self._outputs(self._process(sampled))
 
@@ -213,6 +224,8 @@ class LLMEngine(EngineCore):
     def _reload(self, level: int) -> None:
         if level == 2:
             self.loaded.model = self._load(self.loaded.path).model
+            if self.lora is not None:
+                self.lora.rebind(self.loaded.model)
         self.runner.allocate_kv_cache()
 
 

@@ -21,6 +21,7 @@ from runlm.engine.config import EngineConfig
 from runlm.engine.core import EngineCore
 from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.kv_cache import BlockManager
+from runlm.engine.lora_request import LoRARequest
 from runlm.engine.outputs import PoolingOutput, PoolingRequestOutput, RequestMetrics
 from runlm.engine.pooling_params import PoolingParams, PoolingParamsError
 from runlm.engine.pooling_runner import PoolingRunner
@@ -120,9 +121,12 @@ class PoolingEngine(EngineCore):
 
     def add_request(self, request_id: str, prompt: PoolingPromptType,
                     params: PoolingParams | SamplingParams | None = None,
-                    priority: int = 0, arrival_time: float | None = None, output_kind: str = "") -> None:
+                    priority: int = 0, arrival_time: float | None = None, output_kind: str = "",
+                    lora_request: LoRARequest | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if lora_request is not None:
+            self.lora_manager()  # raises: pooling models take no adapters
         if isinstance(params, SamplingParams):
             raise TaskError(f"{self.loaded.path.name} is an {'embedding' if self.loaded.task == 'embed' else 'scoring'}"
                             f" model; it cannot generate text")

@@ -39,6 +39,7 @@ class Scheduler:
         self.blocks = blocks
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
+        self.max_loras: int | None = None  # distinct LoRA adapters running at once (None: no adapters)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -89,8 +90,12 @@ class Scheduler:
         if out.preempted:
             return out  # the cache is full: admit nobody new this step
         self.waiting.sort(key=Sequence.sort_key)
+        deferred: list[Sequence] = []  # their adapter would exceed max_loras: they wait for a later step
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.lora_key and not self._lora_fits(seq.lora_key):
+                deferred.append(self.waiting.pop(0))
+                continue
             if seq.pooling_params is not None and seq.num_tokens > budget:
                 break  # a pooling prompt is pooled whole in one step: it waits for a step with room
             # prompt logprobs (and pooling) need every prompt position computed, so they skip the cache
@@ -113,7 +118,12 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_new_tokens.append(admitted)
             budget -= admitted
+        self.waiting[:0] = deferred
         return out
+
+    def _lora_fits(self, key: int) -> bool:
+        keys = {s.lora_key for s in self.running if s.lora_key}
+        return key in keys or len(keys) < (self.max_loras or 0)
 
     def update(self, out: SchedulerOutput) -> None:
         """After the forward pass: the scheduled tokens are in the cache; share full blocks."""

@@ -49,6 +49,7 @@ class Sequence:
     # token ids that end this sequence: the request's stop_token_ids, plus the model's EOS unless ignore_eos
     stop_ids: frozenset[int] = frozenset()
     pooling_params: PoolingParams | None = None  # set for embedding/scoring: the whole prompt runs in one step
+    lora_key: int = 0  # the loaded LoRA adapter it runs with (runlm.engine.lora_manager); 0: none
 
     @property
     def num_tokens(self) -> int:

@@ -12,11 +12,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from runlm.kernels import ggml, linear, linear_q8
+
+if TYPE_CHECKING:
+    from runlm.models.lora import LoRALayer
 
 
 @dataclass(slots=True)
@@ -67,6 +71,7 @@ class Linear(nn.Linear):
         for name in ("qweight", "scales", "offsets"):  # set by keep_quantized
             self.register_buffer(name, None)
         self.ggml: list[GGMLWeight] = []  # set by keep_ggml
+        self.lora: LoRALayer | None = None  # set where LoRA adapters may be attached (runlm.models.lora)
 
     def reset_parameters(self) -> None:
         """No random init: every weight is loaded from a checkpoint (and init on "meta" costs seconds)."""
@@ -88,11 +93,17 @@ class Linear(nn.Linear):
     def direct_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """``forward`` with this layer's weights bound once: for loops that call it thousands of times."""
         if self.ggml:
-            return functools.partial(ggml.module().linear, weights=self._ggml_raw, types=self._ggml_types,
+            base = functools.partial(ggml.module().linear, weights=self._ggml_raw, types=self._ggml_types,
                                      bias=self.bias)
+            lora = self.lora
+            return base if lora is None else lambda x: lora.apply(x, base(x))
         return self.forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._base_forward(x)
+        return y if self.lora is None else self.lora.apply(x, y)
+
+    def _base_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ggml:
             return ggml.linear(x, self._ggml_raw, self._ggml_types, self.bias)
         if self.qweight is not None:

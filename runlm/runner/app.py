@@ -21,7 +21,7 @@ from runlm.apis.anthropic_output import error_body as anthropic_error_body
 from runlm.apis.anthropic_output import is_anthropic_path
 from runlm.apis.responses import responses_router
 from runlm.apis.responses_store import ResponseStore
-from runlm.runner import engines_api, models_api, ollama_api
+from runlm.runner import engines_api, models_api, ollama_api, ollama_create
 from runlm.runner.backends import all_backends
 from runlm.runner.chat_source import BackendChatSource
 from runlm.runner.engines_api import OPENAI_PREFIXES
@@ -121,6 +121,7 @@ def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive
     app.include_router(models_api.router)
     app.include_router(engines_api.router)
     app.include_router(ollama_api.router)
+    app.include_router(ollama_create.router)
     http = http or HTTPSettings()
     # added innermost first: the browser guard runs before anything reads the body or the key
     app.add_middleware(BodyLimitMiddleware, limit=http.max_body_bytes, write_error=_middleware_error)

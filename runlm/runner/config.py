@@ -74,6 +74,8 @@ class BackendConfig:
     reasoning_budget: int | None = None    # llamacpp.reasoning_budget
     gpu_memory_utilization: float | None = None  # vllm.gpu_memory_utilization
     hf_overrides: dict[str, Any] | None = None   # vllm.hf_overrides
+    loras: dict[str, dict[str, str]] = field(default_factory=dict)  # LoRA name -> {file: blob digest} (runner.lora)
+    lora_paths: dict[str, str] = field(default_factory=dict)        # LoRA name -> its files; filled in by the loader
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BackendConfig:
@@ -122,6 +124,10 @@ class BackendConfig:
             if not isinstance(overrides, dict):
                 raise ConfigError("vllm.hf_overrides: must be a JSON object")
             cfg.hf_overrides = overrides
+        if data.get("loras") is not None:
+            from runlm.runner.lora import parse_loras
+
+            cfg.loras = parse_loras(data["loras"])
         return cfg
 
     def to_json(self) -> dict[str, Any]:
@@ -141,4 +147,6 @@ class BackendConfig:
         if self.gpu_memory_utilization is not None or self.hf_overrides:
             out["vllm"] = {k: v for k, v in (("gpu-memory-utilization", self.gpu_memory_utilization),
                                              ("hf-overrides", self.hf_overrides)) if v is not None}
+        if self.loras:
+            out["loras"] = self.loras
         return out

@@ -47,6 +47,7 @@ class Loader:
         # settings from _configure, per (model id, backend): runtime flags mean something to one backend only
         self.configs: dict[tuple[str, str], BackendConfig] = {}
         self.preferred_backend: dict[str, str] = {}  # model id -> backend named in its _configure
+        self.lora_models: dict[str, str] = {}  # LoRA adapter name -> the stored model it adapts (runner.lora)
         self._loading: dict[RunnerKey, asyncio.Task] = {}
         self._memory_lock = asyncio.Lock()
         self._released = asyncio.Condition()
@@ -95,7 +96,7 @@ class Loader:
 
     async def acquire(self, name: str, backend_name: str | None = None,
                       mode: BackendMode = BackendMode.COMPLETION) -> Runner:
-        model = await self.model(name)
+        model = await self.model(self.lora_models.get(name, name))
         backend = self.backend(backend_name, model)
         caps = model.info.capabilities
         # an image model does nothing else, and only an image model generates images
@@ -280,11 +281,41 @@ class Loader:
         if any(r.in_use or not r.ready for r in mine):
             raise Conflict(f"model {str(model.name)!r} is in use; configure it when its requests are done "
                            f"(or unload it first)", code="runner_active")
+        config = await self._adapters(model, config)
         self.configs[(model.id, backend.name)] = config
         if backend_name is not None:
             self.preferred_backend[model.id] = backend_name
         await asyncio.gather(*(self.unload(r) for r in mine))
         return backend
+
+    def served_name(self, name: str, runner: Runner) -> str:
+        """The model name a request to ``runner`` carries: a LoRA adapter's own (the backend selects it by
+        that name), else the runner's model reference."""
+        return name if name in self.lora_models else runner.model_ref
+
+    async def _adapters(self, model: StoredModel, config: BackendConfig) -> BackendConfig:
+        """Link the adapters' blobs into place now (a later garbage collection cannot take them) and make
+        their names route to this model; a name that is a stored model's is refused."""
+        from runlm.runner.lora import materialize
+
+        for name in config.loras:
+            owner = self.lora_models.get(name)
+            if owner is not None and owner != str(model.name):
+                raise BadRequest(f"LoRA adapter name {name!r} is already used by model {owner!r}", param="loras")
+            try:
+                await self.model(name)
+            except (NotFound, BadRequest):
+                continue
+            raise BadRequest(f"LoRA adapter name {name!r} is the name of a stored model", param="loras")
+        try:
+            paths = {n: str(await asyncio.to_thread(materialize, self.store.home, self.store.blobs, files))
+                     for n, files in config.loras.items()}
+        except ConfigError as exc:
+            raise BadRequest(str(exc), param="loras") from None
+        for name in [n for n, m in self.lora_models.items() if m == str(model.name)]:
+            del self.lora_models[name]
+        self.lora_models.update({n: str(model.name) for n in config.loras})
+        return replace(config, lora_paths=paths)
 
     async def start(self) -> None:
         self._janitor = asyncio.create_task(self._expire_loop())

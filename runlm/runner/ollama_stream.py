@@ -30,7 +30,7 @@ async def open_stream(loader: Loader, name: str, mode: BackendMode, path: str, p
     a backend's error answer is raised as that error."""
     runner = await loader.acquire(name, None, mode)
     try:
-        resp = await send(runner, "POST", path, {**payload, "model": runner.model_ref}, stream=True)
+        resp = await send(runner, "POST", path, {**payload, "model": loader.served_name(name, runner)}, stream=True)
         if resp.status_code != 200:
             content = await resp.aread()
             await resp.aclose()

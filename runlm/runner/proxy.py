@@ -119,7 +119,7 @@ async def post_to_backend(loader: Loader, route: str, body: dict, headers: dict[
             loader.release(runner, keep_alive)
 
     try:
-        body["model"] = runner.model_ref
+        body["model"] = loader.served_name(name, runner)
         fwd = {k: v for k, v in headers.items() if k.lower() in _FORWARDED_HEADERS}
         resp = await send(runner, "POST", f"/v1/{route}", body, fwd, stream=True)
     except BaseException:

@@ -44,6 +44,7 @@ class ConfigureRequest(_Body):
     speculative: dict[str, Any] | None = None
     llamacpp: dict[str, Any] | None = None
     vllm: dict[str, Any] | None = None
+    loras: dict[str, dict[str, StrictStr]] | None = None  # LoRA name -> {file name: blob digest}
 
 
 class ModelRequest(_Body):

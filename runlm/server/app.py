@@ -17,7 +17,7 @@ from runlm.apis.anthropic_output import middleware_error
 from runlm.apis.responses import responses_router
 from runlm.apis.responses_store import ResponseStore
 from runlm.engine.async_llm import AsyncLLM
-from runlm.server import chat, completions, meta, pooling, tokenize
+from runlm.server import chat, completions, lora, meta, pooling, tokenize
 from runlm.server.chat_source import EngineChatSource
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import ServerMetrics
@@ -41,6 +41,8 @@ def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         loader = None if load_engine is None else asyncio.create_task(_load(state, load_engine, on_load_error))
+        if engine is not None:
+            await lora.load_startup_adapters(state, engine)
         try:
             yield
         finally:
@@ -59,7 +61,7 @@ def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
     app.include_router(responses_router())
     app.include_router(page_router("runlm serve-engine is running"))
     app.include_router(messages_router())
-    for router in (chat.router, completions.router, tokenize.router, meta.router, pooling.router,
+    for router in (chat.router, completions.router, tokenize.router, meta.router, lora.router, pooling.router,
                    meta.fallback_router):  # the fallback last: a pooling router goes before it
         app.include_router(router)
     # added innermost first: CORS outermost so preflights and error answers carry its headers
@@ -76,7 +78,9 @@ def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
 async def _load(state: ServerState, load_engine: Callable[[], AsyncLLM],
                 on_error: Callable[[BaseException], None] | None) -> None:
     try:
-        state.engine = await asyncio.to_thread(load_engine)
+        engine = await asyncio.to_thread(load_engine)
+        await lora.load_startup_adapters(state, engine)
+        state.engine = engine
         log.info("model %s is ready", state.model_name)
     except Exception as exc:
         state.load_error = exc

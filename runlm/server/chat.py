@@ -56,7 +56,7 @@ async def start_chat(request: Request, req: ChatCompletionRequest) -> ChatRun:
     """Check the request, build its prompt and add it to the engine (errors are APIErrors, raised before any
     output)."""
     state: ServerState = request.app.state.server
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     engine = state.require_task("generate", "chat completions")
     plan = tool_plan(req, engine)
     params = to_sampling_params(req, plan.structured_outputs)
@@ -66,9 +66,10 @@ async def start_chat(request: Request, req: ChatCompletionRequest) -> ChatRun:
                                    req.chat_template_kwargs, state.settings.trust_request_chat_template)
     check_room_for_completion(engine, [prompt], params, "messages")
     gen, ticket = await start_generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority,
-                                         "messages", constraint_source(req, plan.structured_outputs))
+                                         "messages", constraint_source(req, plan.structured_outputs), lora)
     texts = TokenTexts(engine.tokenizer) if params.logprobs is not None else None
-    return ChatRun(gen, ticket, req, state.model_name, texts, plan)
+    model_name = lora.lora_name if lora else state.model_name  # answers name the adapter asked for, as vLLM's
+    return ChatRun(gen, ticket, req, model_name, texts, plan)
 
 
 @router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))

@@ -33,14 +33,14 @@ router = APIRouter()
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = await parse_body(request, CompletionRequest)
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     engine = state.require_task("generate", "text completions")
     params = to_sampling_params(req)
     prompts = completion_prompt_ids(engine, req.prompt, state.settings.max_prompts_per_request)
     check_room_for_completion(engine, prompts, params, "prompt")
     gen, ticket = await start_generation(state, engine, request, prompts, params, new_id("cmpl"), req.priority,
-                                         "prompt", constraint_source(req))
-    view = _View(gen, TokenTexts(engine.tokenizer), bool(req.echo), state.model_name)
+                                         "prompt", constraint_source(req), lora)
+    view = _View(gen, TokenTexts(engine.tokenizer), bool(req.echo), lora.lora_name if lora else state.model_name)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return TicketedStreamingResponse(_stream(view, include_usage), ticket, gen,

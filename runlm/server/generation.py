@@ -15,7 +15,15 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from runlm.engine.async_llm import AsyncLLM, RequestStream
-from runlm.engine.errors import EngineDeadError, PromptError, PromptTooLongError, SamplingParamsError, TaskError
+from runlm.engine.errors import (
+    EngineDeadError,
+    LoRAError,
+    PromptError,
+    PromptTooLongError,
+    SamplingParamsError,
+    TaskError,
+)
+from runlm.engine.lora_request import LoRARequest
 from runlm.engine.outputs import RequestOutput
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.structured.params import StructuredOutputsError
@@ -76,11 +84,12 @@ class TicketedStreamingResponse(StreamingResponse):
 
 async def start_generation(state: ServerState, engine: AsyncLLM, http_request: Request, prompts: list[list[int]],
                            params: SamplingParams, request_id: str, priority: int, prompt_param: str,
-                           constraint_source: str | None) -> tuple[Generation, Ticket]:
+                           constraint_source: str | None, lora_request: LoRARequest | None = None
+                           ) -> tuple[Generation, Ticket]:
     """Admit the request, then add it to the engine; on a refusal the places are given back."""
     ticket = admit(state, engine, params.n * len(prompts))
     gen = Generation(state, engine, http_request, prompts, params, request_id, priority, prompt_param,
-                     constraint_source)
+                     constraint_source, lora_request)
     try:
         await gen.start()
     except BaseException:
@@ -102,6 +111,7 @@ class Generation:
     priority: int = 0
     prompt_param: str = "prompt"              # the request field that holds the prompt, for errors
     constraint_source: str | None = None      # the request field a structured-output constraint came from
+    lora_request: LoRARequest | None = None   # the adapter the request's model names
     disconnected: bool = False
     arrival: float = field(default_factory=time.monotonic)
     streams: list[RequestStream] = field(default_factory=list)
@@ -111,7 +121,8 @@ class Generation:
         try:
             for i, prompt in enumerate(self.prompts):
                 self.streams.append(await self.engine.add_request(
-                    f"{self.request_id}-{i}", {"prompt_token_ids": prompt}, replace(self.params), self.priority))
+                    f"{self.request_id}-{i}", {"prompt_token_ids": prompt}, replace(self.params), self.priority,
+                    lora_request=self.lora_request))
         except BaseException as exc:
             self.close()
             if isinstance(exc, Exception):
@@ -179,6 +190,8 @@ def engine_error(exc: BaseException, prompt_param: str = "prompt", constraint_so
         return bad_request(str(exc), exc.param)
     if isinstance(exc, TaskError):
         return APIError(400, str(exc), param="model", code="unsupported_task")
+    if isinstance(exc, LoRAError):
+        return bad_request(str(exc), "model", "invalid_lora_adapter")
     if isinstance(exc, PromptTooLongError):
         return bad_request(str(exc), prompt_param, "context_length_exceeded")
     if isinstance(exc, (PromptError, ValueError)):

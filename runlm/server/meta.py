@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 
 from runlm import __version__
 from runlm.server.errors import APIError, error_response
+from runlm.server.lora import adapter_cards
 from runlm.server.metrics import CONTENT_TYPE
 from runlm.server.state import ServerState
 
@@ -30,12 +31,16 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     state = _state(request)
-    return JSONResponse({"object": "list", "data": [_model_card(state, n) for n in state.settings.served_model_names]})
+    cards = [_model_card(state, n) for n in state.settings.served_model_names]
+    return JSONResponse({"object": "list", "data": cards + adapter_cards(state, state.created)})
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(request: Request, model_id: str) -> JSONResponse:
     state = _state(request)
+    adapter = next((c for c in adapter_cards(state, state.created) if c["id"] == model_id), None)
+    if adapter is not None:
+        return JSONResponse(adapter)
     if model_id not in state.settings.served_model_names:
         raise APIError(404, f"The model {model_id!r} does not exist", param="model", code="model_not_found")
     return JSONResponse(_model_card(state, model_id))

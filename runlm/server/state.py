@@ -9,6 +9,7 @@ from runlm.server.errors import APIError, not_ready
 
 if TYPE_CHECKING:
     from runlm.engine.async_llm import AsyncLLM
+    from runlm.engine.lora_request import LoRARequest
     from runlm.server.metrics import ServerMetrics
 
 MiB = 1 << 20
@@ -25,6 +26,9 @@ class ServerSettings:
     max_prompts_per_request: int = 256
     # let a request replace the model's chat template (chat_template_kwargs.chat_template; vLLM's flag)
     trust_request_chat_template: bool = False
+    # LoRA adapters (--enable-lora): requests name them in "model"; /v1/load_lora_adapter adds more
+    enable_lora: bool = False
+    lora_modules: dict[str, str] = field(default_factory=dict)  # name -> path, loaded before the server is ready
 
 
 @dataclass(slots=True)
@@ -36,6 +40,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     in_flight_seqs: int = 0                  # sequences admitted and not yet finished
     draining: bool = False                   # SIGTERM: finishing what runs, taking nothing new
+    loras: dict[str, LoRARequest] = field(default_factory=dict)  # adapter name -> its request (runlm.server.lora)
 
     @property
     def model_name(self) -> str:
@@ -52,11 +57,15 @@ class ServerState:
             raise not_ready()
         return self.engine
 
-    def check_model(self, requested: str | None) -> None:
-        """A request naming another model is misdirected (421): a backend serves exactly one model."""
+    def check_model(self, requested: str | None) -> LoRARequest | None:
+        """The LoRA adapter a request's model names (None: the base model). A request naming another model
+        is misdirected (421): a backend serves exactly one model."""
+        if requested and requested in self.loras:
+            return self.loras[requested]
         if requested and requested not in self.settings.served_model_names:
             raise APIError(421, f"this server serves the model {self.model_name!r}, not {requested!r}",
                            param="model", code="model_not_served")
+        return None
 
     def require_task(self, task: str, what: str) -> AsyncLLM:
         engine = self.ready_engine()

@@ -104,6 +104,7 @@ class Backend(abc.ABC):
         return min(config.context_size or DEFAULT_CONTEXT, model.info.context_length or DEFAULT_CONTEXT)
 
     supports_speculative = False
+    supports_lora = False
 
     def check_config(self, config: BackendConfig) -> None:
         """Raise ConfigError for settings this backend cannot honour (rather than silently ignoring them)."""
@@ -112,6 +113,8 @@ class Backend(abc.ABC):
         self.check_flags(config.runtime_flags)
         if config.speculative is not None and not self.supports_speculative:
             raise ConfigError(f"speculative: the {self.name} backend does not support a draft model")
+        if config.loras and not self.supports_lora:
+            raise ConfigError(f"loras: the {self.name} backend does not serve LoRA adapters (the native one does)")
 
     def check_flags(self, flags: list[str]) -> list[str]:
         """The runtime flags this backend accepts, validated; raises ConfigError for any other."""

@@ -19,6 +19,8 @@ RUNTIME_OVERHEAD = 400 << 20
 # KV cache reserved per model: room for this many sequences at the full context
 KV_SEQUENCES = 2
 MIN_KV_BYTES = 16 << 20
+# the largest adapter rank a configured model accepts unless --max-lora-rank says otherwise
+LORA_RANK = 64
 BYTES_PER_WEIGHT = 4  # float32: what weights are dequantized to on load, unless kept as int8 blocks
 
 
@@ -66,7 +68,9 @@ class NativeBackend(ProcessBackend):
     name = "native"
     allowed_flags = {"--max-num-seqs": is_int, "--max-num-batched-tokens": is_int, "--kv-cache-memory": is_size,
                      "--device": lambda v: v in ("cpu", "cuda") or v.startswith("cuda:") and v[5:].isdigit(),
-                     "--dtype": lambda v: v in ("float32", "bfloat16", "float16")}
+                     "--dtype": lambda v: v in ("float32", "bfloat16", "float16"),
+                     "--max-loras": is_int, "--max-lora-rank": is_int, "--max-cpu-loras": is_int}
+    supports_lora = True
 
     async def install(self) -> None:
         return None  # it is runlm itself
@@ -89,6 +93,9 @@ class NativeBackend(ProcessBackend):
         if stored is not None:
             context = self.context_size(stored, config)
             argv += ["--max-model-len", str(context), "--kv-cache-memory", str(kv_cache_bytes(stored, context))]
+        if config.lora_paths:  # every configured adapter may run in one step; a runtime flag may say otherwise
+            argv += ["--enable-lora", "--max-loras", str(len(config.lora_paths)), "--max-lora-rank", str(LORA_RANK),
+                     "--lora-modules", *[f"{n}={p}" for n, p in config.lora_paths.items()]]
         return argv + self.check_flags(config.runtime_flags)
 
     async def run(self, socket: str, model: str, model_ref: str, mode: BackendMode, config: BackendConfig,

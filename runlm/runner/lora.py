@@ -1,0 +1,94 @@
+"""LoRA adapters for models the daemon serves: ``runlm configure MODEL --lora NAME=PATH``.
+
+The CLI copies an adapter's files into the store's blobs (as ``pull`` imports local files: the daemon
+never reads a path a client names) and configures the model with ``{"loras": {NAME: {file: digest}}}``,
+per adapter the shape of Ollama's ``/api/create`` ``adapters``. The daemon then hard-links those blobs
+into a directory of the adapter's own under ``$RUNLM_HOME/adapters`` (links outlive a garbage collection
+of the blobs), and the native backend serves them (``serve-engine --enable-lora --lora-modules``).
+A request whose ``model`` is NAME goes to the base model's backend with NAME kept, which selects it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from runlm.runner.config import ConfigError
+from runlm.store.blobs import BlobStore, check_digest
+
+__all__ = ["PEFT_FILES", "import_adapter", "materialize", "parse_loras"]
+
+PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def import_adapter(blobs: BlobStore, path: Path) -> dict[str, str]:
+    """A PEFT directory or a GGUF LoRA file -> {file name: digest}, its files now blobs of the store."""
+    if path.is_dir():
+        missing = [f for f in PEFT_FILES if not (path / f).is_file()]
+        if missing:
+            raise ConfigError(f"{path}: not a PEFT adapter directory (no {', '.join(missing)})")
+        files = [path / f for f in PEFT_FILES]
+    elif path.is_file() and path.suffix == ".gguf":
+        files = [path]
+    else:
+        raise ConfigError(f"{path}: a LoRA adapter is a PEFT directory or a .gguf file")
+    return {f.name: blobs.put_file(f)[0] for f in files}
+
+
+def _check_files(name: str, files: Any) -> dict[str, str]:
+    if not isinstance(files, dict) or not files:
+        raise ConfigError(f"loras.{name}: must map file names to blob digests")
+    names = set(files)
+    if names != set(PEFT_FILES) and not (len(names) == 1 and next(iter(names)).endswith(".gguf")):
+        raise ConfigError(f"loras.{name}: files must be {' and '.join(PEFT_FILES)}, or one .gguf file")
+    for file, digest in files.items():
+        plain = isinstance(file, str) and "/" not in file and "\\" not in file and not file.startswith(".")
+        if not plain or not isinstance(digest, str):
+            raise ConfigError(f"loras.{name}: {file!r} is not a plain file name with a digest")
+        try:
+            check_digest(digest)
+        except ValueError as exc:
+            raise ConfigError(f"loras.{name}.{file}: {exc}") from None
+    return dict(files)
+
+
+def parse_loras(data: Any) -> dict[str, dict[str, str]]:
+    """The ``loras`` field of a configuration: {NAME: {file name: "sha256:<hex>"}}."""
+    if not isinstance(data, dict):
+        raise ConfigError("loras: must be an object {NAME: {file name: digest}}")
+    out = {}
+    for name, files in data.items():
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or ":" in name:
+            raise ConfigError(f"loras: {name!r} is not a valid adapter name (letters, digits, '.', '_', '-')")
+        out[name] = _check_files(name, files)
+    return out
+
+
+def materialize(home: Path, blobs: BlobStore, files: dict[str, str]) -> Path:
+    """The adapter as a normal file layout (a PEFT directory, or the .gguf file) of hard links to its blobs."""
+    for digest in files.values():
+        if not blobs.has(digest):
+            raise ConfigError(f"adapter blob {digest} is not in the store (runlm configure --lora imports it)")
+    key = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:24]
+    target = home / "adapters" / key
+    if not target.is_dir():
+        tmp = home / "tmp" / f"adapter-{key}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for file, digest in files.items():
+            try:
+                os.link(blobs.path(digest), tmp / file)
+            except OSError:  # another filesystem: a copy
+                shutil.copyfile(blobs.path(digest), tmp / file)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # made by another process first
+            shutil.rmtree(tmp, ignore_errors=True)
+    gguf = [f for f in files if f.endswith(".gguf")]
+    return target / gguf[0] if gguf else target
