@@ -121,7 +121,9 @@ class LlamaModel(nn.Module):
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # whether _forward_fused computes this model's layers (whole-head RoPE tables, a layer class it knows)
-        self.supports_fused = getattr(self.layer_cls, "fusable", False) and rope.fusable and local.fusable
+        self.supports_fused = (getattr(self.layer_cls, "fusable", False) and rope.fusable and local.fusable
+                               and not any(layer.self_attn.qk_norm_whole or layer.self_attn.clip
+                                           for layer in self.layers))  # (OLMoE's norms, OLMo's clip: torch)
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
         self._plan: list[_FusedLayer] | None = None  # built at the first fused forward
         self._ropes: list[RotaryEmbedding] = []  # the plan's distinct RoPE tables
@@ -157,7 +159,7 @@ class LlamaModel(nn.Module):
             if p.attn_out_norm is not None:  # Gemma's sandwich norms
                 o = ops.rms_norm(o, p.attn_out_norm, p.eps)
             h = ops.add_rms_norm(o, residual, p.mlp_norm, p.eps)
-            m = p.down(p.act(p.gate_up(h)))
+            m = p.mlp(h)
             if p.mlp_out_norm is not None:
                 m = ops.rms_norm(m, p.mlp_out_norm, p.eps)
             h = ops.add_rms_norm(m, residual, p.next_norm, p.eps)
@@ -169,9 +171,7 @@ class _FusedLayer(NamedTuple):
     each, and a small model's decode step would otherwise spend ~0.5 ms on it."""
     qkv: Callable[[torch.Tensor], torch.Tensor]
     o: Callable[[torch.Tensor], torch.Tensor]
-    gate_up: Callable[[torch.Tensor], torch.Tensor]
-    down: Callable[[torch.Tensor], torch.Tensor]
-    act: Callable[[torch.Tensor], torch.Tensor]  # [T, 2I] gate_up -> [T, I]
+    mlp: Callable[[torch.Tensor], torch.Tensor]  # [T, H] -> [T, H]: fused ops, or the layer's own (experts)
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     attn_out_norm: torch.Tensor | None  # Gemma: the norm of the attention output, before the residual add
@@ -194,14 +194,21 @@ class _FusedLayer(NamedTuple):
         following = model.layers[i + 1].input_layernorm if i + 1 < len(model.layers) else model.norm
         qn, kn = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
         sandwich = hasattr(layer, "pre_feedforward_layernorm")
-        act = ops.gelu_tanh_mul if mlp.act is _ACTIVATIONS["gelu_tanh"] else ops.silu_mul
-        return cls(attn.qkv_proj.direct_call(), attn.o_proj.direct_call(), mlp.gate_up_proj.direct_call(),
-                   mlp.down_proj.direct_call(), act, qn, kn,
+        return cls(attn.qkv_proj.direct_call(), attn.o_proj.direct_call(), _fused_mlp(mlp, ops), qn, kn,
                    layer.post_attention_layernorm.weight if sandwich else None,
                    (layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm).weight,
                    layer.post_feedforward_layernorm.weight if sandwich else None, following.weight,
                    layer.input_layernorm.eps, attn.heads, attn.kv_heads, attn.head_dim, attn.scale, attn.window,
                    attn.softcap, attn.rope)
+
+
+def _fused_mlp(mlp: nn.Module, ops: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A gated MLP as three native calls; any other MLP (a mixture of experts) as its module."""
+    if not isinstance(mlp, MLP):
+        return mlp
+    gate_up, down = mlp.gate_up_proj.direct_call(), mlp.down_proj.direct_call()
+    act = ops.gelu_tanh_mul if mlp.act is _ACTIVATIONS["gelu_tanh"] else ops.silu_mul
+    return lambda h: down(act(gate_up(h)))
 
 
 # checkpoint name fragment -> (fused parameter fragment, shard index)

@@ -47,7 +47,7 @@ class SparseMoeBlock(nn.Module):
 
 
 class MoeDecoderLayer(DecoderLayer):
-    fusable = False  # its MLP is a mixture of experts: the fused loop does not compute it
+    fusable = True  # the fused loop computes its attention and calls its MLP (experts or dense) as is
 
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
         super().__init__(cfg, layer, rope)

@@ -59,8 +59,9 @@ class Loader:
 
     # --- lookups -------------------------------------------------------------------------------
     async def model(self, name: str) -> StoredModel:
+        """The stored model ``name`` names (a LoRA adapter's name: the model it adapts)."""
         try:
-            return await asyncio.to_thread(self.store.ensure, name)
+            return await asyncio.to_thread(self.store.ensure, self.lora_models.get(name, name))
         except InvalidNameError as exc:
             raise BadRequest(str(exc), param="model") from None
         except ModelNotFoundError as exc:
@@ -96,7 +97,7 @@ class Loader:
 
     async def acquire(self, name: str, backend_name: str | None = None,
                       mode: BackendMode = BackendMode.COMPLETION) -> Runner:
-        model = await self.model(self.lora_models.get(name, name))
+        model = await self.model(name)
         backend = self.backend(backend_name, model)
         caps = model.info.capabilities
         # an image model does nothing else, and only an image model generates images
@@ -303,8 +304,8 @@ class Loader:
             if owner is not None and owner != str(model.name):
                 raise BadRequest(f"LoRA adapter name {name!r} is already used by model {owner!r}", param="loras")
             try:
-                await self.model(name)
-            except (NotFound, BadRequest):
+                await asyncio.to_thread(self.store.ensure, name)  # the store's own names, not the adapters'
+            except (InvalidNameError, ModelNotFoundError):
                 continue
             raise BadRequest(f"LoRA adapter name {name!r} is the name of a stored model", param="loras")
         try:
