@@ -23,6 +23,7 @@ from runlm.engine.sampler import make_generator
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from runlm.engine.sequence import Sequence
+from runlm.engine.spec_decode import SpecDecoder, SpecDecodeStats
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.kv_size import kv_bytes_per_token
 from runlm.models.load import LoadedModel, load_decoder
@@ -41,6 +42,15 @@ class LLMEngine(EngineCore):
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.kv_bytes_per_token = per_token = kv_bytes_per_token(
             mc.num_layers, mc.num_kv_heads, mc.head_dim, config.dtype.itemsize)
+        spec = config.speculative_config
+        draft = None
+        if spec is not None and spec.method == "draft_model":
+            from runlm.engine.spec_decode_draft import load_draft
+
+            assert spec.model is not None  # SpeculativeConfig checks it
+            draft = load_draft(config, spec.model, self.loaded)
+            dc = draft.config  # the draft's K/V lives in the same blocks: the budget pays for both
+            per_token += kv_bytes_per_token(dc.num_layers, dc.num_kv_heads, dc.head_dim, config.dtype.itemsize)
         num_blocks = kv_cache_blocks(config, per_token, self.max_model_len)
         # a model whose every layer has a sliding window gives back the blocks behind it as sequences run
         window = mc.sliding_window if all(mc.layer_window(i) for i in range(mc.num_layers)) else None
@@ -55,6 +65,15 @@ class LLMEngine(EngineCore):
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids) | frozenset(mc.eos_token_ids)
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_ids)
         self.runner = ModelRunner(config, self.loaded, self.blocks, self.structured)
+        self.spec: SpecDecoder | None = None
+        if spec is not None:
+            from runlm.engine.spec_decode_draft import DraftModelProposer
+
+            if draft is not None and window is not None:
+                raise ValueError("speculative_config: a draft model needs a target whose layers are not all "
+                                 "sliding-window (the draft would read blocks the target gives back)")
+            self.spec = SpecDecoder(spec, self.max_seq_tokens,
+                                    DraftModelProposer(config, draft, self.blocks) if draft is not None else None)
         self.requests: dict[str, RequestState] = {}
         self.num_preemptions = 0
         self.sleep_level = 0
@@ -152,8 +171,13 @@ class LLMEngine(EngineCore):
         if not sched.seqs:
             return []
         sampled = self.runner.execute(sched)
+        if self.spec is not None:
+            self.spec.after_verify(sched, sampled)
         self.scheduler.update(sched)
-        return self._outputs(self._process(sampled))
+        touched = self._process(sampled)
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
+        return self._outputs(touched)
 
     def _schedule(self) -> SchedulerOutput:
         sched = self.scheduler.schedule()
@@ -170,6 +194,8 @@ class LLMEngine(EngineCore):
         touched: dict[str, RequestState] = {}
         for s in sampled:
             seq = s.seq
+            if seq.is_finished:  # a speculating sequence stopped before the last of its verified tokens
+                continue
             state = self.requests[seq.request_id]
             if s.logprobs is not None and seq.logprobs is not None:  # both exist when logprobs were asked for
                 seq.logprobs.append(s.logprobs)
@@ -185,6 +211,10 @@ class LLMEngine(EngineCore):
                 seq.finish_reason = reason
                 self._finish(seq)
             touched[state.request_id] = state
+        if self.spec is not None:
+            for state in touched.values():
+                state.metrics.num_draft_tokens = sum(s.spec.num_drafted for s in state.seqs)
+                state.metrics.num_accepted_tokens = sum(s.spec.num_accepted for s in state.seqs)
         return touched
 
     def _outputs(self, touched: dict[str, RequestState]) -> list[RequestOutput]:
@@ -198,9 +228,14 @@ class LLMEngine(EngineCore):
                 del self.requests[rid]
         return outputs
 
+    def spec_decode_stats(self) -> SpecDecodeStats | None:
+        return self.spec.stats if self.spec is not None else None
+
     # ---- control: sleep drops what EngineCore.sleep asks, wake_up restores it -----------------
     def _drop(self, level: int) -> None:
         self.runner.free_kv_cache()
+        if self.spec is not None and self.spec.draft is not None:
+            self.spec.draft.free_kv_cache()
         self.blocks.reset_prefix_cache()
         if level == 2:
             self.loaded.model.release_weights()
@@ -209,6 +244,8 @@ class LLMEngine(EngineCore):
         if level == 2:
             self.loaded.model = self._load(self.loaded.path).model
         self.runner.allocate_kv_cache()
+        if self.spec is not None and self.spec.draft is not None:
+            self.spec.draft.allocate_kv_cache()
 
 
 __all__ = ["LLMEngine", "PromptError", "PromptType"]
