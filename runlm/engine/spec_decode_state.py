@@ -17,7 +17,8 @@ class SpecState:
     probs: torch.Tensor | None = None  # [len(tokens), V] the draft model's distribution (None: a point mass)
     num_drafted: int = 0
     num_accepted: int = 0
-    acceptance: float = 1.0   # running (exponentially weighted) acceptance rate
+    recent_drafted: float = 0.0   # exponentially weighted draft and accepted counts: their ratio is the
+    recent_accepted: float = 0.0  # running acceptance rate, recent verifications weighing most
     num_verified: int = 0     # verifications since speculation last (re)started
     paused_steps: int = 0     # steps left before the sequence may speculate again
     next_pause: int = _FIRST_PAUSE
@@ -29,10 +30,16 @@ class SpecState:
         self.num_drafted += drafted
         self.num_accepted += accepted
         self.num_verified += 1
-        self.acceptance += _EMA_WEIGHT * (accepted / drafted - self.acceptance)
+        self.recent_drafted += _EMA_WEIGHT * (drafted - self.recent_drafted)
+        self.recent_accepted += _EMA_WEIGHT * (accepted - self.recent_accepted)
         if self.num_verified >= warmup and self.acceptance < min_rate:
             self.paused_steps, self.next_pause = self.next_pause, min(2 * self.next_pause, _MAX_PAUSE)
-            self.acceptance, self.num_verified = 1.0, 0  # a fresh start when it retries
+            self.recent_drafted = self.recent_accepted = 0.0  # a fresh start when it retries
+            self.num_verified = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.recent_accepted / self.recent_drafted if self.recent_drafted else 1.0
 
     def may_speculate(self) -> bool:
         if self.paused_steps > 0:

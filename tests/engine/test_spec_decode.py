@@ -12,6 +12,7 @@ from runlm.engine.outputs import RequestOutput
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.spec_decode_config import SpeculativeConfig
 from runlm.engine.spec_decode_ngram import NgramProposer
+from runlm.engine.spec_decode_state import SpecState
 from tests.engine.conftest import prompt_ids
 from tests.fixtures.near_copy import near_copy
 
@@ -98,3 +99,30 @@ def test_bad_configs_are_refused_by_name(bad: dict, message: str) -> None:
 def test_a_draft_with_another_vocabulary_is_refused_naming_both_sizes(tiny_model, tinycoder_gguf) -> None:
     with pytest.raises(ValueError, match=r"\(32000 tokens\).*\(49152 tokens\)"):
         LLM(str(tiny_model("llama")), **ENGINE, speculative_config={"model": str(tinycoder_gguf)})
+
+
+def test_a_sequence_whose_drafts_fail_stops_speculating_and_retries_later() -> None:
+    state = SpecState()
+    for _ in range(3):
+        state.record(4, 0, min_rate=0.3, warmup=4)
+        assert state.may_speculate()
+    state.record(4, 0, min_rate=0.3, warmup=4)  # the fourth failure in a row: below 0.3 now
+    assert [state.may_speculate() for _ in range(17)] == [False] * 16 + [True]
+    for _ in range(4):
+        state.record(4, 0, min_rate=0.3, warmup=4)
+    assert state.paused_steps == 32  # each pause twice the last
+    good = SpecState()
+    for _ in range(10):
+        good.record(4, 3, min_rate=0.3, warmup=4)
+    assert good.may_speculate() and good.paused_steps == 0
+
+
+def test_an_unrelated_draft_is_dropped_after_a_few_steps(tiny_model) -> None:
+    """A draft that is almost never right costs a handful of verifications, not one per token."""
+    target = str(tiny_model("llama"))
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    want = LLM(target, **ENGINE).generate(PROMPTS[:1], params)
+    llm = LLM(target, **ENGINE, speculative_config={"model": str(tiny_model("qwen2")), "num_speculative_tokens": 3,
+                                                    "min_acceptance_rate": 0.5})
+    _same(want, llm.generate(PROMPTS[:1], params))
+    assert llm.engine.spec is not None and 4 <= llm.engine.spec.stats.num_drafts <= 10

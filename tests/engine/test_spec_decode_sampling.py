@@ -63,7 +63,7 @@ def test_engine_samples_match_with_and_without_a_draft(tiny_model) -> None:
     the target verifies, have the same histogram with a draft as without (two-sample chi-square at 0.999)."""
     target = str(tiny_model("qwen2"))
     prompt = {"prompt_token_ids": prompt_ids(8, seed=3)}
-    n = 400
+    n = 200
     params = [SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True, seed=i) for i in range(n)]
     kw = dict(block_size=4, max_num_batched_tokens=256, kv_cache_memory="64MiB")
     plain = LLM(target, **kw).generate([prompt] * n, params, use_tqdm=False)
