@@ -17,7 +17,6 @@ from runlm.engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from runlm.engine.async_llm import AsyncLLM
-    from runlm.engine.spec_decode import SpecDecodeStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
@@ -43,36 +42,27 @@ class _EngineCollector:
             g = GaugeMetricFamily(name, doc, labels=label)
             g.add_metric([self.model_name], value)
             yield g
-        for name, doc, value in (("runlm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                                  s.prefix_cache_queries),
-                                 ("runlm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                                  s.prefix_cache_hits),
-                                 ("runlm:num_preemptions", "Sequences preempted (recomputed later).",
-                                  s.num_preemptions)):
+        counters = [("runlm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                     s.prefix_cache_queries),
+                    ("runlm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
+                    ("runlm:num_preemptions", "Sequences preempted (recomputed later).", s.num_preemptions)]
+        spec = s.spec_decode
+        if spec is not None:  # vLLM's spec_decode counters, where the engine speculates
+            counters += [("runlm:spec_decode_num_drafts", "Drafts verified.", spec.num_drafts),
+                         ("runlm:spec_decode_num_draft_tokens", "Draft tokens verified.", spec.num_draft_tokens),
+                         ("runlm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                          spec.num_accepted_tokens)]
+        for name, doc, value in counters:
             c = CounterMetricFamily(name, doc, labels=label)
             c.add_metric([self.model_name], value)
             yield c
-        yield from self._spec_decode(s.spec_decode)
-
-    def _spec_decode(self, spec: SpecDecodeStats | None) -> Iterator:
-        """vLLM's spec_decode counters (only when the engine speculates)."""
-        if spec is None:
-            return
-        label = ["model_name"]
-        for name, doc, value in (("runlm:spec_decode_num_drafts", "Drafts verified.", spec.num_drafts),
-                                 ("runlm:spec_decode_num_draft_tokens", "Draft tokens verified.",
-                                  spec.num_draft_tokens),
-                                 ("runlm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
-                                  spec.num_accepted_tokens)):
-            c = CounterMetricFamily(name, doc, labels=label)
-            c.add_metric([self.model_name], value)
-            yield c
-        per_pos = CounterMetricFamily("runlm:spec_decode_num_accepted_tokens_per_pos",
-                                      "Draft tokens accepted, by their position in the draft.",
-                                      labels=["model_name", "position"])
-        for pos, value in enumerate(spec.accepted_per_position):
-            per_pos.add_metric([self.model_name, str(pos)], value)
-        yield per_pos
+        if spec is not None:
+            per_pos = CounterMetricFamily("runlm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Draft tokens accepted, by their position in the draft.",
+                                          labels=["model_name", "position"])
+            for pos, value in enumerate(spec.accepted_per_position):
+                per_pos.add_metric([self.model_name, str(pos)], value)
+            yield per_pos
 
 
 class ServerMetrics:
