@@ -1,11 +1,13 @@
-"""Speculative decoding: decode speed with and without n-gram prompt lookup, on prompts whose answers repeat
-their input (rewrite this code, quote this passage), single-stream and several streams at once.
+"""Speculative decoding: decode speed with and without speculation (n-gram prompt lookup, or a draft model
+with --draft), on prompts whose answers repeat their input (rewrite this code, quote this passage),
+single-stream and several streams at once.
 
 Greedy, so both runs produce the same tokens (checked); each configuration gets its own engine, and
 runs alternate round by round on this noisy shared machine. Prints a table (acceptance rate, mean
 accepted length, tokens/s, speedup) and writes JSON to bench/results/spec_bench.json.
 
     .venv/bin/python bench/spec_bench.py [--model smollm2] [--tokens 96] [--streams 1 8] [--rounds 2]
+                                         [--draft MODEL] [--k 5]
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ def main() -> None:
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--k", type=int, default=5, help="num_speculative_tokens")
+    ap.add_argument("--draft", default=None, help="a draft model (default: n-gram lookup)")
     args = ap.parse_args()
 
     from runlm.engine.llm import LLM
@@ -60,14 +63,17 @@ def main() -> None:
 
     path = str(resolve_model(args.model))
     plain = LLM(path, max_num_seqs=max(args.streams))
-    spec = LLM(path, max_num_seqs=max(args.streams),
-               speculative_config={"method": "ngram", "num_speculative_tokens": args.k})
+    method = "draft_model" if args.draft else "ngram"
+    config = {"method": method, "num_speculative_tokens": args.k}
+    if args.draft:
+        config["model"] = str(resolve_model(args.draft))
+    spec = LLM(path, max_num_seqs=max(args.streams), speculative_config=config)
     encoded = [plain.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     rows = []
     for streams in args.streams:
         prompts = [encoded[i % len(encoded)] for i in range(streams)]
         run(plain, prompts[:1], 4), run(spec, prompts[:1], 4)  # warm-up
-        speeds: dict[str, list[float]] = {"plain": [], "ngram": []}
+        speeds: dict[str, list[float]] = {"plain": [], "spec": []}
         stats = spec.engine.spec.stats
         before = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
         for _ in range(args.rounds):
@@ -75,11 +81,11 @@ def main() -> None:
             got, s_spec = run(spec, prompts, args.tokens)
             assert got == want, "speculation changed the greedy output"
             speeds["plain"].append(s_plain)
-            speeds["ngram"].append(s_spec)
+            speeds["spec"].append(s_spec)
         drafts, drafted, accepted = (now - then for now, then in zip(
             (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens), before))
-        p, s = statistics.median(speeds["plain"]), statistics.median(speeds["ngram"])
-        rows.append({"model": args.model, "method": "ngram", "k": args.k, "streams": streams,
+        p, s = statistics.median(speeds["plain"]), statistics.median(speeds["spec"])
+        rows.append({"model": args.model, "method": args.draft or "ngram", "k": args.k, "streams": streams,
                      "acceptance_rate": accepted / drafted if drafted else 0.0,
                      "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0,
                      "plain_tok_s": p, "spec_tok_s": s, "speedup": s / p})
@@ -89,7 +95,7 @@ def main() -> None:
         print(f"| {r['model']} | {r['method']} k={r['k']} | {r['streams']} | {r['acceptance_rate']:.2f} | "
               f"{r['mean_accepted_length']:.2f} | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | "
               f"{r['speedup']:.2f}x |")
-    out = Path(__file__).parent / "results" / "spec_bench.json"
+    out = Path(__file__).parent / "results" / f"spec_bench_{method}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(rows, indent=2))
 

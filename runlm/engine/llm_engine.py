@@ -234,18 +234,24 @@ class LLMEngine(EngineCore):
     # ---- control: sleep drops what EngineCore.sleep asks, wake_up restores it -----------------
     def _drop(self, level: int) -> None:
         self.runner.free_kv_cache()
-        if self.spec is not None and self.spec.draft is not None:
-            self.spec.draft.free_kv_cache()
+        draft = self.spec.draft if self.spec is not None else None
+        if draft is not None:
+            draft.free_kv_cache()
         self.blocks.reset_prefix_cache()
         if level == 2:
             self.loaded.model.release_weights()
+            if draft is not None:
+                draft.release_weights()
 
     def _reload(self, level: int) -> None:
+        draft = self.spec.draft if self.spec is not None else None
         if level == 2:
             self.loaded.model = self._load(self.loaded.path).model
+            if draft is not None:
+                draft.reload_weights(self.config)
         self.runner.allocate_kv_cache()
-        if self.spec is not None and self.spec.draft is not None:
-            self.spec.draft.allocate_kv_cache()
+        if draft is not None:
+            draft.allocate_kv_cache()
 
 
 __all__ = ["LLMEngine", "PromptError", "PromptType"]

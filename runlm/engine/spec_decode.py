@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from runlm.engine.spec_decode_draft import DraftModelProposer
 
 # verifications a sequence gets before its acceptance rate can pause it
-_WARMUP = 4
+_WARMUP = 3
 
 
 @dataclass(slots=True)

@@ -45,6 +45,12 @@ class DraftModelProposer:
     def free_kv_cache(self) -> None:
         self.runner.free_kv_cache()
 
+    def release_weights(self) -> None:
+        self.loaded.model.release_weights()
+
+    def reload_weights(self, config: EngineConfig) -> None:
+        self.loaded.model = load_draft(config, str(self.loaded.path), self.loaded).model
+
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
         """Set each sequence's draft (up to its k tokens; none while it is still catching up)."""

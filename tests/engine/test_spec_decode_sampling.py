@@ -64,13 +64,13 @@ def test_engine_samples_match_with_and_without_a_draft(tiny_model) -> None:
     target = str(tiny_model("qwen2"))
     prompt = {"prompt_token_ids": prompt_ids(8, seed=3)}
     n = 200
-    params = [SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True, seed=i) for i in range(n)]
+    params = [SamplingParams(temperature=1.0, top_k=3, max_tokens=4, ignore_eos=True, seed=i) for i in range(n)]
     kw = dict(block_size=4, max_num_batched_tokens=256, kv_cache_memory="64MiB")
     plain = LLM(target, **kw).generate([prompt] * n, params, use_tqdm=False)
     llm = LLM(target, **kw, speculative_config={"model": str(near_copy("qwen2", 0.05)), "num_speculative_tokens": 2,
                                                 "min_acceptance_rate": 0})
     spec = llm.generate([prompt] * n, params, use_tqdm=False)
-    assert llm.engine.spec is not None and llm.engine.spec.stats.num_accepted_tokens > 50
+    assert llm.engine.spec is not None and llm.engine.spec.stats.num_accepted_tokens > 20
     for pos in (1, 2):
         a = Counter(o.outputs[0].token_ids[pos] for o in plain)
         b = Counter(o.outputs[0].token_ids[pos] for o in spec)
