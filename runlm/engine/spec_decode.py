@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from runlm.engine.spec_decode_draft import DraftModelProposer
 
 # verifications a sequence gets before its acceptance rate can pause it
-_WARMUP = 3
+_WARMUP = 2
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ import torch
 # the running acceptance rate weighs each new verification by this much (about the last 8 drafts count)
 _EMA_WEIGHT = 0.125
 # a sequence that stops speculating sits out this many steps at first, twice as long each time after
-_FIRST_PAUSE, _MAX_PAUSE = 32, 512
+_FIRST_PAUSE, _MAX_PAUSE = 64, 1024
 
 
 @dataclass(slots=True)

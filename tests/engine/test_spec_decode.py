@@ -107,10 +107,10 @@ def test_a_sequence_whose_drafts_fail_stops_speculating_and_retries_later() -> N
         state.record(4, 0, min_rate=0.3, warmup=4)
         assert state.may_speculate()
     state.record(4, 0, min_rate=0.3, warmup=4)  # the fourth failure in a row: below 0.3 now
-    assert [state.may_speculate() for _ in range(33)] == [False] * 32 + [True]
+    assert [state.may_speculate() for _ in range(65)] == [False] * 64 + [True]
     for _ in range(4):
         state.record(4, 0, min_rate=0.3, warmup=4)
-    assert state.paused_steps == 64  # each pause twice the last
+    assert state.paused_steps == 128  # each pause twice the last
     good = SpecState()
     for _ in range(10):
         good.record(4, 3, min_rate=0.3, warmup=4)
@@ -125,7 +125,7 @@ def test_an_unrelated_draft_is_dropped_after_a_few_steps(tiny_model) -> None:
     llm = LLM(target, **ENGINE, speculative_config={"model": str(tiny_model("qwen2")), "num_speculative_tokens": 3,
                                                     "min_acceptance_rate": 0.5})
     _same(want, llm.generate(PROMPTS[:1], params))
-    assert llm.engine.spec is not None and 3 <= llm.engine.spec.stats.num_drafts <= 8
+    assert llm.engine.spec is not None and 2 <= llm.engine.spec.stats.num_drafts <= 4
 
 
 def test_sleep_drops_and_wake_up_restores_the_draft_too(tiny_model) -> None:
