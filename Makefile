@@ -47,6 +47,7 @@ bench: $(VENV)/.bench-installed
 	$(VENV)/bin/python bench/quant_bench.py
 	$(VENV)/bin/python bench/decode_speed.py
 	$(VENV)/bin/python bench/engine_bench.py
+	$(VENV)/bin/python bench/spec_bench.py
 	$(VENV)/bin/python bench/serve_bench.py
 
 clean:

@@ -7,6 +7,7 @@ exits with status 1, so a supervisor (the runner) sees the failure.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -67,6 +68,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="compute dtype (default float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, as vLLM: \'{"method": "ngram", "num_speculative_tokens": 4}\' or '
+                        '\'{"model": DRAFT, "num_speculative_tokens": 4, "min_acceptance_rate": 0.1}\'')
+    p.add_argument("--draft-model", default=None, metavar="MODEL",
+                   help="shorthand: speculate with this draft model (same vocabulary as MODEL)")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                   help="shorthand: draft tokens per step (with --draft-model, or n-gram lookup alone)")
     add_numerics_arguments(p)
     p.set_defaults(func=run_serve_engine)
 
@@ -82,6 +90,23 @@ def parse_lora_modules(items: list[str]) -> dict[str, str]:
             raise ValueError(f"--lora-modules names {name!r} twice")
         modules[name] = path
     return modules
+
+
+def speculative_config(args: argparse.Namespace) -> dict | None:
+    """--speculative-config JSON, with --draft-model and --num-speculative-tokens filled in (checked by the engine)."""
+    spec: dict = {}
+    if args.speculative_config:
+        try:
+            spec = json.loads(args.speculative_config)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--speculative-config is not JSON: {exc}") from None
+        if not isinstance(spec, dict):
+            raise ValueError("--speculative-config must be a JSON object")
+    if args.draft_model:
+        spec["model"] = args.draft_model
+    if args.num_speculative_tokens is not None:
+        spec["num_speculative_tokens"] = args.num_speculative_tokens
+    return spec or None
 
 
 def _kv_cache_memory(value: str | None) -> str | float | None:
@@ -150,7 +175,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
     import uvicorn
 
     from runlm.engine.async_llm import AsyncLLM
-    from runlm.engine.factory import engine_config, engine_from_config
+    from runlm.engine.factory import engine_config, engine_from_config, resolve_speculative
     from runlm.server import ServerSettings, build_app
     from runlm.sizes import parse_size
 
@@ -165,6 +190,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                                   lora_modules=parse_lora_modules(args.lora_modules))
         if args.max_waiting < 0:
             raise ValueError("--max-waiting must be 0 or more")
+        spec = resolve_speculative(speculative_config(args))
         sock, where = open_socket(args.host, args.port, args.uds)
     except (UnknownModelError, ValueError, OSError) as exc:
         print(f"runlm serve-engine: {exc}", file=sys.stderr)
@@ -174,7 +200,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                        kv_cache_memory=_kv_cache_memory(args.kv_cache_memory), device=args.device,
                        exact_numerics=args.exact_numerics, threads=args.threads,
                        enable_lora=settings.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
-                       max_cpu_loras=args.max_cpu_loras)
+                       max_cpu_loras=args.max_cpu_loras, speculative_config=spec)
     if args.dtype or args.device.startswith("cuda"):
         engine_args["dtype"] = args.dtype or "bfloat16"
     try:

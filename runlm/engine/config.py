@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runlm.engine.spec_decode_config import SpeculativeConfig
 from runlm.sizes import available_memory, parse_size
 
 __all__ = ["DEFAULT_KV_CAP", "DEFAULT_KV_FRACTION", "EngineConfig", "available_memory", "kv_cache_blocks",
@@ -49,8 +50,11 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # speculative decoding (vLLM's speculative_config; a dict is accepted and checked here)
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
         if self.task not in ("auto", "generate", "embed", "score"):
             raise ValueError(f"task must be auto, generate, embed or score, not {self.task!r}")
         if self.max_num_seqs < 1:

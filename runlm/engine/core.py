@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -25,6 +25,9 @@ from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.scheduler import Scheduler
 from runlm.formats.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from runlm.engine.spec_decode import SpecDecodeStats
 
 # what a step hands out: text for generation, a vector or score for pooling
 EngineOutput = RequestOutput | PoolingRequestOutput
@@ -42,6 +45,7 @@ class EngineStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    spec_decode: SpecDecodeStats | None = None  # with speculative decoding: drafts and acceptance
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -177,4 +181,8 @@ class EngineCore:
         if not self.holds_kv_cache:
             return EngineStats(len(s.running), len(s.waiting), 0.0, 0, 0, 0)
         return EngineStats(len(s.running), len(s.waiting), self.blocks.usage, self.blocks.stats.queries,
-                           self.blocks.stats.hits, self.num_preemptions)
+                           self.blocks.stats.hits, self.num_preemptions, self.spec_decode_stats())
+
+    def spec_decode_stats(self) -> SpecDecodeStats | None:
+        """Speculative decoding's counters, where the engine speculates."""
+        return None

@@ -7,6 +7,8 @@ and builds the config once). ``engine_from_model`` is the convenience behind ``L
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import torch
 from runlm.engine.config import EngineConfig
 from runlm.engine.llm_engine import LLMEngine
 from runlm.engine.pooling_engine import PoolingEngine
+from runlm.engine.spec_decode_config import SpeculativeConfig
 from runlm.models.load import model_task
 
 EngineCoreType = LLMEngine | PoolingEngine
@@ -33,8 +36,20 @@ def engine_config(model: str | Path, **kwargs: Any) -> EngineConfig:
     return EngineConfig(model=str(model), **kwargs)
 
 
+def resolve_speculative(spec: SpeculativeConfig | Mapping[str, Any] | None) -> SpeculativeConfig | None:
+    """The checked speculative_config with its draft model (a built-in name or a path) resolved to a path."""
+    from runlm.store.builtin import resolve_model
+
+    checked = SpeculativeConfig.coerce(spec)
+    if checked is None or checked.model is None:
+        return checked
+    return replace(checked, model=str(resolve_model(checked.model)))
+
+
 def engine_from_model(model: str | Path, **kwargs: Any) -> EngineCoreType:
     """A built-in name, a .gguf file or a model directory -> the engine core for it."""
     from runlm.store.builtin import resolve_model  # names are the store's; the engine cores take paths
 
+    if kwargs.get("speculative_config") is not None:
+        kwargs["speculative_config"] = resolve_speculative(kwargs["speculative_config"])
     return engine_from_config(engine_config(resolve_model(str(model)), **kwargs))

@@ -25,6 +25,7 @@ from runlm.engine.sampler import make_generator
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from runlm.engine.sequence import Sequence
+from runlm.engine.spec_decode import SpecDecoder, SpecDecodeStats
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.kv_size import kv_bytes_per_token
 from runlm.models.load import LoadedModel, load_decoder
@@ -46,6 +47,15 @@ class LLMEngine(EngineCore):
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.kv_bytes_per_token = per_token = kv_bytes_per_token(
             mc.num_layers, mc.num_kv_heads, mc.head_dim, config.dtype.itemsize)
+        spec = config.speculative_config
+        draft = None
+        if spec is not None and spec.method == "draft_model":
+            from runlm.engine.spec_decode_draft import load_draft
+
+            assert spec.model is not None  # SpeculativeConfig checks it
+            draft = load_draft(config, spec.model, self.loaded)
+            dc = draft.config  # the draft's K/V lives in the same blocks: the budget pays for both
+            per_token += kv_bytes_per_token(dc.num_layers, dc.num_kv_heads, dc.head_dim, config.dtype.itemsize)
         num_blocks = kv_cache_blocks(config, per_token, self.max_model_len)
         # sliding-window layers give back the blocks behind their window as sequences run
         self.blocks = block_manager(mc, num_blocks, config.block_size, config.enable_prefix_caching,
@@ -65,6 +75,15 @@ class LLMEngine(EngineCore):
             self.lora = LoRAManager(self.loaded.model, mc, config.max_loras, config.max_lora_rank,
                                     config.max_cpu_loras)
             self.scheduler.max_loras = config.max_loras
+        self.spec: SpecDecoder | None = None
+        if spec is not None:
+            from runlm.engine.spec_decode_draft import DraftModelProposer
+
+            if draft is not None and window is not None:
+                raise ValueError("speculative_config: a draft model needs a target whose layers are not all "
+                                 "sliding-window (the draft would read blocks the target gives back)")
+            self.spec = SpecDecoder(spec, self.max_seq_tokens,
+                                    DraftModelProposer(config, draft, self.blocks) if draft is not None else None)
         self.requests: dict[str, RequestState] = {}
         self.num_preemptions = 0
         self.sleep_level = 0
@@ -168,8 +187,13 @@ class LLMEngine(EngineCore):
             return []
         with self.lora.batch(s.lora_key for s in sched.seqs) if self.lora else nullcontext():
             sampled = self.runner.execute(sched)
+        if self.spec is not None:
+            self.spec.after_verify(sched, sampled)
         self.scheduler.update(sched)
-        return self._outputs(self._process(sampled))
+        touched = self._process(sampled)
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
+        return self._outputs(touched)
 
     def _schedule(self) -> SchedulerOutput:
         sched = self.scheduler.schedule()
@@ -186,6 +210,8 @@ class LLMEngine(EngineCore):
         touched: dict[str, RequestState] = {}
         for s in sampled:
             seq = s.seq
+            if seq.is_finished:  # a speculating sequence stopped before the last of its verified tokens
+                continue
             state = self.requests[seq.request_id]
             if s.logprobs is not None and seq.logprobs is not None:  # both exist when logprobs were asked for
                 seq.logprobs.append(s.logprobs)
@@ -201,6 +227,10 @@ class LLMEngine(EngineCore):
                 seq.finish_reason = reason
                 self._finish(seq)
             touched[state.request_id] = state
+        if self.spec is not None:
+            for state in touched.values():
+                state.metrics.num_draft_tokens = sum(s.spec.num_drafted for s in state.seqs)
+                state.metrics.num_accepted_tokens = sum(s.spec.num_accepted for s in state.seqs)
         return touched
 
     def _outputs(self, touched: dict[str, RequestState]) -> list[RequestOutput]:
@@ -214,19 +244,32 @@ class LLMEngine(EngineCore):
                 del self.requests[rid]
         return outputs
 
+    def spec_decode_stats(self) -> SpecDecodeStats | None:
+        return self.spec.stats if self.spec is not None else None
+
     # ---- control: sleep drops what EngineCore.sleep asks, wake_up restores it -----------------
     def _drop(self, level: int) -> None:
         self.runner.free_kv_cache()
+        draft = self.spec.draft if self.spec is not None else None
+        if draft is not None:
+            draft.free_kv_cache()
         self.blocks.reset_prefix_cache()
         if level == 2:
             self.loaded.model.release_weights()
+            if draft is not None:
+                draft.release_weights()
 
     def _reload(self, level: int) -> None:
+        draft = self.spec.draft if self.spec is not None else None
         if level == 2:
             self.loaded.model = self._load(self.loaded.path).model
             if self.lora is not None:
                 self.lora.rebind(self.loaded.model)
+            if draft is not None:
+                draft.reload_weights(self.config)
         self.runner.allocate_kv_cache()
+        if draft is not None:
+            draft.allocate_kv_cache()
 
 
 __all__ = ["LLMEngine", "PromptError", "PromptType"]

@@ -3,6 +3,9 @@
     prepare (flatten the batch into ids, positions and KV slots) -> run_model (the forward pass)
     -> prompt logprobs -> compute_logits -> sample (penalties, grammar masks, the draw, logprobs)
 
+A speculating sequence brings its draft tokens after its last known token; its 1 + k rows are
+verified (spec_decode_verify) instead of sampled, in the same forward pass as everything else.
+
 Owns the KV cache tensors (one K and one V tensor per layer, addressed by flat slot =
 block * block_size + offset) and turns a SchedulerOutput into the model's forward context.
 """
@@ -18,6 +21,7 @@ from runlm.engine.outputs import Logprob
 from runlm.engine.sampler import process_logits, sample, token_logprobs
 from runlm.engine.scheduler import SchedulerOutput
 from runlm.engine.sequence import Sequence
+from runlm.engine.spec_decode_verify import verify_draft
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.models.attention import ForwardContext, GroupSlots, forward_context
 from runlm.models.load import LoadedModel
@@ -47,6 +51,9 @@ class PreparedBatch:
     context: ForwardContext
     sample_rows: list[int] = field(default_factory=list)
     sample_seqs: list[Sequence] = field(default_factory=list)
+    # speculating sequences: the first of their 1 + k rows (the last known token, then the draft tokens)
+    spec_rows: list[int] = field(default_factory=list)
+    spec_seqs: list[Sequence] = field(default_factory=list)
     prompt_logprob_rows: list[PromptLogprobRows] = field(default_factory=list)
 
 
@@ -77,10 +84,18 @@ class ModelRunner:
         hidden = self.run_model(batch)
         for rows in batch.prompt_logprob_rows:
             self._prompt_logprobs(rows, hidden)
-        if not batch.sample_seqs:
+        spec_rows = [r + j for r, s in zip(batch.spec_rows, batch.spec_seqs) for j in range(len(s.spec.tokens) + 1)]
+        if not batch.sample_seqs and not spec_rows:
             return []
-        raw = self.loaded.model.compute_logits(hidden[batch.sample_rows]).float().cpu()
-        return self.sample(raw, batch.sample_seqs)
+        raw = self.loaded.model.compute_logits(hidden[batch.sample_rows + spec_rows]).float().cpu()
+        plain = len(batch.sample_rows)
+        results = self.sample(raw[:plain], batch.sample_seqs) if batch.sample_seqs else []
+        for seq in batch.spec_seqs:
+            k = len(seq.spec.tokens)
+            results += [SampledToken(seq, t, lp) for t, lp in verify_draft(raw[plain:plain + k + 1], seq,
+                                                                           self.structured)]
+            plain += k + 1
+        return results
 
     def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
         """Prefill chunks and decode tokens alike: each sequence contributes rows start..end."""
@@ -90,11 +105,15 @@ class ModelRunner:
         group_slots: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per sequence: per extra group
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
+        spec_rows: list[int] = []
+        spec_seqs: list[Sequence] = []
         lp_rows: list[PromptLogprobRows] = []
         row = 0
         for seq, n in zip(sched.seqs, sched.num_new_tokens):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             ids.extend(seq.token_ids[start:end])
+            num_draft = max(end - seq.num_tokens, 0)  # the scheduler trimmed the draft to what it scheduled
+            ids.extend(seq.spec.tokens[:num_draft])
             positions.append(torch.arange(start, end))
             slot_maps.append(self.blocks.slots(seq.table, start, end))
             context_slots.append(self.blocks.slots(seq.table, 0, end))
@@ -106,7 +125,10 @@ class ModelRunner:
                 last = min(end, seq.num_prompt_tokens - 1)
                 lp_rows.append(PromptLogprobRows(seq, row, start, last - start))
             row += n
-            if end == seq.num_tokens:
+            if num_draft:
+                spec_rows.append(row - num_draft - 1)
+                spec_seqs.append(seq)
+            elif end == seq.num_tokens:
                 sample_rows.append(row - 1)
                 sample_seqs.append(seq)
         context_lens = [s.num_computed_tokens + n for s, n in zip(sched.seqs, sched.num_new_tokens)]
@@ -118,7 +140,7 @@ class ModelRunner:
                                      [per[g][1].to(self.device) for per in group_slots])
                           for g in range(len(hybrid.groups) - 1)]
         return PreparedBatch(torch.tensor(ids, device=self.device), torch.cat(positions).to(self.device), ctx,
-                             sample_rows, sample_seqs, lp_rows)
+                             sample_rows, sample_seqs, spec_rows, spec_seqs, lp_rows)
 
     def run_model(self, batch: PreparedBatch) -> torch.Tensor:
         with forward_context(batch.context):

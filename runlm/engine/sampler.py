@@ -56,7 +56,7 @@ def process_logits(logits: torch.Tensor, params: Seq[SamplingParams], prompt_ids
     return logits
 
 
-def _probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+def probabilities(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """Temperature, top-k, min-p and top-p on one row -> a probability vector."""
     row = row / p.temperature
     if p.top_k and p.top_k < row.shape[-1]:
@@ -79,7 +79,7 @@ def sample(logits: torch.Tensor, params: Seq[SamplingParams],
     out = logits.argmax(dim=-1)
     for i, p in enumerate(params):
         if not p.greedy:
-            out[i] = torch.multinomial(_probs(logits[i], p), 1, generator=generators[i])[0]
+            out[i] = torch.multinomial(probabilities(logits[i], p), 1, generator=generators[i])[0]
     return out
 
 

@@ -62,6 +62,7 @@ class Scheduler:
         self.blocks.release(seq.table)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
+        seq.spec.clear()
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
         out.preempted.append(seq)
@@ -76,7 +77,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            # a decoding sequence's draft tokens (speculative decoding) ride along, as far as the budget goes
+            known = seq.num_tokens - seq.num_computed_tokens
+            n = min(known + len(seq.spec.tokens), budget)
+            seq.spec.trim(max(n - known, 0))
             while not self.blocks.grow(seq.table, seq.num_computed_tokens + n):
                 self._preempt(self.running[-1], out)
                 if seq.status is SequenceStatus.WAITING:
@@ -126,8 +130,9 @@ class Scheduler:
         return key in keys or len(keys) < (self.max_loras or 0)
 
     def update(self, out: SchedulerOutput) -> None:
-        """After the forward pass: the scheduled tokens are in the cache; share full blocks."""
+        """After the forward pass: the scheduled tokens are in the cache; share full blocks. (Accepted draft
+        tokens are computed before they are appended: their blocks are shared a step later.)"""
         for seq, n in zip(out.seqs, out.num_new_tokens):
             seq.num_computed_tokens += n
-            self.blocks.commit_full_blocks(seq.table, seq.token_ids, seq.num_computed_tokens)
+            self.blocks.commit_full_blocks(seq.table, seq.token_ids, min(seq.num_computed_tokens, seq.num_tokens))
             self.blocks.release_outside_window(seq.table, seq.num_computed_tokens)

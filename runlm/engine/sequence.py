@@ -12,6 +12,7 @@ from runlm.engine.kv_cache import BlockTable
 from runlm.engine.outputs import PromptLogprobs, SampleLogprobs
 from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.spec_decode_state import SpecState
 
 
 class SequenceStatus(enum.Enum):
@@ -50,6 +51,7 @@ class Sequence:
     stop_ids: frozenset[int] = frozenset()
     pooling_params: PoolingParams | None = None  # set for embedding/scoring: the whole prompt runs in one step
     lora_key: int = 0  # the loaded LoRA adapter it runs with (runlm.engine.lora_manager); 0: none
+    spec: SpecState = field(default_factory=SpecState)  # speculative decoding: the pending draft and its record
 
     @property
     def num_tokens(self) -> int:

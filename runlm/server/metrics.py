@@ -42,15 +42,27 @@ class _EngineCollector:
             g = GaugeMetricFamily(name, doc, labels=label)
             g.add_metric([self.model_name], value)
             yield g
-        for name, doc, value in (("runlm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                                  s.prefix_cache_queries),
-                                 ("runlm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                                  s.prefix_cache_hits),
-                                 ("runlm:num_preemptions", "Sequences preempted (recomputed later).",
-                                  s.num_preemptions)):
+        counters = [("runlm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                     s.prefix_cache_queries),
+                    ("runlm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
+                    ("runlm:num_preemptions", "Sequences preempted (recomputed later).", s.num_preemptions)]
+        spec = s.spec_decode
+        if spec is not None:  # vLLM's spec_decode counters, where the engine speculates
+            counters += [("runlm:spec_decode_num_drafts", "Drafts verified.", spec.num_drafts),
+                         ("runlm:spec_decode_num_draft_tokens", "Draft tokens verified.", spec.num_draft_tokens),
+                         ("runlm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                          spec.num_accepted_tokens)]
+        for name, doc, value in counters:
             c = CounterMetricFamily(name, doc, labels=label)
             c.add_metric([self.model_name], value)
             yield c
+        if spec is not None:
+            per_pos = CounterMetricFamily("runlm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Draft tokens accepted, by their position in the draft.",
+                                          labels=["model_name", "position"])
+            for pos, value in enumerate(spec.accepted_per_position):
+                per_pos.add_metric([self.model_name, str(pos)], value)
+            yield per_pos
 
 
 class ServerMetrics:

@@ -1,7 +1,9 @@
 """runlm's own engine as a backend: ``runlm serve-engine`` in a child process on a Unix socket."""
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runlm import __version__
@@ -64,8 +66,31 @@ def runtime_kv_bytes(config: BackendConfig) -> int | None:
     return int(available_memory() * fraction) if 0 < fraction <= 1 else parse_size(value)
 
 
+def draft_bytes(config: BackendConfig) -> int:
+    """The draft model's file(s), mapped as stored, for speculative decoding (0 without a draft)."""
+    spec = config.speculative
+    if spec is None or not spec.draft_model_path:
+        return 0
+    path = Path(spec.draft_model_path)
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    return path.stat().st_size if path.is_file() else 0
+
+
+def speculative_argv(config: BackendConfig) -> list[str]:
+    """Model Runner's ``speculative`` object as serve-engine's --speculative-config (vLLM's flag)."""
+    spec = config.speculative
+    if spec is None or not spec.draft_model_path:
+        return []
+    value: dict[str, object] = {"model": spec.draft_model_path, "num_speculative_tokens": spec.num_tokens}
+    if spec.min_acceptance_rate > 0:  # 0 is Model Runner's "unset": the engine's default applies
+        value["min_acceptance_rate"] = spec.min_acceptance_rate
+    return ["--speculative-config", json.dumps(value)]
+
+
 class NativeBackend(ProcessBackend):
     name = "native"
+    supports_speculative = True
     allowed_flags = {"--max-num-seqs": is_int, "--max-num-batched-tokens": is_int, "--kv-cache-memory": is_size,
                      "--device": lambda v: v in ("cpu", "cuda") or v.startswith("cuda:") and v[5:].isdigit(),
                      "--dtype": lambda v: v in ("float32", "bfloat16", "float16"),
@@ -82,7 +107,7 @@ class NativeBackend(ProcessBackend):
         return 0
 
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
-        weights = weight_bytes(model)
+        weights = weight_bytes(model) + draft_bytes(config)
         kv = runtime_kv_bytes(config) or kv_cache_bytes(model, self.context_size(model, config))
         return RequiredMemory(ram=weights + kv + RUNTIME_OVERHEAD, vram=0)
 
@@ -96,7 +121,7 @@ class NativeBackend(ProcessBackend):
         if config.lora_paths:  # every configured adapter may run in one step; a runtime flag may say otherwise
             argv += ["--enable-lora", "--max-loras", str(len(config.lora_paths)), "--max-lora-rank", str(LORA_RANK),
                      "--lora-modules", *[f"{n}={p}" for n, p in config.lora_paths.items()]]
-        return argv + self.check_flags(config.runtime_flags)
+        return argv + speculative_argv(config) + self.check_flags(config.runtime_flags)
 
     async def run(self, socket: str, model: str, model_ref: str, mode: BackendMode, config: BackendConfig,
                   stored: StoredModel | None = None) -> None:

@@ -1,0 +1,104 @@
+"""Speculative decoding: decode speed with and without speculation (n-gram prompt lookup, or a draft model
+with --draft), on prompts whose answers repeat their input (rewrite this code, quote this passage),
+single-stream and several streams at once.
+
+Greedy, so both runs produce the same tokens (checked); each configuration gets its own engine, and
+runs alternate round by round on this noisy shared machine. Prints a table (acceptance rate, mean
+accepted length, tokens/s, speedup) and writes JSON to bench/results/spec_bench.json.
+
+    .venv/bin/python bench/spec_bench.py [--model smollm2] [--tokens 96] [--streams 1 8] [--rounds 2]
+                                         [--draft MODEL] [--k 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+CODE = '''def parse_config(path):
+    """Read key = value lines, skipping comments and blank lines."""
+    config = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, _, value = line.partition("=")
+            config[key.strip()] = value.strip()
+    return config
+'''
+PASSAGE = ("The lighthouse stood on the northern cliff for two hundred years. Every night its keeper climbed "
+           "the ninety steps, trimmed the wick and wound the clockwork that turned the great lens. Ships "
+           "passing in the dark counted its flashes, three short and one long, and knew where they were.")
+PROMPTS = [f"Rewrite this code with the variable `config` renamed to `settings`. Keep everything else the same.\n\n"
+           f"{CODE}",
+           f"Quote the following passage word for word, then stop.\n\n{PASSAGE}"]
+
+
+def run(llm, prompts: list[list[int]], tokens: int):  # type: ignore[no-untyped-def]
+    from runlm.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    llm.reset_prefix_cache()
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    return [o.outputs[0].token_ids for o in outs], sum(len(o.outputs[0].token_ids) for o in outs) / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--k", type=int, default=5, help="num_speculative_tokens")
+    ap.add_argument("--draft", default=None, help="a draft model (default: n-gram lookup)")
+    args = ap.parse_args()
+
+    from runlm.engine.llm import LLM
+    from runlm.store.builtin import resolve_model
+
+    path = str(resolve_model(args.model))
+    plain = LLM(path, max_num_seqs=max(args.streams))
+    method = "draft_model" if args.draft else "ngram"
+    config = {"method": method, "num_speculative_tokens": args.k}
+    if args.draft:
+        config["model"] = str(resolve_model(args.draft))
+    spec = LLM(path, max_num_seqs=max(args.streams), speculative_config=config)
+    encoded = [plain.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    rows = []
+    for streams in args.streams:
+        prompts = [encoded[i % len(encoded)] for i in range(streams)]
+        run(plain, prompts[:1], 4), run(spec, prompts[:1], 4)  # warm-up
+        speeds: dict[str, list[float]] = {"plain": [], "spec": []}
+        stats = spec.engine.spec.stats
+        before = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
+        for _ in range(args.rounds):
+            want, s_plain = run(plain, prompts, args.tokens)
+            got, s_spec = run(spec, prompts, args.tokens)
+            assert got == want, "speculation changed the greedy output"
+            speeds["plain"].append(s_plain)
+            speeds["spec"].append(s_spec)
+        drafts, drafted, accepted = (now - then for now, then in zip(
+            (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens), before))
+        p, s = statistics.median(speeds["plain"]), statistics.median(speeds["spec"])
+        rows.append({"model": args.model, "method": args.draft or "ngram", "k": args.k, "streams": streams,
+                     "acceptance_rate": accepted / drafted if drafted else 0.0,
+                     "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0,
+                     "plain_tok_s": p, "spec_tok_s": s, "speedup": s / p})
+    print("| model | method | streams | acceptance | mean accepted length | plain tok/s | spec tok/s | speedup |\n"
+          "|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['method']} k={r['k']} | {r['streams']} | {r['acceptance_rate']:.2f} | "
+              f"{r['mean_accepted_length']:.2f} | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | "
+              f"{r['speedup']:.2f}x |")
+    out = Path(__file__).parent / "results" / f"spec_bench_{method}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Draft-model proposals: a second, smaller model of the same vocabulary guesses k tokens, one forward pass
+per token, batched over the speculating sequences.
+
+The draft keeps its own K/V tensors but addresses them through the target's block tables (the same
+slots), so a sequence's blocks hold both models' K/V and preemption, release and rollback need nothing
+of their own. ``spec.draft_computed`` says how many positions hold valid draft K/V: a pass first catches
+up on the tokens the draft has not seen (the tokens accepted last step, or the whole prompt), whose last
+row gives the first draft token. Positions past the accepted ones are simply rewritten later.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from runlm.engine.config import EngineConfig
+from runlm.engine.kv_groups import AnyBlockManager, HybridBlockManager
+from runlm.engine.model_runner import ModelRunner, PreparedBatch
+from runlm.engine.sampler import probabilities
+from runlm.engine.sequence import Sequence
+from runlm.models.attention import ForwardContext
+from runlm.models.load import LoadedModel, load_decoder
+
+
+def load_draft(config: EngineConfig, path: str, target: LoadedModel) -> LoadedModel:
+    """The draft model, refused up front unless its vocabulary is the target's."""
+    draft = load_decoder(Path(path), dtype=config.dtype, device=config.device, exact_numerics=config.exact_numerics)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"speculative_config: the draft model's vocabulary ({draft.config.vocab_size} tokens) is "
+                         f"not the target's ({target.config.vocab_size} tokens); a draft must share the target's "
+                         f"tokenizer")
+    return draft
+
+
+class DraftModelProposer:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager) -> None:
+        self.loaded, self.blocks = loaded, blocks
+        # its own K/V tensors over the shared block tables (a cache in groups: the global group's, which holds
+        # every block of a sequence)
+        self.runner = ModelRunner(config, loaded, blocks.main if isinstance(blocks, HybridBlockManager) else blocks)
+        self.max_chunk = config.max_num_batched_tokens  # catching up on a prompt goes at most this many a step
+        self.max_position = loaded.config.max_position_embeddings
+
+    def allocate_kv_cache(self) -> None:
+        self.runner.allocate_kv_cache()
+
+    def free_kv_cache(self) -> None:
+        self.runner.free_kv_cache()
+
+    def release_weights(self) -> None:
+        self.loaded.model.release_weights()
+
+    def reload_weights(self, config: EngineConfig) -> None:
+        self.loaded.model = load_draft(config, str(self.loaded.path), self.loaded).model
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
+        """Set each sequence's draft (up to its k tokens; none while it is still catching up)."""
+        todo: list[tuple[Sequence, int, int, int]] = []  # (seq, start, end, k)
+        for seq, k in zip(seqs, ks):
+            state = seq.spec
+            start, n = min(state.draft_computed, seq.num_tokens - 1), seq.num_tokens
+            end = min(n, start + self.max_chunk)
+            k = min(k, self.max_position - n) if end == n else 0
+            # the draft writes K/V for positions start .. end-1 (the newest token's slot may not exist yet), then
+            # n .. n+k-2 for its own tokens: the table must reach them
+            if not self.blocks.grow(seq.table, end + max(k - 1, 0)):
+                k = min(k, 1)
+                if not self.blocks.grow(seq.table, end):
+                    continue  # the cache is full: no draft this step
+            todo.append((seq, start, end, k))
+        if not todo:
+            return
+        last = self._forward([(s, list(s.token_ids[a:b]), a) for s, a, b, _ in todo])
+        for seq, _, end, _ in todo:
+            seq.spec.draft_computed = end
+        drafting = [(seq, k) for seq, _, _, k in todo if k > 0]
+        rows = [i for i, (_, _, _, k) in enumerate(todo) if k > 0]
+        logits = last[rows] if rows else last[:0]
+        drafts: list[list[int]] = [[] for _ in drafting]
+        probs: list[list[torch.Tensor]] = [[] for _ in drafting]
+        step = 0
+        while drafting and logits.shape[0]:
+            active = [i for i, (_, k) in enumerate(drafting) if len(drafts[i]) < k]
+            for row, i in enumerate(active):
+                seq = drafting[i][0]
+                if seq.params.greedy:
+                    token = int(logits[row].argmax())
+                else:
+                    q = probabilities(logits[row], seq.params)
+                    token = int(torch.multinomial(q, 1, generator=seq.generator)[0])
+                    probs[i].append(q)
+                drafts[i].append(token)
+            step += 1
+            feed = [i for i in active if len(drafts[i]) < drafting[i][1]]
+            if not feed:
+                break
+            n_of = {i: drafting[i][0].num_tokens for i in feed}
+            logits = self._forward([(drafting[i][0], [drafts[i][-1]], n_of[i] + step - 1) for i in feed])
+            for i in feed:
+                drafting[i][0].spec.draft_computed = n_of[i] + step
+        for i, (seq, _) in enumerate(drafting):
+            seq.spec.tokens = drafts[i]
+            seq.spec.probs = torch.stack(probs[i]) if probs[i] else None
+
+    def _forward(self, items: list[tuple[Sequence, list[int], int]]) -> torch.Tensor:
+        """Run (seq, tokens, first position) chunks through the draft; the float32 logits of each chunk's last row."""
+        device = self.runner.device
+        ids = [t for _, tokens, _ in items for t in tokens]
+        positions = torch.cat([torch.arange(p, p + len(tokens)) for _, tokens, p in items])
+        query_lens = [len(tokens) for _, tokens, _ in items]
+        context_lens = [p + len(tokens) for _, tokens, p in items]
+        slots = torch.cat([self.blocks.slots(s.table, p, p + len(tokens)) for s, tokens, p in items])
+        context = [self.blocks.slots(s.table, 0, c).to(device) for (s, _, _), c in zip(items, context_lens)]
+        ctx = ForwardContext(query_lens, context_lens, slots.to(device), context, self.runner.kv_caches)
+        batch = PreparedBatch(torch.tensor(ids, device=device), positions.to(device), ctx)
+        hidden = self.runner.run_model(batch)
+        last = (torch.tensor(query_lens).cumsum(0) - 1).tolist()
+        return self.loaded.model.compute_logits(hidden[last]).float().cpu()
