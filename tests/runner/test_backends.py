@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
@@ -134,11 +135,14 @@ def test_settings_a_backend_cannot_honour_are_refused(tmp_path: Path) -> None:
     b = all_backends(tmp_path)
     spec = BackendConfig.from_json({"speculative": {"draft_model": "tinycoder", "num_tokens": 4}})
     with pytest.raises(ConfigError, match="draft model"):
-        b["native"].check_config(spec)
-    b["vllm"].check_config(spec)  # vLLM takes a draft model
+        b["diffusers"].check_config(spec)  # an image pipeline has no draft
+    b["vllm"].check_config(spec)  # vLLM and the native engine take a draft model
+    b["native"].check_config(spec)
     spec.speculative.draft_model_path = "/d"
     argv = b["vllm"].command("/s", "/m", "m", BackendMode.COMPLETION, spec)
     assert '"num_speculative_tokens": 4' in argv[argv.index("--speculative-config") + 1]
+    argv = b["native"].command("/s", "/m", "m", None, spec)
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {"model": "/d", "num_speculative_tokens": 4}
 
 
 def test_a_kv_cache_runtime_flag_is_counted_by_the_budget(stored, tmp_path: Path) -> None:
