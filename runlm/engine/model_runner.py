@@ -115,11 +115,12 @@ class ModelRunner:
             num_draft = max(end - seq.num_tokens, 0)  # the scheduler trimmed the draft to what it scheduled
             ids.extend(seq.spec.tokens[:num_draft])
             positions.append(torch.arange(start, end))
-            slot_maps.append(self.blocks.slots(seq.table, start, end))
-            context_slots.append(self.blocks.slots(seq.table, 0, end))
+            # the new tokens' slots are the tail of the context's: one lookup serves both
+            context = self.blocks.slots(seq.table, 0, end)
+            slot_maps.append(context[start:])
+            context_slots.append(context)
             if hybrid is not None:
-                group_slots.append(list(zip(hybrid.group_slots(seq.table, start, end),
-                                            hybrid.group_slots(seq.table, 0, end))))
+                group_slots.append([(c[start:], c) for c in hybrid.group_slots(seq.table, 0, end)])
             # a preempted sequence recomputes its prompt: its prompt logprobs are already there
             if seq.wants_prompt_logprobs and start < seq.num_prompt_tokens - 1 and seq.num_preemptions == 0:
                 last = min(end, seq.num_prompt_tokens - 1)
