@@ -148,7 +148,8 @@ def chat_request(body: dict[str, Any], stream: bool = False, counting: bool = Fa
     chat["max_completion_tokens"] = body["max_tokens"]
     chat["stream"] = stream
     if stream:
-        chat["stream_options"] = {"include_usage": True}
+        # usage in every chunk: message_start reports the prompt's tokens before any output (vLLM's option)
+        chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     for key, chat_key in _PASSED.items():
         if body.get(key) is not None:
             chat[chat_key] = body[key]

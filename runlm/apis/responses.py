@@ -1,5 +1,6 @@
-"""``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``: OpenAI's Responses API over the app's
-chat source (runlm/apis/source.py), mounted by serve-engine and by the daemon under its OpenAI prefixes."""
+"""``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``:
+OpenAI's Responses API over the app's chat source (runlm/apis/source.py), mounted by serve-engine and by the
+daemon under its OpenAI prefixes."""
 from __future__ import annotations
 
 import functools
@@ -10,6 +11,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from runlm.apis.responses_items import input_items, items_page
 from runlm.apis.responses_output import (
     ResponseEvents,
     ResponseShell,
@@ -60,9 +62,9 @@ def _store(request: Request) -> ResponseStore:
     return request.app.state.response_store
 
 
-def _conversation(history: list[dict[str, Any]], body: dict[str, Any], response: dict[str, Any],
-                  ) -> list[dict[str, Any]]:
-    return history + input_messages(body["input"]) + input_messages(response["output"])
+def _stored(history: list[dict[str, Any]], body: dict[str, Any], response: dict[str, Any]) -> StoredResponse:
+    conversation = history + input_messages(body["input"]) + input_messages(response["output"])
+    return StoredResponse(response, conversation, input_items(body["input"]))
 
 
 async def create(request: Request) -> Response:
@@ -79,7 +81,7 @@ async def create(request: Request) -> Response:
         shell.model = answer.get("model") or shell.model
         response = whole_response(shell, answer)
         if keep:
-            _store(request).put(StoredResponse(response, _conversation(history, body, response)))
+            _store(request).put(_stored(history, body, response))
         return JSONResponse(response)
     chat_stream = await source.open_stream(chat)
     return ClosingStreamingResponse(_sse(request, chat_stream, shell, history, body, keep), chat_stream)
@@ -91,7 +93,7 @@ async def _sse(request: Request, chat_stream: ChatStream, shell: ResponseShell, 
     try:
         async for e in translate(events, chat_stream.chunks, shell.model):
             if e["type"] in ("response.completed", "response.incomplete") and keep:
-                _store(request).put(StoredResponse(e["response"], _conversation(history, body, e["response"])))
+                _store(request).put(_stored(history, body, e["response"]))
             yield named_event(e["type"], e)
     except ChunkError as exc:
         for e in events.failed(exc.error.get("message", "the answer failed"), exc.error.get("code")):
@@ -108,6 +110,12 @@ async def retrieve(request: Request, response_id: str) -> Response:
     return JSONResponse(_store(request).get(response_id).response)
 
 
+async def list_input_items(request: Request, response_id: str) -> Response:
+    q = request.query_params
+    return JSONResponse(items_page(_store(request).get(response_id).input_items, q.get("limit"), q.get("order"),
+                                   q.get("after")))
+
+
 async def delete(request: Request, response_id: str) -> Response:
     _store(request).delete(response_id)
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
@@ -120,6 +128,8 @@ def responses_router(prefixes: tuple[str, ...] = ("/v1",)) -> APIRouter:
                              openapi_extra=json_body(ResponsesRequest), summary="Create a response")
         router.add_api_route(f"{prefix}/responses/{{response_id}}", _openai_errors(retrieve), methods=["GET"],
                              summary="A stored response")
+        router.add_api_route(f"{prefix}/responses/{{response_id}}/input_items", _openai_errors(list_input_items),
+                             methods=["GET"], summary="A stored response's input items")
         router.add_api_route(f"{prefix}/responses/{{response_id}}", _openai_errors(delete), methods=["DELETE"],
                              summary="Delete a stored response")
     return router

@@ -1,11 +1,11 @@
 """Stored responses (``store``, the default): kept in memory for ``previous_response_id`` and
-``GET/DELETE /v1/responses/{id}``, the oldest dropped past a bound, so a long-running server stays small;
-a dropped or unknown id is a clear 404."""
+``GET/DELETE /v1/responses/{id}`` (and its ``input_items``), the oldest dropped past a bound, so a long-running
+server stays small; a dropped or unknown id is a clear 404."""
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runlm.apis.source import ProtocolError
@@ -17,6 +17,7 @@ DEFAULT_MAX_RESPONSES = 1000
 class StoredResponse:
     response: dict[str, Any]
     conversation: list[dict[str, Any]]   # chat messages through this response's output, without instructions
+    input_items: list[dict[str, Any]] = field(default_factory=list)  # the request's input, as input_items lists it
 
 
 class ResponseStore:

@@ -84,6 +84,8 @@ async def translate(translator: ChunkTranslator, chunks: AsyncIterator[dict[str,
     async for chunk in chunks:
         if not started:
             started = True
+            if isinstance(chunk.get("usage"), dict):  # continuous usage stats: the prompt's tokens, before output
+                translator.usage = chunk["usage"]
             for e in translator.start(chunk.get("model") or model):
                 yield e
         for e in translator.push(chunk):

@@ -16,11 +16,12 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="built-in name (smollm2, tinycoder), a .gguf file or a model directory (default: smollm2)")
     p.add_argument("prompt", nargs="*", help="the prompt; several words are joined with spaces")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=40)
+    # unset: the model's recommended setting (runlm show lists them), else the value in brackets
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (model's, else 0.7)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (model's, else 0.95)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens (model's, else 40)")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=None, help="longest answer in tokens (model's, else 512)")
     p.add_argument("--system", default=None, help="system message placed before the conversation")
     add_numerics_arguments(p)
     p.set_defaults(func=_cmd_run)

@@ -106,6 +106,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("\n  Components")
         for name, cls in c["components"].items():
             print(f"    {name:<16}{cls}")
+    if c.get("sampling"):  # what requests and `runlm run` use when they set none (Ollama's "Parameters")
+        print("\n  Parameters")
+        for name, value in c["sampling"].items():
+            print(f"    {name:<20}{value}")
     if c.get("template"):
         print("\n  Template")
         print("\n".join("    " + line for line in c["template"].splitlines()))

@@ -21,21 +21,41 @@ if TYPE_CHECKING:
 _BYE = {"/bye", "/exit", "/quit"}
 
 
+# for a model that recommends no sampling settings of its own (a flag, then the model's, come first)
+RUN_DEFAULTS: dict[str, float | int] = {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "max_tokens": 512}
+_FLAGS = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+
+
 def local_model_path(ref: str) -> Path:
-    """A model in the store by name, else a built-in name, a .gguf file or a model directory."""
+    return local_model(ref)[0]
+
+
+def local_model(ref: str) -> tuple[Path, dict[str, float | int]]:
+    """A model in the store by name, else a built-in name, a .gguf file or a model directory: its path and the
+    sampling settings it recommends."""
     from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore
+    from runlm.store.builtin import recommended_sampling
 
     try:
         store = ModelStore()
-        return store.model_path(store.get(ref))
+        stored = store.get(ref)
+        return store.model_path(stored), stored.info.sampling
     except InvalidNameError:
-        return resolve_model(ref)
+        path = resolve_model(ref)
+        return path, recommended_sampling(ref, path)
     except ModelNotFoundError:
         if not _installed_builtin(ref):
-            return resolve_model(ref)
+            path = resolve_model(ref)
+            return path, recommended_sampling(ref, path)
     # a built-in goes into the store on first use (as `ollama run` pulls), so show, ls and rm see it
     print(f"runlm: storing the built-in model {ref} (once)", file=sys.stderr)
-    return store.model_path(store.pull(ref))
+    stored = store.pull(ref)
+    return store.model_path(stored), stored.info.sampling
+
+
+def run_params(flags: dict[str, float | int], recommended: dict[str, float | int]) -> SamplingParams:
+    """The flags given, over the model's recommended settings, over RUN_DEFAULTS (raises SamplingParamsError)."""
+    return SamplingParams(**{**RUN_DEFAULTS, **recommended, **flags})  # type: ignore[arg-type]
 
 
 def _installed_builtin(ref: str) -> bool:
@@ -51,16 +71,22 @@ def _stored_on_daemon(daemon: Daemon, ref: str) -> None:
                 raise UnknownModelError(f"storing {ref} failed: {event['error']}")
 
 
+def _recommended_on_daemon(daemon: Daemon, ref: str) -> dict[str, float | int]:
+    """The sampling settings the daemon's store knows the model recommends ({} for a model it has not stored)."""
+    resp = daemon.http.get(f"/models/{ref}")
+    return (resp.json().get("config") or {}).get("sampling") or {} if resp.status_code == 200 else {}
+
+
 class Chat:
     """A conversation with one model loaded in this process; keeps the history between turns."""
 
     def __init__(self, model_ref: str, params: SamplingParams, system: str | None, exact_numerics: bool = False,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, path: Path | None = None) -> None:
         from runlm.engine.factory import engine_config, engine_from_config
         from runlm.engine.llm import LLM
 
         # one conversation at a time; the prefix cache keeps earlier turns, so each turn computes only itself
-        config = engine_config(local_model_path(model_ref), max_num_seqs=1, exact_numerics=exact_numerics,
+        config = engine_config(path or local_model_path(model_ref), max_num_seqs=1, exact_numerics=exact_numerics,
                                threads=threads)
         self.llm = LLM(engine=engine_from_config(config))
         self.engine = self.llm.engine
@@ -114,9 +140,9 @@ def _interactive(chat: Chat | DaemonChat) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    flags = {name: value for name in _FLAGS if (value := getattr(args, name)) is not None}
     try:
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                seed=args.seed, max_tokens=args.max_tokens)
+        run_params(flags, {})  # a bad flag is refused before any model loads
     except SamplingParamsError as exc:
         print(f"runlm run: {exc}", file=sys.stderr)
         return 2
@@ -131,12 +157,15 @@ def run_command(args: argparse.Namespace) -> int:
 
     daemon = connect()
     try:
+        ref = args.model or DEFAULT_MODEL
         if daemon is not None:  # the daemon has the model loaded already, or loads it once for everyone
-            _stored_on_daemon(daemon, args.model or DEFAULT_MODEL)
-            chat: Chat | DaemonChat = DaemonChat(daemon, args.model or DEFAULT_MODEL, params, args.system)
+            _stored_on_daemon(daemon, ref)
+            params = run_params(flags, _recommended_on_daemon(daemon, ref))
+            chat: Chat | DaemonChat = DaemonChat(daemon, ref, params, args.system)
         else:
-            chat = Chat(args.model or DEFAULT_MODEL, params, args.system, args.exact_numerics, args.threads)
-    except UnknownModelError as exc:
+            path, recommended = local_model(ref)
+            chat = Chat(ref, run_params(flags, recommended), args.system, args.exact_numerics, args.threads, path)
+    except (UnknownModelError, SamplingParamsError) as exc:
         print(f"runlm run: {exc}", file=sys.stderr)
         return 1
     except ModelFormatError as exc:

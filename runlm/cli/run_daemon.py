@@ -24,7 +24,9 @@ class DaemonChat:
     def _body(self) -> dict:
         p = self.params
         body = {"model": self.model, "messages": self.history, "stream": True, "temperature": p.temperature,
-                "top_p": p.top_p, "top_k": p.top_k, "max_tokens": p.max_tokens}
+                "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p, "repetition_penalty": p.repetition_penalty,
+                "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+                "max_tokens": p.max_tokens}
         if p.seed is not None:
             body["seed"] = p.seed
         return body

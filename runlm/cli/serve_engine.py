@@ -75,6 +75,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="shorthand: speculate with this draft model (same vocabulary as MODEL)")
     p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                    help="shorthand: draft tokens per step (with --draft-model, or n-gram lookup alone)")
+    p.add_argument("--generation-config", default="auto", metavar="{auto,vllm,PATH}",
+                   help="sampling defaults for what requests leave out: 'auto' (default) the model's own "
+                        "(generation_config.json, GGUF general.sampling.*, the built-in catalogue), 'vllm' none, "
+                        "or a folder holding a generation_config.json")
+    p.add_argument("--override-generation-config", default=None, metavar="JSON",
+                   help='sampling defaults over those, e.g. \'{"temperature": 0.5, "max_new_tokens": 256}\'')
     add_numerics_arguments(p)
     p.set_defaults(func=run_serve_engine)
 
@@ -107,6 +113,36 @@ def speculative_config(args: argparse.Namespace) -> dict | None:
     if args.num_speculative_tokens is not None:
         spec["num_speculative_tokens"] = args.num_speculative_tokens
     return spec or None
+
+
+def sampling_defaults(args: argparse.Namespace, model_path: Path) -> dict[str, float | int]:
+    """--generation-config's defaults with --override-generation-config's over them (vLLM's two flags)."""
+    from runlm.formats.sampling_defaults import FIELDS, checked, from_generation_config
+    from runlm.store.builtin import recommended_sampling
+
+    if args.generation_config == "auto":
+        found = recommended_sampling(args.model, model_path)
+    elif args.generation_config == "vllm":
+        found = {}
+    else:
+        folder = Path(args.generation_config).expanduser()
+        if not (folder / "generation_config.json").is_file():
+            raise ValueError(f"--generation-config: no generation_config.json in {folder}")
+        found = from_generation_config(folder)
+    if args.override_generation_config:
+        try:
+            override = json.loads(args.override_generation_config)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--override-generation-config is not JSON: {exc}") from None
+        if not isinstance(override, dict):
+            raise ValueError("--override-generation-config must be a JSON object")
+        override = {"max_tokens" if k == "max_new_tokens" else k: v for k, v in override.items()}
+        good = checked(override)
+        if bad := sorted(set(override) - set(good)):
+            raise ValueError(f"--override-generation-config: {', '.join(bad)}: each key must be one of "
+                             f"{', '.join(FIELDS)} (or max_new_tokens) with a number in its range")
+        found.update(good)
+    return found
 
 
 def _kv_cache_memory(value: str | None) -> str | float | None:
@@ -188,6 +224,10 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                                   trust_request_chat_template=args.trust_request_chat_template,
                                   enable_lora=args.enable_lora or bool(args.lora_modules),
                                   lora_modules=parse_lora_modules(args.lora_modules))
+        settings.sampling_defaults = sampling_defaults(args, model_path)
+        if settings.sampling_defaults:
+            logging.getLogger("runlm.serve").info("sampling defaults for what requests leave out: %s",
+                                                  settings.sampling_defaults)
         if args.max_waiting < 0:
             raise ValueError("--max-waiting must be 0 or more")
         spec = resolve_speculative(speculative_config(args))

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from runlm import __version__
+from runlm.formats.sampling_defaults import ollama_parameters
 from runlm.runner.config import BackendMode
 from runlm.runner.errors import BadRequest, RunnerError
 from runlm.runner.models_api import body_json, delete_model, get_model
@@ -81,8 +82,10 @@ async def show(request: Request) -> JSONResponse:
         raise BadRequest("'model' is required", param="model")
     model = await get_model(request, name)
     info = model.info
+    parameters = ollama_parameters(info.sampling)
+    modelfile = f"FROM {model.name}\n" + "".join(f"PARAMETER {line}\n" for line in parameters.splitlines())
     return JSONResponse({
-        "modelfile": f"FROM {model.name}\n", "parameters": "", "template": info.template or "",
+        "modelfile": modelfile, "parameters": parameters, "template": info.template or "",
         "details": details(model), "capabilities": info.capabilities, "modified_at": model.created,
         "model_info": {"general.architecture": info.architecture, "general.parameter_count": info.parameters,
                        f"{info.architecture}.context_length": info.context_length,

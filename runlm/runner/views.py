@@ -18,7 +18,8 @@ def model_json(models: list[StoredModel]) -> dict:
             "config": {"format": info.format, "quantization": info.quantization, "parameters": info.parameter_size,
                        "architecture": info.architecture, "size": m.size, "context_size": info.context_length,
                        **({"experts": info.experts, "experts_used": info.experts_used} if info.experts else {}),
-                       **({"components": info.components} if info.components else {})},
+                       **({"components": info.components} if info.components else {}),
+                       **({"sampling": info.sampling} if info.sampling else {})},
             **_registry(models)}
 
 

@@ -59,7 +59,7 @@ async def start_chat(request: Request, req: ChatCompletionRequest) -> ChatRun:
     lora = state.check_model(req.model)
     engine = state.require_task("generate", "chat completions")
     plan = tool_plan(req, engine)
-    params = to_sampling_params(req, plan.structured_outputs)
+    params = to_sampling_params(req, plan.structured_outputs, state.settings.sampling_defaults)
     if plan.parser is not None and plan.parser.needs_special_tokens:
         params.skip_special_tokens = False  # the call markers are special tokens
     prompt = await chat_prompt_ids(engine, req.messages, req.add_generation_prompt, plan.template_tools,
@@ -128,18 +128,20 @@ async def _chunks(gen: Generation, req: ChatCompletionRequest, model: str,
     """The stream's chunks as dicts (an APIError raised on a failure mid-way); the usage chunk last when asked."""
     created = int(time.time())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    # vLLM's continuous_usage_stats: usage in every chunk, the prompt's tokens (counted before any output) first
+    continuous = include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
+    prompt_tokens, completion_tokens, cached = len(gen.prompts[0]), 0, 0
 
     def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
         payload: dict[str, Any] = {"id": gen.request_id, "object": "chat.completion.chunk", "created": created,
                                    "model": model, "system_fingerprint": None, "choices": choices}
         if include_usage:
-            payload["usage"] = None
+            payload["usage"] = usage(prompt_tokens, completion_tokens, cached) if continuous else None
         return payload
 
     for i in range(gen.params.n):
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None}])
-    prompt_tokens = completion_tokens = cached = 0
     builders = [DeltaBuilder(plan) for _ in range(gen.params.n)]
     async for _, out in gen.stream():
         prompt_tokens, cached = len(out.prompt_token_ids), out.num_cached_tokens

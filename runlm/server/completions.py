@@ -35,7 +35,7 @@ async def completions(request: Request) -> Response:
     req = await parse_body(request, CompletionRequest)
     lora = state.check_model(req.model)
     engine = state.require_task("generate", "text completions")
-    params = to_sampling_params(req)
+    params = to_sampling_params(req, defaults=state.settings.sampling_defaults)
     prompts = completion_prompt_ids(engine, req.prompt, state.settings.max_prompts_per_request)
     check_room_for_completion(engine, prompts, params, "prompt")
     gen, ticket = await start_generation(state, engine, request, prompts, params, new_id("cmpl"), req.priority,

@@ -7,6 +7,9 @@ grammar a forcing ``tool_choice`` brings) are translated in runlm/server/structu
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.server.errors import bad_request
 from runlm.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -16,9 +19,16 @@ MAX_STOP_STRINGS = 64
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context end
 
 
-def to_sampling_params(req: ChatCompletionRequest | CompletionRequest,
-                       forced_constraint: dict | None = None) -> SamplingParams:
-    """``forced_constraint``: the grammar a forcing tool_choice brings (runlm.tools.choice)."""
+def to_sampling_params(req: ChatCompletionRequest | CompletionRequest, forced_constraint: dict | None = None,
+                       defaults: Mapping[str, float | int] | None = None) -> SamplingParams:
+    """``forced_constraint``: the grammar a forcing tool_choice brings (runlm.tools.choice). ``defaults``: the
+    server's sampling defaults (the model's recommended settings under --override-generation-config) for the
+    fields the request leaves out; SamplingParams' own defaults come last."""
+    d = defaults or {}
+
+    def given(value: Any, name: str, fallback: Any) -> Any:
+        return value if value is not None else d.get(name, fallback)
+
     is_chat = isinstance(req, ChatCompletionRequest)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS:
@@ -30,13 +40,14 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest,
         except ValueError:
             raise bad_request("logit_bias keys must be token ids (integers written as strings)", "logit_bias") from None
     if isinstance(req, ChatCompletionRequest):
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = given(req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
+                           "max_tokens", None)
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         prompt_logprobs = None
     else:
-        max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+        max_tokens = given(req.max_tokens, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
         logprobs = req.logprobs
         prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
         if req.best_of is not None and req.best_of != req.n:
@@ -45,11 +56,11 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest,
             raise bad_request("suffix is not supported by this model", "suffix")
     try:
         params = SamplingParams(
-            n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
-            min_p=req.min_p or 0.0, presence_penalty=req.presence_penalty or 0.0,
-            frequency_penalty=req.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            n=req.n, temperature=given(req.temperature, "temperature", 1.0), top_p=given(req.top_p, "top_p", 1.0),
+            top_k=given(req.top_k, "top_k", 0), min_p=given(req.min_p, "min_p", 0.0),
+            presence_penalty=given(req.presence_penalty, "presence_penalty", 0.0),
+            frequency_penalty=given(req.frequency_penalty, "frequency_penalty", 0.0),
+            repetition_penalty=given(req.repetition_penalty, "repetition_penalty", 1.0),
             seed=req.seed, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
             include_stop_str_in_output=req.include_stop_str_in_output, ignore_eos=req.ignore_eos,
             max_tokens=max_tokens, min_tokens=req.min_tokens, logprobs=logprobs,

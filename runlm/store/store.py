@@ -173,6 +173,10 @@ class ModelStore:
                 manifest = self._ingest(source, report)
             else:
                 manifest = dict(existing.manifest)
+            if source.kind == "builtin":  # the catalogue's settings, also for a copy stored before it had them
+                info = ModelInfo.from_json(manifest["info"])
+                info.sampling = {**BUILTIN_MODELS[source.default_name].sampling, **info.sampling}
+                manifest["info"] = info.to_json()
             report(PullProgress("writing manifest"))
             model = self._write_ref(ref, manifest)
         report(PullProgress("success"))

@@ -25,6 +25,12 @@ if TYPE_CHECKING:
 RUNTIME_OVERHEAD = 150 << 20
 
 
+# SamplingParams field -> llama-server's flag for its default
+_SAMPLING_FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
+                   "repetition_penalty": "--repeat-penalty", "presence_penalty": "--presence-penalty",
+                   "frequency_penalty": "--frequency-penalty", "max_tokens": "--n-predict"}
+
+
 class LlamaCppBackend(ProcessBackend):
     name = "llamacpp"
     api_key_env = ("LLAMA_API_KEY", "API_KEY")  # llama-server; llama_cpp.server
@@ -97,6 +103,9 @@ class LlamaCppBackend(ProcessBackend):
             if spec is not None and spec.draft_model_path:
                 argv += ["--model-draft", spec.draft_model_path, "--draft-max", str(spec.num_tokens),
                          "--draft-p-min", str(spec.min_acceptance_rate)]
+            if stored is not None:  # the defaults the store knows the model recommends; runtime flags come later
+                argv += [x for f, v in stored.info.sampling.items() if f in _SAMPLING_FLAGS
+                         for x in (_SAMPLING_FLAGS[f], str(v))]
             return argv + flags
         argv = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", host, "--port", port,
                 "--model_alias", model_ref, "--n_ctx", ctx]

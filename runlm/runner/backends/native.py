@@ -118,6 +118,8 @@ class NativeBackend(ProcessBackend):
         if stored is not None:
             context = self.context_size(stored, config)
             argv += ["--max-model-len", str(context), "--kv-cache-memory", str(kv_cache_bytes(stored, context))]
+            if stored.info.sampling:  # what the store knows the model recommends (the built-in catalogue's too)
+                argv += ["--override-generation-config", json.dumps(stored.info.sampling)]
         if config.lora_paths:  # every configured adapter may run in one step; a runtime flag may say otherwise
             argv += ["--enable-lora", "--max-loras", str(len(config.lora_paths)), "--max-lora-rank", str(LORA_RANK),
                      "--lora-modules", *[f"{n}={p}" for n, p in config.lora_paths.items()]]

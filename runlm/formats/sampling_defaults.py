@@ -1,0 +1,90 @@
+"""A model's own recommended sampling settings, read from its files: ``generation_config.json`` in a model
+directory (what vLLM's ``--generation-config auto`` reads) and the ``general.sampling.*`` keys of a GGUF file
+(llama.cpp's). Keys are SamplingParams' field names; a setting the model does not recommend is absent.
+
+Only the reading is here: the server merges these under a request's own fields (runlm/server/sampling.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from runlm.formats import ModelFormatError
+
+# SamplingParams field -> (type, lowest, highest): what a model file may set (values outside are dropped)
+FIELDS: dict[str, tuple[type, float, float]] = {
+    "temperature": (float, 0.0, 2.0), "top_p": (float, 1e-9, 1.0), "top_k": (int, -1, 1 << 20),
+    "min_p": (float, 0.0, 1.0), "repetition_penalty": (float, 1e-9, 10.0),
+    "presence_penalty": (float, -2.0, 2.0), "frequency_penalty": (float, -2.0, 2.0),
+    "max_tokens": (int, 1, 1 << 31)}
+# generation_config.json's names (transformers' GenerationConfig) for the fields vLLM takes from it
+_HF_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+             "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+# llama.cpp's GGUF keys (gguf-py's Keys.General.SAMPLING_*) for the fields runlm's sampler has
+_GGUF_NAMES = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
+               "general.sampling.top_k": "top_k", "general.sampling.min_p": "min_p",
+               "general.sampling.penalty_repeat": "repetition_penalty"}
+# Ollama's option names (Modelfile PARAMETER, /api/show "parameters") for the same fields
+OLLAMA_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+                "frequency_penalty": "frequency_penalty", "num_predict": "max_tokens"}
+
+
+def checked(values: Mapping[str, Any], names: Mapping[str, str] | None = None) -> dict[str, float | int]:
+    """The recognised, well-typed, in-range settings of ``values`` (renamed through ``names`` when given),
+    in FIELDS' order. A model file's odd value is dropped rather than breaking every request."""
+    found: dict[str, float | int] = {}
+    for key, value in values.items():
+        field = names.get(key) if names is not None else key
+        if field not in FIELDS or isinstance(value, bool) or not isinstance(value, numbers.Real):
+            continue
+        kind, low, high = FIELDS[field]
+        value = float(value)
+        if kind is int and not value.is_integer() or not math.isfinite(value) or not low <= value <= high:
+            continue
+        found[field] = int(value) if kind is int else round(value, 6)  # GGUF's float32 0.2 reads 0.2
+    return {f: found[f] for f in FIELDS if f in found}
+
+
+def from_generation_config(directory: Path) -> dict[str, float | int]:
+    """The settings a model directory's (or any folder's) generation_config.json recommends; {} without one."""
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFormatError(f"{path}: not a readable JSON file ({exc})") from exc
+    return checked(config, _HF_NAMES) if isinstance(config, dict) else {}
+
+
+def from_gguf_metadata(metadata: Mapping[str, Any]) -> dict[str, float | int]:
+    return checked({k: v for k, v in metadata.items() if k in _GGUF_NAMES}, _GGUF_NAMES)
+
+
+def read_sampling_defaults(path: Path) -> dict[str, float | int]:
+    """What the model at ``path`` (a .gguf file, or a directory with generation_config.json or one .gguf)
+    recommends."""
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if ggufs and not (path / "config.json").exists():
+            path = ggufs[0]
+        else:
+            return from_generation_config(path)
+    from runlm.formats.gguf_header import read_header
+
+    try:
+        _, metadata, _ = read_header(path)
+    except (ValueError, IndexError, KeyError) as exc:
+        raise ModelFormatError(f"{path.name}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+    return from_gguf_metadata(metadata)
+
+
+def ollama_parameters(defaults: Mapping[str, float | int]) -> str:
+    """Ollama's /api/show ``parameters`` text: one ``name value`` line each, in Ollama's names."""
+    names = {field: name for name, field in OLLAMA_NAMES.items()}
+    return "\n".join(f"{names[f]:<30} {v}" for f, v in defaults.items() if f in names)
