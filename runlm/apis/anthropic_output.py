@@ -94,7 +94,9 @@ class MessageEvents(ChunkTranslator):
 
     def start(self, model: str) -> list[dict[str, Any]]:
         self.model = model
-        return [{"type": "message_start", "message": _message(self.msg_id, self.model, [], None, None, _usage(None))},
+        # the first chunk's usage (continuous usage stats) counts the prompt; 0 from a backend that sends none
+        return [{"type": "message_start",
+                 "message": _message(self.msg_id, self.model, [], None, None, _usage(self.usage))},
                 {"type": "ping"}]
 
     def _close(self) -> list[dict[str, Any]]:

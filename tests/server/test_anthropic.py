@@ -30,12 +30,16 @@ def test_text_whole_and_streamed_agree(client: anthropic.Anthropic) -> None:
     assert whole.type == "message" and whole.role == "assistant" and whole.model == "smollm2"
     assert whole.content[0].type == "text" and whole.content[0].text
     assert whole.stop_reason in ("end_turn", "max_tokens") and whole.usage.input_tokens > 5
-    names = []
+    names, started = [], None
     with client.messages.stream(**body) as stream:
         for e in stream:
             names.append(e.type)
+            if e.type == "message_start":
+                started = e.message.usage
         final = stream.get_final_message()
     assert names[0] == "message_start" and names[-1] == "message_stop"
+    # the prompt is counted before any output: message_start says so, as Anthropic's does
+    assert started is not None and started.input_tokens == whole.usage.input_tokens and started.output_tokens == 0
     assert {"content_block_start", "content_block_delta", "content_block_stop", "message_delta"} <= set(names)
     assert final.content[0].text == whole.content[0].text and final.stop_reason == whole.stop_reason
     assert final.usage.output_tokens == whole.usage.output_tokens

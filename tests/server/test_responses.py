@@ -140,3 +140,39 @@ def test_a_stream_the_client_leaves_is_aborted(smollm2_server, path: str, body: 
     # the engine request is gone within moments, long before its 2000 tokens
     after = wait_idle(smollm2_server, timeout=10)
     assert after["runlm:generation_tokens_total"] - before < 1000
+
+
+def test_input_items_are_listed_and_paged(client: openai.OpenAI) -> None:
+    items = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour."},
+             {"role": "assistant", "content": "Blue."}, {"role": "user", "content": [
+                 {"type": "input_text", "text": "Another one?"}]}]
+    r = client.responses.create(model="smollm2", input=items, temperature=0, max_output_tokens=4)
+    listed = client.responses.input_items.list(r.id, order="asc")
+    assert [(i.type, i.role) for i in listed.data] == [("message", "system"), ("message", "user"),
+                                                       ("message", "assistant"), ("message", "user")]
+    assert listed.data[1].content[0].type == "input_text" and listed.data[1].content[0].text == "Name a colour."
+    assert listed.data[2].content[0].type == "output_text" and listed.data[2].content[0].text == "Blue."
+    assert not listed.has_more and listed.first_id == listed.data[0].id and listed.last_id == listed.data[-1].id
+    ids = [i.id for i in listed.data]
+    assert len(set(ids)) == 4
+    newest = client.responses.input_items.list(r.id, limit=3)  # OpenAI's default order: newest first
+    assert [i.id for i in newest.data] == ids[::-1][:3] and newest.has_more
+    rest = client.responses.input_items.list(r.id, limit=3, after=newest.last_id)
+    assert [i.id for i in rest.data] == ids[:1] and not rest.has_more
+    assert [i.id for i in client.responses.input_items.list(r.id, order="asc")] == ids  # the client pages on
+    # a string input is one user message; a function call and its output keep their call id
+    assert [i.role for i in client.responses.input_items.list(
+        client.responses.create(model="smollm2", input="Hi", max_output_tokens=2).id).data] == ["user"]
+    call = client.responses.create(model="smollm2", max_output_tokens=2, input=[
+        {"role": "user", "content": "Weather?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"}])
+    kinds = client.responses.input_items.list(call.id, order="asc").data
+    assert [k.type for k in kinds] == ["message", "function_call", "function_call_output"]
+    assert kinds[1].call_id == kinds[2].call_id == "c1" and kinds[2].output == "sunny"
+    for bad in ({"limit": 0}, {"limit": 101}, {"order": "sideways"}, {"after": "msg_nope"}):
+        with pytest.raises(openai.APIStatusError) as err:
+            client.responses.input_items.list(r.id, **bad)  # type: ignore[arg-type]
+        assert err.value.status_code in (400, 404) and err.value.body["param"] == next(iter(bad))
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_unknown")
