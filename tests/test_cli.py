@@ -64,6 +64,15 @@ def test_a_builtin_used_by_run_is_stored_for_show_ls_and_rm() -> None:
     assert runlm("rm", "tinycoder").returncode == 0 and "tinycoder" not in runlm("ls").stdout
 
 
+def test_show_prints_the_sampling_parameters_the_model_recommends() -> None:
+    assert runlm("pull", "smollm2").returncode == 0
+    show = runlm("show", "smollm2")
+    assert show.returncode == 0, show.stderr
+    params = show.stdout.split("Parameters")[1].split("Template")[0].split()
+    assert params == ["temperature", "0.2", "top_p", "0.9"]
+    assert runlm("rm", "smollm2").returncode == 0
+
+
 def test_unknown_model_lists_models_and_how_to_get_one() -> None:
     res = runlm("run", "no-such-model", "hi")
     assert res.returncode != 0

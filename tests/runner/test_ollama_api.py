@@ -25,6 +25,19 @@ def test_version_tags_show(daemon: Daemon) -> None:
     assert err.value.status_code == 404 and "nope" in err.value.error
 
 
+def test_show_gives_the_models_recommended_parameters(daemon: Daemon) -> None:
+    c = client(daemon)
+    c.pull("smollm2")
+    try:
+        shown = c.show("smollm2")
+        assert shown.parameters.split() == ["temperature", "0.2", "top_p", "0.9"]
+        assert "PARAMETER temperature" in shown.modelfile and "PARAMETER top_p" in shown.modelfile
+        assert daemon.http.get("/models/smollm2").json()["config"]["sampling"] == {"temperature": 0.2, "top_p": 0.9}
+        assert not c.show("tinycoder").parameters  # a model that recommends nothing
+    finally:
+        c.delete("smollm2")
+
+
 def test_chat_and_generate_streaming_and_not(daemon: Daemon) -> None:
     c = client(daemon)
     r = c.chat(model="tinycoder", messages=[{"role": "user", "content": "hi"}],
