@@ -98,16 +98,22 @@ def parse_lora_modules(items: list[str]) -> dict[str, str]:
     return modules
 
 
+def json_object_flag(flag: str, value: str | None) -> dict:
+    """A flag's JSON object ({} when the flag is not given); anything else is a ValueError naming the flag."""
+    if not value:
+        return {}
+    try:
+        found = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag} is not JSON: {exc}") from None
+    if not isinstance(found, dict):
+        raise ValueError(f"{flag} must be a JSON object")
+    return found
+
+
 def speculative_config(args: argparse.Namespace) -> dict | None:
     """--speculative-config JSON, with --draft-model and --num-speculative-tokens filled in (checked by the engine)."""
-    spec: dict = {}
-    if args.speculative_config:
-        try:
-            spec = json.loads(args.speculative_config)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--speculative-config is not JSON: {exc}") from None
-        if not isinstance(spec, dict):
-            raise ValueError("--speculative-config must be a JSON object")
+    spec = json_object_flag("--speculative-config", args.speculative_config)
     if args.draft_model:
         spec["model"] = args.draft_model
     if args.num_speculative_tokens is not None:
@@ -129,20 +135,13 @@ def sampling_defaults(args: argparse.Namespace, model_path: Path) -> dict[str, f
         if not (folder / "generation_config.json").is_file():
             raise ValueError(f"--generation-config: no generation_config.json in {folder}")
         found = from_generation_config(folder)
-    if args.override_generation_config:
-        try:
-            override = json.loads(args.override_generation_config)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--override-generation-config is not JSON: {exc}") from None
-        if not isinstance(override, dict):
-            raise ValueError("--override-generation-config must be a JSON object")
-        override = {"max_tokens" if k == "max_new_tokens" else k: v for k, v in override.items()}
-        good = checked(override)
-        if bad := sorted(set(override) - set(good)):
-            raise ValueError(f"--override-generation-config: {', '.join(bad)}: each key must be one of "
-                             f"{', '.join(FIELDS)} (or max_new_tokens) with a number in its range")
-        found.update(good)
-    return found
+    override = json_object_flag("--override-generation-config", args.override_generation_config)
+    override = {"max_tokens" if k == "max_new_tokens" else k: v for k, v in override.items()}
+    good = checked(override)
+    if bad := sorted(set(override) - set(good)):
+        raise ValueError(f"--override-generation-config: {', '.join(bad)}: each key must be one of "
+                         f"{', '.join(FIELDS)} (or max_new_tokens) with a number in its range")
+    return {**found, **good}
 
 
 def _kv_cache_memory(value: str | None) -> str | float | None:

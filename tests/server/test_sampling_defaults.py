@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import anthropic
 import openai
