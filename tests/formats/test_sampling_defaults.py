@@ -77,9 +77,9 @@ def test_the_builtin_catalogue_fills_in_what_smollm2s_file_lacks() -> None:
     path = BUILTIN_MODELS["smollm2"].path()
     assert path is not None
     assert read_sampling_defaults(path) == {}  # its GGUF has no general.sampling.* keys
-    # SmolLM2-Instruct's model card: temperature 0.2, top_p 0.9
+    # SmolLM2-Instruct's model card: temperature 0.2, top_p 0.9; Ollama's default repeat penalty against loops
     assert recommended_sampling("smollm2", path) == recommended_sampling(str(path), path) == {
-        "temperature": 0.2, "top_p": 0.9}
+        "temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
     assert ollama_parameters({"temperature": 0.2, "repetition_penalty": 1.1, "max_tokens": 9}).split() == [
         "temperature", "0.2", "repeat_penalty", "1.1", "num_predict", "9"]
 
@@ -91,9 +91,10 @@ def test_serve_engine_flags(tmp_path: Path) -> None:
     def defaults(*flags: str) -> dict:
         return sampling_defaults(build_parser().parse_args(["serve-engine", "smollm2", *flags]), path)
 
-    assert defaults() == {"temperature": 0.2, "top_p": 0.9}  # auto
+    smollm2 = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
+    assert defaults() == smollm2  # auto
     assert defaults("--generation-config", "vllm") == {}
-    assert defaults("--override-generation-config", '{"temperature": 0.7}') == {"temperature": 0.7, "top_p": 0.9}
+    assert defaults("--override-generation-config", '{"temperature": 0.7}') == {**smollm2, "temperature": 0.7}
     (tmp_path / "generation_config.json").write_text('{"top_k": 3}')
     assert defaults("--generation-config", str(tmp_path)) == {"top_k": 3}
     for flags, message in ((["--generation-config", str(tmp_path / "none")], "no generation_config.json"),
