@@ -77,5 +77,13 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest, forced_co
     found = structured_outputs_for(req, forced_constraint)
     if found is not None:
         params.structured_outputs = found[1]
+        # a grammar makes tokens repeat (quotes, braces, keys): the model's default penalties against repeats
+        # would fight it and garble the output; a penalty the request asks for still applies
+        if req.repetition_penalty is None:
+            params.repetition_penalty = 1.0
+        if req.presence_penalty is None:
+            params.presence_penalty = 0.0
+        if req.frequency_penalty is None:
+            params.frequency_penalty = 0.0
     return params
 
