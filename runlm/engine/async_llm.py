@@ -30,6 +30,8 @@ from runlm.engine.lora_request import LoRARequest
 from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.pooling_engine import PoolingPromptType
 from runlm.engine.pooling_params import PoolingParams
+from runlm.engine.profiler import EngineProfiler
+from runlm.engine.rpc import engine_method
 from runlm.engine.sampling_params import SamplingParams
 from runlm.formats.tokenizer import Tokenizer
 
@@ -86,11 +88,24 @@ class RequestStream(Generic[OutputT]):
 
 
 class AsyncLLM:
+    def __new__(cls, *args: Any, **kwargs: Any) -> AsyncLLM:
+        """``data_parallel_size=N`` (N > 1) or a ``distributed_executor_backend`` gives the data-parallel
+        front end (runlm/engine/dp_client.py), a subclass with the same API; otherwise this in-process engine."""
+        if cls is AsyncLLM and (kwargs.get("data_parallel_size", 1) != 1
+                                or kwargs.get("distributed_executor_backend") is not None):
+            from runlm.engine.dp_client import DPAsyncLLM
+            return super().__new__(DPAsyncLLM)
+        return super().__new__(cls)
+
     def __init__(self, model: str | None = None, *, engine: EngineCoreType | None = None,
-                 **engine_args: Any) -> None:
+                 profiler_dir: str | None = None, data_parallel_size: int = 1, **engine_args: Any) -> None:
+        """``profiler_dir``: where start_profile()/stop_profile() write traces (else $RUNLM_TORCH_PROFILER_DIR)."""
         if (model is None) == (engine is None):
             raise ValueError("give either a model or an engine")
+        if data_parallel_size != 1:
+            raise ValueError("data_parallel_size must be 1 for an in-process engine")
         self.engine: EngineCoreType = engine or engine_from_model(str(model), **engine_args)
+        self._profiler = EngineProfiler(profiler_dir)
         self._cond = threading.Condition()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._held: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()  # adds while paused
@@ -163,6 +178,11 @@ class AsyncLLM:
     def max_num_seqs(self) -> int:
         """Sequences the engine runs at once; a server bounds waiting work beyond this."""
         return self.engine.max_num_seqs
+
+    def replica_info(self) -> dict[str, Any]:
+        """What a data-parallel front end needs of a replica to stand in for it (picklable)."""
+        return {"tokenizer": self.tokenizer, "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
+                "max_num_seqs": self.max_num_seqs, "supported_tasks": self.get_supported_tasks()}
 
     def stats(self) -> EngineStats:
         """The engine's EngineStats (read from the event loop: counters only, no engine state changes)."""
@@ -288,6 +308,20 @@ class AsyncLLM:
 
     async def pin_lora(self, lora_id: int) -> bool:
         return await self._call(lambda: self.engine.pin_lora(lora_id))
+
+    # ---- profiling and named engine methods (run on the engine thread, where the model runs) ------
+    async def start_profile(self) -> None:
+        """Start a torch.profiler trace of the engine thread (see runlm/engine/profiler.py)."""
+        await self._call(lambda: self._profiler.start(self.engine))
+
+    async def stop_profile(self) -> list[str]:
+        """Stop the trace and write it as Chrome trace JSON; returns its path (a list: one per replica)."""
+        return [await self._call(self._profiler.stop)]
+
+    async def collective_rpc(self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run the engine core's public method ``method`` between steps; one result per replica (here one)."""
+        fn = engine_method(self.engine, method)
+        return [await self._call(lambda: fn(*args, **(kwargs or {})))]
 
     def check_health_now(self) -> None:
         if self._dead is not None:
