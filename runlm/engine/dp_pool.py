@@ -8,6 +8,7 @@ need no running loop; a replica is not tied to the loop that started it (see rep
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import threading
@@ -154,7 +155,7 @@ class ReplicaPool:
                 break
             replica = self.make(spec)
             try:
-                run_in_thread(lambda: self._start_all([replica]))
+                run_in_thread(functools.partial(self._start_all, [replica]))
             except Exception as exc:
                 pause = _RESTART_BACKOFF[min(attempt, len(_RESTART_BACKOFF) - 1)]
                 log.error("replica %d failed to restart (%s); trying again in %.0f s", rank, exc, pause)
@@ -162,7 +163,7 @@ class ReplicaPool:
                 continue
             with self._lock:
                 if self.closed or rank not in self.replicas:  # shut down or scaled away meanwhile
-                    run_in_thread(lambda: _gather_quietly([replica.shutdown()]))
+                    run_in_thread(functools.partial(_gather_quietly, [replica.shutdown()]))
                     break
                 self.replicas[rank] = replica
                 self.restarts += 1

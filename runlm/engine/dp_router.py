@@ -27,16 +27,16 @@ def prefix_hashes(prompt: Any) -> list[int]:
     """Chained hashes of the prompt's whole blocks (a partial last block is not cached, so not counted)."""
     if isinstance(prompt, Mapping):
         prompt = prompt.get("prompt_token_ids") or prompt.get("prompt") or ""
+    items: str | tuple
     if isinstance(prompt, str):
         size, items = BLOCK_CHARS, prompt
     elif isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt[:1]):
-        size, items = BLOCK_TOKENS, prompt
+        size, items = BLOCK_TOKENS, tuple(prompt)
     else:  # images, pairs for scoring...: no affinity, load alone decides
         return []
     hashes, parent = [], 0
     for start in range(0, len(items) - size + 1, size):
-        parent = hash((parent, tuple(items[start:start + size]) if not isinstance(items, str)
-                       else items[start:start + size]))
+        parent = hash((parent, items[start:start + size]))
         hashes.append(parent)
     return hashes
 

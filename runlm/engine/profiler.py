@@ -17,16 +17,20 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-__all__ = ["PROFILER_DIR_ENV", "EngineProfiler", "profiler_dir"]
+__all__ = ["PROFILER_DIR_ENV", "EngineProfiler", "ProfilerError", "profiler_dir"]
 
 PROFILER_DIR_ENV = "RUNLM_TORCH_PROFILER_DIR"  # like vLLM's VLLM_TORCH_PROFILER_DIR
+
+
+class ProfilerError(RuntimeError):
+    """Profiling is not set up (no directory), or start/stop was called out of turn."""
 
 
 def profiler_dir(configured: str | os.PathLike | None) -> Path:
     """Where traces go: the configured directory, else $RUNLM_TORCH_PROFILER_DIR; an error if neither."""
     where = configured or os.environ.get(PROFILER_DIR_ENV)
     if not where:
-        raise RuntimeError(f"profiling needs a directory: profiler_dir=..., --profiler-dir or ${PROFILER_DIR_ENV}")
+        raise ProfilerError(f"profiling needs a directory: profiler_dir=..., --profiler-dir or ${PROFILER_DIR_ENV}")
     return Path(where)
 
 
@@ -44,7 +48,7 @@ class EngineProfiler:
 
     def start(self, engine: Any) -> None:
         if self._prof is not None:
-            raise RuntimeError("a profile is already being taken; stop it first")
+            raise ProfilerError("a profile is already being taken; stop it first")
         where = profiler_dir(self.directory)
         where.mkdir(parents=True, exist_ok=True)
         self._hook_forward(engine)
@@ -56,7 +60,7 @@ class EngineProfiler:
     def stop(self) -> str:
         prof, self._prof = self._prof, None
         if prof is None:
-            raise RuntimeError("no profile is being taken; start one first")
+            raise ProfilerError("no profile is being taken; start one first")
         prof.stop()
         for hook in self._hooks:
             hook.remove()

@@ -25,6 +25,7 @@ from runlm.engine.errors import (
 )
 from runlm.engine.lora_request import LoRARequest
 from runlm.engine.outputs import RequestOutput
+from runlm.engine.replica import ReplicaDeadError
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.structured.params import StructuredOutputsError
 from runlm.server.errors import APIError, bad_request
@@ -198,4 +199,6 @@ def engine_error(exc: BaseException, prompt_param: str = "prompt", constraint_so
         return bad_request(str(exc), prompt_param)
     if isinstance(exc, EngineDeadError):
         return APIError(500, str(exc), code="engine_dead")
+    if isinstance(exc, ReplicaDeadError):  # one data-parallel replica died (it is being restarted)
+        return APIError(503, str(exc), code="replica_dead", headers={"Retry-After": "1"})
     return APIError(500, f"generation failed: {type(exc).__name__}: {exc}", code="internal_error")
