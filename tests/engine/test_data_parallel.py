@@ -145,7 +145,7 @@ def test_profile_writes_one_trace_per_replica_with_the_forward_in_it(dp: DPAsync
     assert len(paths) == 2 and {Path(p).name.split("-")[0] for p in paths} == {"replica0", "replica1"}
     for path in paths:
         names = {e.get("name", "") for e in json.loads(Path(path).read_text())["traceEvents"]}
-        assert any(n.startswith("runlm::forward Qwen2") or n.startswith("runlm::forward ") for n in names), path
+        assert any(n.startswith("runlm::forward ") for n in names), path
 
 
 def test_metrics_sum_the_replicas(dp: DPAsyncLLM) -> None:
