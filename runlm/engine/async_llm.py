@@ -191,9 +191,13 @@ class AsyncLLM:
     # ---- requests ---------------------------------------------------------------------------
     async def add_request(self, request_id: str | None, prompt: PromptType | PoolingPromptType,
                           params: SamplingParams | PoolingParams | None = None, priority: int = 0,
-                          output_kind: str = DELTA, lora_request: LoRARequest | None = None) -> RequestStream:
+                          output_kind: str = DELTA, lora_request: LoRARequest | None = None,
+                          data_parallel_rank: int | None = None) -> RequestStream:
         """Check and queue a request on the engine thread; raises the engine's typed errors (PromptError,
-        SamplingParamsError, StructuredOutputsError, TaskError...) before any output. Returns its stream."""
+        SamplingParamsError, StructuredOutputsError, TaskError...) before any output. Returns its stream.
+        ``data_parallel_rank``: the replica to run it on; this in-process engine is rank 0."""
+        if data_parallel_rank not in (None, 0):
+            raise ValueError(f"data_parallel_rank {data_parallel_rank} is not a replica (ranks: [0])")
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -217,11 +221,11 @@ class AsyncLLM:
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, priority: int = 0,
-                       output_kind: str = DELTA, lora_request: LoRARequest | None = None
-                       ) -> AsyncIterator[RequestOutput]:
+                       output_kind: str = DELTA, lora_request: LoRARequest | None = None,
+                       data_parallel_rank: int | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (by default each carries only what is new); aborted if the caller stops."""
         stream = await self.add_request(request_id, prompt, sampling_params or SamplingParams(), priority,
-                                        output_kind, lora_request)
+                                        output_kind, lora_request, data_parallel_rank)
         try:
             async for out in stream:
                 yield out

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from runlm.engine.async_llm import AsyncLLM, RequestStream
@@ -24,7 +23,6 @@ from runlm.engine.dp_router import PrefixRouter
 from runlm.engine.errors import EngineDeadError
 from runlm.engine.llm_engine import PromptType
 from runlm.engine.lora_request import LoRARequest
-from runlm.engine.outputs import RequestOutput
 from runlm.engine.pooling_engine import PoolingPromptType
 from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.replica import EngineReplica, ReplicaDeadError
@@ -159,18 +157,6 @@ class DPAsyncLLM(AsyncLLM):
         self._router.record(replica.rank, hashes)
         return replica
 
-    async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None, priority: int = 0, output_kind: str = DELTA,
-                       lora_request: LoRARequest | None = None,
-                       data_parallel_rank: int | None = None) -> AsyncIterator[RequestOutput]:
-        stream = await self.add_request(request_id, prompt, sampling_params, priority, output_kind, lora_request,
-                                        data_parallel_rank)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            stream.close()
-
     async def abort(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         by_rank: dict[int, list[str]] = {}
@@ -268,8 +254,10 @@ class DPAsyncLLM(AsyncLLM):
     def check_health_now(self) -> None:
         if self._pool.closed:
             raise EngineDeadError("the engine was shut down")
-        if not self._pool.live() and not self._pool.restarting:
-            raise EngineDeadError("every replica has died")
+        if not self._pool.live():
+            if not self._pool.restarting:
+                raise EngineDeadError("every replica has died")
+            raise ReplicaDeadError(f"no replica is serving: {len(self._pool.restarting)} restarting")
 
     async def check_health(self) -> None:
         self.check_health_now()

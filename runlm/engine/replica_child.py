@@ -13,6 +13,7 @@ import inspect
 import logging
 import os
 import pickle
+import signal
 import threading
 from multiprocessing.connection import Connection
 from typing import Any
@@ -44,6 +45,9 @@ def portable(exc: BaseException) -> BaseException:
 
 def child_main(conn: Connection, spec: ReplicaSpec) -> None:
     """The child process's entry point (multiprocessing spawn)."""
+    # Ctrl-C reaches the whole process group: the front end decides when a replica stops (it closes
+    # the pipe, or asks), so a terminal's SIGINT does not kill replicas under a server shutting down
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threads = spec.engine_args.get("threads")
     if threads:  # this replica's share of the machine, for the libraries that read it
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)

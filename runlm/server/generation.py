@@ -119,11 +119,12 @@ class Generation:
 
     async def start(self) -> None:
         """Add every prompt to the engine, which checks it; the first refusal aborts the rest."""
+        pin = data_parallel_rank(self.http_request, self.engine)
         try:
             for i, prompt in enumerate(self.prompts):
                 self.streams.append(await self.engine.add_request(
                     f"{self.request_id}-{i}", {"prompt_token_ids": prompt}, replace(self.params), self.priority,
-                    lora_request=self.lora_request))
+                    lora_request=self.lora_request, data_parallel_rank=pin))
         except BaseException as exc:
             self.close()
             if isinstance(exc, Exception):
@@ -178,6 +179,19 @@ class Generation:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.close()
+
+
+def data_parallel_rank(http_request: Request, engine: AsyncLLM) -> int | None:
+    """vLLM's ``X-data-parallel-rank`` header: pin the request to that replica of a data-parallel
+    engine (an in-process engine is rank 0)."""
+    value = http_request.headers.get("x-data-parallel-rank")
+    if value is None:
+        return None
+    replicas = getattr(engine, "replicas", {0: None})
+    if not value.strip().isdigit() or int(value) not in replicas:
+        raise APIError(400, f"X-data-parallel-rank must name a replica ({sorted(replicas)}), not {value!r}",
+                       param="X-data-parallel-rank", code="invalid_data_parallel_rank")
+    return int(value)
 
 
 def engine_error(exc: BaseException, prompt_param: str = "prompt", constraint_source: str | None = None) -> APIError:

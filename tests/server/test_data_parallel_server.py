@@ -27,6 +27,14 @@ def test_an_in_process_engine_cannot_scale_and_profiling_needs_a_directory(smoll
     assert httpx.post(f"{url}/start_profile").status_code == 401
     r = httpx.post(f"{url}/start_profile", headers=AUTH)
     assert r.status_code == 400 and "--profiler-dir" in r.json()["error"]["message"]
+    body = {"model": "smollm2", "prompt": "hi", "max_tokens": 2}
+    r = httpx.post(f"{smollm2_server.base_url}/completions", json=body,
+                   headers=AUTH | {"X-data-parallel-rank": "3"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-data-parallel-rank"
+    client = openai.OpenAI(base_url=smollm2_server.base_url, api_key=API_KEY, max_retries=0, timeout=60)
+    out = client.completions.create(model="smollm2", prompt="hi", max_tokens=2,
+                                    extra_headers={"X-data-parallel-rank": "0"})  # the in-process engine is rank 0
+    assert out.choices[0].text is not None
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +72,9 @@ def test_scale_1_2_1_under_traffic_loses_no_request(dp_server) -> None:
         up = httpx.post(f"{url}/scale_elastic_ep", json={"new_data_parallel_size": 2}, headers=AUTH, timeout=300)
         assert up.status_code == 200 and up.json()["data_parallel_size"] == 2
         assert len(_replica_lines(url)) == 2  # engine="0" and engine="1"
+        pinned = client.completions.with_raw_response.create(model="tiny", prompt="pinned", max_tokens=2,
+                                                             extra_headers={"X-data-parallel-rank": "1"})
+        assert pinned.http_response.status_code == 200
         second = [pool.submit(complete, i) for i in range(8, 24)]
         down = httpx.post(f"{url}/scale_elastic_ep", json={"new_data_parallel_size": 1}, headers=AUTH,
                           timeout=300)
