@@ -135,6 +135,7 @@ def test_collective_rpc_runs_on_every_replica(dp: DPAsyncLLM) -> None:
         run(dp.collective_rpc("_run"))
 
 
+@pytest.mark.slow  # kineto takes 10-20 s to start in each fresh process here; test_profile.py covers it in process
 def test_profile_writes_one_trace_per_replica_with_the_forward_in_it(dp: DPAsyncLLM) -> None:
     async def main():
         await dp.start_profile()

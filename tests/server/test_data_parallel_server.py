@@ -88,7 +88,7 @@ def test_scale_1_2_1_under_traffic_loses_no_request(dp_server) -> None:
 def test_profile_routes_write_a_trace_per_replica(dp_server) -> None:
     url = dp_server.url
     assert httpx.post(f"{url}/stop_profile").status_code == 401
-    assert httpx.post(f"{url}/start_profile", headers=AUTH).status_code == 200
+    assert httpx.post(f"{url}/start_profile", headers=AUTH, timeout=120).status_code == 200  # kineto starts slowly
     client = openai.OpenAI(base_url=dp_server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
     client.completions.create(model="tiny", prompt="profile", max_tokens=4)
     r = httpx.post(f"{url}/stop_profile", headers=AUTH, timeout=120)
