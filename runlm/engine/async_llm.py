@@ -327,6 +327,13 @@ class AsyncLLM:
         fn = engine_method(self.engine, method)
         return [await self._call(lambda: fn(*args, **(kwargs or {})))]
 
+    async def set_num_threads(self, threads: int) -> None:
+        """The engine's CPU threads from now on (a data-parallel front end re-splits them when it scales)."""
+        if threads < 1:
+            raise ValueError("threads must be 1 or more")
+        import torch
+        await self._call(lambda: torch.set_num_threads(threads))  # on the engine thread, which runs the kernels
+
     def check_health_now(self) -> None:
         if self._dead is not None:
             raise EngineDeadError(f"the engine died: {self._dead!r}")

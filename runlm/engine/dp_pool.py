@@ -120,6 +120,15 @@ class ReplicaPool:
         await asyncio.to_thread(run_in_thread, lambda: self._start_all(new))
         with self._lock:
             self.replicas.update((r.rank, r) for r in new)
+        await self._resplit_threads(size)
+
+    async def _resplit_threads(self, size: int) -> None:
+        """The replicas that stay take the new share of the threads (and keep it when restarted)."""
+        share = self.spec(0, size).engine_args["threads"]
+        for replica in self.live():
+            if replica.spec.engine_args.get("threads") != share:
+                replica.spec = self.spec(replica.rank, size)
+                await replica.call("set_num_threads", share)
 
     async def shrink(self, size: int, in_flight: Callable[[int], int], timeout: float) -> None:
         """Stop the highest ranks: no new requests go to them, their running ones finish (up to
@@ -135,6 +144,7 @@ class ReplicaPool:
         for rank in victims:
             self.on_gone(rank)
         await asyncio.to_thread(run_in_thread, lambda: _gather_quietly(r.shutdown() for r in gone))
+        await self._resplit_threads(size)
 
     # ---- restarts ------------------------------------------------------------------------------
     def _watch(self) -> None:

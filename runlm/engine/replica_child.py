@@ -30,7 +30,7 @@ _STATS_PERIOD = 0.2  # seconds between checks of the engine's counters (sent onl
 CALLABLE = frozenset({"sleep", "wake_up", "pause_generation", "resume_generation", "is_paused", "is_sleeping",
                       "reset_prefix_cache", "add_lora", "remove_lora", "list_loras", "pin_lora", "start_profile",
                       "stop_profile", "wait_for_requests_to_drain", "stats", "collective_rpc", "check_health",
-                      "get_supported_tasks", "replica_info"})
+                      "get_supported_tasks", "replica_info", "set_num_threads"})
 
 
 def portable(exc: BaseException) -> BaseException:

@@ -170,12 +170,14 @@ def test_scaling_down_and_up_loses_no_request(dp: DPAsyncLLM) -> None:
         await asyncio.sleep(0.05)
         await dp.scale_elastic_ep(1)  # rank 1 drains: its requests finish, new ones go to rank 0
         size_after_down = dp.data_parallel_size
+        assert dp.replicas[0].spec.engine_args["threads"] == 2  # the one replica left has both threads
         during = await traffic("one", 3)
         flowing2 = asyncio.create_task(traffic("up", 8))
         await dp.scale_elastic_ep(2)
         return size_after_down, await flowing, during, await flowing2, dp.data_parallel_size
     down, first, during, second, final = run(main())
     assert down == 1 and final == 2
+    assert [r.spec.engine_args["threads"] for _, r in sorted(dp.replicas.items())] == [1, 1]
     assert all(len(t) == 24 for t in first + during + second)
     assert run(_finish_on(dp, 1)) == 4  # the new rank 1 serves
 
