@@ -230,7 +230,9 @@ def run_serve_engine(args: argparse.Namespace) -> int:
     def load_engine() -> AsyncLLM:
         if args.data_parallel_size == 1 and args.distributed_executor_backend is None:
             return AsyncLLM(engine=engine_from_config(engine_cfg), profiler_dir=args.profiler_dir)
-        # replicas build their own engines: a Ray node resolves the store name in its own store
+        # replicas build their own engines: a Ray node resolves the store name in its own store;
+        # child processes log at this server's level (they read it from the environment they inherit)
+        os.environ["RUNLM_LOG_LEVEL"] = args.log_level
         model = args.model if args.distributed_executor_backend == "ray" else str(model_path)
         return AsyncLLM(model, data_parallel_size=args.data_parallel_size,
                         distributed_executor_backend=args.distributed_executor_backend or "mp",
