@@ -14,12 +14,13 @@ import asyncio
 import uuid
 from typing import Any
 
-from runlm.engine.async_llm import AsyncLLM, RequestStream
+from runlm.engine.async_llm import AsyncLLM
 from runlm.engine.config import physical_cores
 from runlm.engine.core import EngineStats
 from runlm.engine.detokenizer import DELTA
 from runlm.engine.dp_pool import ReplicaPool, replica_factory
 from runlm.engine.dp_router import PrefixRouter
+from runlm.engine.dp_stream import DPRequestStream
 from runlm.engine.errors import EngineDeadError
 from runlm.engine.llm_engine import PromptType
 from runlm.engine.lora_request import LoRARequest
@@ -29,7 +30,7 @@ from runlm.engine.replica import EngineReplica, ReplicaDeadError
 from runlm.engine.sampling_params import SamplingParams
 from runlm.formats.tokenizer import Tokenizer
 
-__all__ = ["DPAsyncLLM", "DPRequestStream"]
+__all__ = ["DPAsyncLLM", "DPRequestStream"]  # the stream lives in dp_stream.py
 
 
 class DPAsyncLLM(AsyncLLM):
@@ -265,92 +266,6 @@ class DPAsyncLLM(AsyncLLM):
     def shutdown(self) -> None:
         if not self._pool.closed:
             self._pool.shutdown()
-
-
-class DPRequestStream(RequestStream):
-    """A request's outputs from whichever replica holds it; if that replica dies before anything was
-    streamed the request is sent to another, after that it fails with ReplicaDeadError."""
-
-    def __init__(self, llm: DPAsyncLLM, request_id: str, request: tuple, pinned: int | None) -> None:
-        self.llm, self.request_id, self.finished, self._closed = llm, request_id, False, False
-        self.dp: DPAsyncLLM = llm
-        self._request, self._pinned = request, pinned
-        self._inner: Any = None
-        self._tried: set[int] = set()
-        self._streamed = False
-        self.rank: int | None = None
-
-    async def open(self) -> None:
-        prompt, params, priority, output_kind, lora = self._request
-        while True:
-            replica = self.dp._route(prompt, self._pinned, self._tried)
-            self.dp._owner[self.request_id] = replica.rank
-            try:
-                self._inner = await replica.add_request(self.request_id, prompt, params, priority=priority,
-                                                        output_kind=output_kind, lora_request=lora)
-            except ReplicaDeadError:
-                self._tried.add(replica.rank)
-                if self._pinned is not None:
-                    self._forget()
-                    raise
-                continue
-            except BaseException:
-                self._forget()
-                raise
-            self.rank = replica.rank
-            return
-
-    async def __anext__(self) -> Any:
-        if self.finished or self._closed:
-            raise StopAsyncIteration
-        while True:
-            try:
-                out = await self._inner.__anext__()
-            except ReplicaDeadError as exc:
-                if self._streamed or self._pinned is not None:
-                    self.close()
-                    raise ReplicaDeadError(f"{exc}; request {self.request_id} was lost after part of its "
-                                           "output was streamed") from None
-                self._tried.add(self.rank if self.rank is not None else -1)
-                try:
-                    await self.open()  # nothing was streamed: start it over on another replica
-                except BaseException:
-                    self.close()
-                    raise
-                continue
-            except BaseException:
-                self.close()
-                raise
-            self._streamed = True
-            if out.finished:
-                self.finished = True
-                self.close()
-            return out
-
-    def _forget(self) -> None:
-        self.dp._owner.pop(self.request_id, None)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._forget()
-        inner = self._inner
-        if inner is not None and not self.finished:
-            close = getattr(inner, "close", None)
-            if callable(close):
-                close()
-            else:  # an async generator: aclose it on the running loop
-                try:
-                    asyncio.get_running_loop().create_task(inner.aclose())
-                except RuntimeError:
-                    pass
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _run_call(replica: EngineReplica, method: str) -> Any:
