@@ -7,7 +7,10 @@ runs alternate round by round on this noisy shared machine. Prints a table (acce
 accepted length, tokens/s, speedup) and writes JSON to bench/results/spec_bench.json.
 
     .venv/bin/python bench/spec_bench.py [--model smollm2] [--tokens 96] [--streams 1 8] [--rounds 2]
-                                         [--draft MODEL] [--k 5] [--threads N] [--cpu-time]
+                                         [--draft MODEL] [--k 5] [--threads N] [--cpu-time] [--smollm2-pair]
+
+``--smollm2-pair``: a real close pair, smollm2 requantized by llama.cpp to Q8_0 as the target and to Q4_0 as
+the draft (from the shipped Q4_1 file; built once under .cache/bench-models).
 
 On a machine shared with other work, ``--threads 1 --cpu-time`` measures the process's CPU time rather than
 wall-clock: the work each configuration does, which other processes' load barely moves (with 2 threads, a
@@ -52,6 +55,22 @@ def run(llm, prompts: list[list[int]], tokens: int, clock=time.perf_counter):  #
     return [o.outputs[0].token_ids for o in outs], sum(len(o.outputs[0].token_ids) for o in outs) / elapsed
 
 
+def smollm2_as(key: str) -> Path:
+    """smollm2's shipped Q4_1 file requantized by llama.cpp to ``key`` (q8_0, q4_0), built once."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.models import CACHE
+    from bench.quant_bench import quantize
+    from runlm.store.builtin import resolve_model
+
+    target = CACHE / f"smollm2-135m.{key}.gguf"
+    if not target.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        quantize(Path(resolve_model("smollm2")), target, key, requantize=True)
+    return target
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2")
@@ -62,7 +81,10 @@ def main() -> None:
     ap.add_argument("--draft", default=None, help="a draft model (default: n-gram lookup)")
     ap.add_argument("--threads", type=int, default=None, help="the engines' threads (default: all cores)")
     ap.add_argument("--cpu-time", action="store_true", help="tokens per CPU second of this process, not wall-clock")
+    ap.add_argument("--smollm2-pair", action="store_true", help="target smollm2 Q8_0, draft smollm2 Q4_0")
     args = ap.parse_args()
+    if args.smollm2_pair:
+        args.model, args.draft = (str(smollm2_as(key)) for key in ("q8_0", "q4_0"))
     clock = time.process_time if args.cpu_time else time.perf_counter
 
     from runlm.engine.llm import LLM
