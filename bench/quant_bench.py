@@ -47,11 +47,12 @@ def model_file(key: str) -> Path:
     return target if target.exists() else quantize(build_gguf(SHAPE), target, key)
 
 
-def quantize(source: Path, target: Path, key: str) -> Path:
-    """``source`` written by llama.cpp's own quantizer as ``key`` (q8_0, q4_k_m, q4_0)."""
+def quantize(source: Path, target: Path, key: str, requantize: bool = False) -> Path:
+    """``source`` written by llama.cpp's own quantizer as ``key`` (q8_0, q4_k_m, q4_0); ``requantize``: the
+    source is itself quantized (its values are dequantized, then quantized again)."""
     code = ("import sys, llama_cpp\n"
             "p = llama_cpp.llama_model_quantize_default_params()\n"
-            f"p.ftype = {FTYPES[key]}\np.nthread = {os.cpu_count() or 2}\n"
+            f"p.ftype = {FTYPES[key]}\np.nthread = {os.cpu_count() or 2}\np.allow_requantize = {requantize}\n"
             "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))\n")
     partial = target.with_suffix(".partial")
     subprocess.run([sys.executable, "-c", code, str(source), str(partial)], check=True,  # its own process:

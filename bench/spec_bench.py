@@ -7,7 +7,14 @@ runs alternate round by round on this noisy shared machine. Prints a table (acce
 accepted length, tokens/s, speedup) and writes JSON to bench/results/spec_bench.json.
 
     .venv/bin/python bench/spec_bench.py [--model smollm2] [--tokens 96] [--streams 1 8] [--rounds 2]
-                                         [--draft MODEL] [--k 5]
+                                         [--draft MODEL] [--k 5] [--threads N] [--cpu-time] [--smollm2-pair]
+
+``--smollm2-pair``: a real close pair, smollm2 requantized by llama.cpp to Q8_0 as the target and to Q4_0 as
+the draft (from the shipped Q4_1 file; built once under .cache/bench-models).
+
+On a machine shared with other work, ``--threads 1 --cpu-time`` measures the process's CPU time rather than
+wall-clock: the work each configuration does, which other processes' load barely moves (with 2 threads, a
+preempted thread stalls every parallel region, and wall-clock figures swing many times over).
 """
 from __future__ import annotations
 
@@ -37,15 +44,31 @@ PROMPTS = [f"Rewrite this code with the variable `config` renamed to `settings`.
            f"Quote the following passage word for word, then stop.\n\n{PASSAGE}"]
 
 
-def run(llm, prompts: list[list[int]], tokens: int):  # type: ignore[no-untyped-def]
+def run(llm, prompts: list[list[int]], tokens: int, clock=time.perf_counter):  # type: ignore[no-untyped-def]
     from runlm.engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     llm.reset_prefix_cache()
-    t0 = time.perf_counter()
+    t0 = clock()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    elapsed = time.perf_counter() - t0
+    elapsed = clock() - t0
     return [o.outputs[0].token_ids for o in outs], sum(len(o.outputs[0].token_ids) for o in outs) / elapsed
+
+
+def smollm2_as(key: str) -> Path:
+    """smollm2's shipped Q4_1 file requantized by llama.cpp to ``key`` (q8_0, q4_0), built once."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.models import CACHE
+    from bench.quant_bench import quantize
+    from runlm.store.builtin import resolve_model
+
+    target = CACHE / f"smollm2-135m.{key}.gguf"
+    if not target.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        quantize(Path(resolve_model("smollm2")), target, key, requantize=True)
+    return target
 
 
 def main() -> None:
@@ -56,18 +79,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--k", type=int, default=5, help="num_speculative_tokens")
     ap.add_argument("--draft", default=None, help="a draft model (default: n-gram lookup)")
+    ap.add_argument("--threads", type=int, default=None, help="the engines' threads (default: all cores)")
+    ap.add_argument("--cpu-time", action="store_true", help="tokens per CPU second of this process, not wall-clock")
+    ap.add_argument("--smollm2-pair", action="store_true", help="target smollm2 Q8_0, draft smollm2 Q4_0")
     args = ap.parse_args()
+    if args.smollm2_pair:
+        args.model, args.draft = (str(smollm2_as(key)) for key in ("q8_0", "q4_0"))
+    clock = time.process_time if args.cpu_time else time.perf_counter
 
     from runlm.engine.llm import LLM
     from runlm.store.builtin import resolve_model
 
     path = str(resolve_model(args.model))
-    plain = LLM(path, max_num_seqs=max(args.streams))
+    plain = LLM(path, max_num_seqs=max(args.streams), threads=args.threads)
     method = "draft_model" if args.draft else "ngram"
     config = {"method": method, "num_speculative_tokens": args.k}
     if args.draft:
         config["model"] = str(resolve_model(args.draft))
-    spec = LLM(path, max_num_seqs=max(args.streams), speculative_config=config)
+    spec = LLM(path, max_num_seqs=max(args.streams), threads=args.threads, speculative_config=config)
     encoded = [plain.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     rows = []
     for streams in args.streams:
@@ -77,8 +106,8 @@ def main() -> None:
         stats = spec.engine.spec.stats
         before = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
         for _ in range(args.rounds):
-            want, s_plain = run(plain, prompts, args.tokens)
-            got, s_spec = run(spec, prompts, args.tokens)
+            want, s_plain = run(plain, prompts, args.tokens, clock)
+            got, s_spec = run(spec, prompts, args.tokens, clock)
             assert got == want, "speculation changed the greedy output"
             speeds["plain"].append(s_plain)
             speeds["spec"].append(s_spec)
@@ -88,14 +117,15 @@ def main() -> None:
         rows.append({"model": args.model, "method": args.draft or "ngram", "k": args.k, "streams": streams,
                      "acceptance_rate": accepted / drafted if drafted else 0.0,
                      "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0,
-                     "plain_tok_s": p, "spec_tok_s": s, "speedup": s / p})
+                     "plain_tok_s": p, "spec_tok_s": s, "speedup": s / p,
+                     "clock": "cpu" if args.cpu_time else "wall", "threads": args.threads})
     print("| model | method | streams | acceptance | mean accepted length | plain tok/s | spec tok/s | speedup |\n"
           "|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['method']} k={r['k']} | {r['streams']} | {r['acceptance_rate']:.2f} | "
               f"{r['mean_accepted_length']:.2f} | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | "
               f"{r['speedup']:.2f}x |")
-    out = Path(__file__).parent / "results" / f"spec_bench_{method}.json"
+    out = Path(__file__).parent / "results" / f"spec_bench_{method}_{Path(path).stem}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(rows, indent=2))
 

@@ -81,6 +81,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "or a folder holding a generation_config.json")
     p.add_argument("--override-generation-config", default=None, metavar="JSON",
                    help='sampling defaults over those, e.g. \'{"temperature": 0.5, "max_new_tokens": 256}\'')
+    p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                   help="N engine replicas in their own processes behind one front end, the threads split between "
+                        "them (default 1: one engine in this process)")
+    p.add_argument("--distributed-executor-backend", default=None, choices=("mp", "ray"),
+                   help="where the replicas run: 'mp' child processes here (default with N > 1), 'ray' actors on "
+                        "a Ray cluster; given with N = 1, the one replica can still be scaled (/scale_elastic_ep)")
+    p.add_argument("--ray-address", default="auto", help="the Ray cluster for --distributed-executor-backend ray "
+                                                         "(default 'auto': the one this machine belongs to)")
+    p.add_argument("--profiler-dir", default=os.environ.get("RUNLM_TORCH_PROFILER_DIR"), metavar="DIR",
+                   help="where POST /start_profile and /stop_profile write torch.profiler traces "
+                        "(default: $RUNLM_TORCH_PROFILER_DIR; none: profiling is off)")
     add_numerics_arguments(p)
     p.set_defaults(func=run_serve_engine)
 
@@ -229,6 +240,8 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                                                   settings.sampling_defaults)
         if args.max_waiting < 0:
             raise ValueError("--max-waiting must be 0 or more")
+        if args.data_parallel_size < 1:
+            raise ValueError("--data-parallel-size must be 1 or more")
         spec = resolve_speculative(speculative_config(args))
         sock, where = open_socket(args.host, args.port, args.uds)
     except (UnknownModelError, ValueError, OSError) as exc:
@@ -253,8 +266,18 @@ def run_serve_engine(args: argparse.Namespace) -> int:
         failed.append(exc)
         server.should_exit = True
 
-    app = build_app(settings, load_engine=lambda: AsyncLLM(engine=engine_from_config(engine_cfg)),
-                    on_load_error=on_load_error)
+    def load_engine() -> AsyncLLM:
+        if args.data_parallel_size == 1 and args.distributed_executor_backend is None:
+            return AsyncLLM(engine=engine_from_config(engine_cfg), profiler_dir=args.profiler_dir)
+        # replicas build their own engines: a Ray node resolves the store name in its own store;
+        # child processes log at this server's level (they read it from the environment they inherit)
+        os.environ["RUNLM_LOG_LEVEL"] = args.log_level
+        model = args.model if args.distributed_executor_backend == "ray" else str(model_path)
+        return AsyncLLM(model, data_parallel_size=args.data_parallel_size,
+                        distributed_executor_backend=args.distributed_executor_backend or "mp",
+                        ray_address=args.ray_address, profiler_dir=args.profiler_dir, **engine_args)
+
+    app = build_app(settings, load_engine=load_engine, on_load_error=on_load_error)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_level == "debug",
                             timeout_graceful_shutdown=5, lifespan="on")
     server = _server_class(app.state.server, args.drain_timeout)(config)

@@ -30,6 +30,8 @@ from runlm.engine.lora_request import LoRARequest
 from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.pooling_engine import PoolingPromptType
 from runlm.engine.pooling_params import PoolingParams
+from runlm.engine.profiler import EngineProfiler
+from runlm.engine.rpc import engine_method
 from runlm.engine.sampling_params import SamplingParams
 from runlm.formats.tokenizer import Tokenizer
 
@@ -86,11 +88,24 @@ class RequestStream(Generic[OutputT]):
 
 
 class AsyncLLM:
+    def __new__(cls, *args: Any, **kwargs: Any) -> AsyncLLM:
+        """``data_parallel_size=N`` (N > 1) or a ``distributed_executor_backend`` gives the data-parallel
+        front end (runlm/engine/dp_client.py), a subclass with the same API; otherwise this in-process engine."""
+        if cls is AsyncLLM and (kwargs.get("data_parallel_size", 1) != 1
+                                or kwargs.get("distributed_executor_backend") is not None):
+            from runlm.engine.dp_client import DPAsyncLLM
+            return super().__new__(DPAsyncLLM)
+        return super().__new__(cls)
+
     def __init__(self, model: str | None = None, *, engine: EngineCoreType | None = None,
-                 **engine_args: Any) -> None:
+                 profiler_dir: str | None = None, data_parallel_size: int = 1, **engine_args: Any) -> None:
+        """``profiler_dir``: where start_profile()/stop_profile() write traces (else $RUNLM_TORCH_PROFILER_DIR)."""
         if (model is None) == (engine is None):
             raise ValueError("give either a model or an engine")
+        if data_parallel_size != 1:
+            raise ValueError("data_parallel_size must be 1 for an in-process engine")
         self.engine: EngineCoreType = engine or engine_from_model(str(model), **engine_args)
+        self._profiler = EngineProfiler(profiler_dir)
         self._cond = threading.Condition()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._held: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()  # adds while paused
@@ -164,6 +179,11 @@ class AsyncLLM:
         """Sequences the engine runs at once; a server bounds waiting work beyond this."""
         return self.engine.max_num_seqs
 
+    def replica_info(self) -> dict[str, Any]:
+        """What a data-parallel front end needs of a replica to stand in for it (picklable)."""
+        return {"tokenizer": self.tokenizer, "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
+                "max_num_seqs": self.max_num_seqs, "supported_tasks": self.get_supported_tasks()}
+
     def stats(self) -> EngineStats:
         """The engine's EngineStats (read from the event loop: counters only, no engine state changes)."""
         return self.engine.stats()
@@ -171,9 +191,13 @@ class AsyncLLM:
     # ---- requests ---------------------------------------------------------------------------
     async def add_request(self, request_id: str | None, prompt: PromptType | PoolingPromptType,
                           params: SamplingParams | PoolingParams | None = None, priority: int = 0,
-                          output_kind: str = DELTA, lora_request: LoRARequest | None = None) -> RequestStream:
+                          output_kind: str = DELTA, lora_request: LoRARequest | None = None,
+                          data_parallel_rank: int | None = None) -> RequestStream:
         """Check and queue a request on the engine thread; raises the engine's typed errors (PromptError,
-        SamplingParamsError, StructuredOutputsError, TaskError...) before any output. Returns its stream."""
+        SamplingParamsError, StructuredOutputsError, TaskError...) before any output. Returns its stream.
+        ``data_parallel_rank``: the replica to run it on; this in-process engine is rank 0."""
+        if data_parallel_rank not in (None, 0):
+            raise ValueError(f"data_parallel_rank {data_parallel_rank} is not a replica (ranks: [0])")
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -197,11 +221,11 @@ class AsyncLLM:
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, priority: int = 0,
-                       output_kind: str = DELTA, lora_request: LoRARequest | None = None
-                       ) -> AsyncIterator[RequestOutput]:
+                       output_kind: str = DELTA, lora_request: LoRARequest | None = None,
+                       data_parallel_rank: int | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (by default each carries only what is new); aborted if the caller stops."""
         stream = await self.add_request(request_id, prompt, sampling_params or SamplingParams(), priority,
-                                        output_kind, lora_request)
+                                        output_kind, lora_request, data_parallel_rank)
         try:
             async for out in stream:
                 yield out
@@ -288,6 +312,27 @@ class AsyncLLM:
 
     async def pin_lora(self, lora_id: int) -> bool:
         return await self._call(lambda: self.engine.pin_lora(lora_id))
+
+    # ---- profiling and named engine methods (run on the engine thread, where the model runs) ------
+    async def start_profile(self) -> None:
+        """Start a torch.profiler trace of the engine thread (see runlm/engine/profiler.py)."""
+        await self._call(lambda: self._profiler.start(self.engine))
+
+    async def stop_profile(self) -> list[str]:
+        """Stop the trace and write it as Chrome trace JSON; returns its path (a list: one per replica)."""
+        return [await self._call(self._profiler.stop)]
+
+    async def collective_rpc(self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run the engine core's public method ``method`` between steps; one result per replica (here one)."""
+        fn = engine_method(self.engine, method)
+        return [await self._call(lambda: fn(*args, **(kwargs or {})))]
+
+    async def set_num_threads(self, threads: int) -> None:
+        """The engine's CPU threads from now on (a data-parallel front end re-splits them when it scales)."""
+        if threads < 1:
+            raise ValueError("threads must be 1 or more")
+        import torch
+        await self._call(lambda: torch.set_num_threads(threads))  # on the engine thread, which runs the kernels
 
     def check_health_now(self) -> None:
         if self._dead is not None:

@@ -13,7 +13,10 @@ class SamplingParamsError(ValueError):
 
     def __init__(self, param: str, message: str) -> None:
         super().__init__(f"{param}: {message}")
-        self.param = param
+        self.param, self.detail = param, message
+
+    def __reduce__(self) -> tuple:  # re-raised unchanged across a replica's process boundary
+        return type(self), (self.param, self.detail)
 
 
 class PromptError(ValueError):
@@ -26,6 +29,9 @@ class PromptTooLongError(PromptError):
     def __init__(self, message: str, num_tokens: int, max_model_len: int) -> None:
         super().__init__(message)
         self.num_tokens, self.max_model_len = num_tokens, max_model_len
+
+    def __reduce__(self) -> tuple:
+        return type(self), (str(self), self.num_tokens, self.max_model_len)
 
 
 class TaskError(ValueError):

@@ -32,6 +32,9 @@ class Block:
     block_id: int
     ref_count: int = 0
     hash: bytes | None = None  # set once the block is full and registered in the prefix cache
+    # speculative decoding: a draft model's K/V for all of the block's tokens is in it too, so a sequence that
+    # finds the block in the prefix cache need not have the draft recompute it (spec_decode_draft)
+    draft_valid: bool = False
 
 
 @dataclass(slots=True)
@@ -92,6 +95,7 @@ class BlockManager:
         if block.hash is not None and self.cached.get(block.hash) == block_id:
             del self.cached[block.hash]
         block.hash = None
+        block.draft_valid = False  # new contents: the draft's K/V there is someone else's
         block.ref_count = 1
         return block_id
 
@@ -195,6 +199,7 @@ class BlockManager:
         self.cached.clear()
         for block in self.blocks:
             block.hash = None
+            block.draft_valid = False  # (sleep drops the draft's K/V tensors along with the cache)
         self.stats = PrefixCacheStats()
 
     def slots(self, table: BlockTable, start: int, end: int) -> torch.Tensor:

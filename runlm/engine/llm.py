@@ -15,6 +15,8 @@ from runlm.engine.lora_request import LoRARequest
 from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.pooling_engine import PoolingPromptType
 from runlm.engine.pooling_params import PoolingParams
+from runlm.engine.profiler import EngineProfiler
+from runlm.engine.rpc import engine_method
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.scoring import cosine_output, score_pairs
 from runlm.formats.tokenizer import Tokenizer
@@ -27,12 +29,14 @@ class LLM:
     """``LLM(model).generate(prompts, params)`` -> one RequestOutput per prompt, in order."""
 
     def __init__(self, model: str | None = None, *, engine: EngineCoreType | None = None,
-                 **engine_args: Any) -> None:
-        """``model``: a built-in name, a .gguf file or a model directory; or ``engine``: a built one."""
+                 profiler_dir: str | None = None, **engine_args: Any) -> None:
+        """``model``: a built-in name, a .gguf file or a model directory; or ``engine``: a built one.
+        ``profiler_dir``: where start_profile()/stop_profile() write traces (else $RUNLM_TORCH_PROFILER_DIR)."""
         if (model is None) == (engine is None):
             raise ValueError("give either a model or an engine")
         self.engine: EngineCoreType = engine or engine_from_model(str(model), **engine_args)
         self._ids = itertools.count()
+        self._profiler = EngineProfiler(profiler_dir)
 
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
@@ -91,6 +95,19 @@ class LLM:
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
+
+    # ---- profiling and named engine methods (the engine steps on the caller's thread) ---------
+    def start_profile(self) -> None:
+        """Trace what runs until stop_profile() with torch.profiler (see runlm/engine/profiler.py)."""
+        self._profiler.start(self.engine)
+
+    def stop_profile(self) -> list[str]:
+        """Write the trace as Chrome trace JSON; returns its path (in a list, as AsyncLLM's replicas)."""
+        return [self._profiler.stop()]
+
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run the engine core's public method ``method``; one result per engine (here one)."""
+        return [engine_method(self.engine, method)(*args, **(kwargs or {}))]
 
     # ---- LoRA adapters ------------------------------------------------------------------------
     def add_lora(self, lora_request: LoRARequest) -> bool:

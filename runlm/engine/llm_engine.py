@@ -185,6 +185,7 @@ class LLMEngine(EngineCore):
         sched = self._schedule()
         if not sched.seqs:
             return []
+        scheduled = sched.total_tokens  # (verification takes rejected draft tokens out of it)
         with self.lora.batch(s.lora_key for s in sched.seqs) if self.lora else nullcontext():
             sampled = self.runner.execute(sched)
         if self.spec is not None:
@@ -192,7 +193,7 @@ class LLMEngine(EngineCore):
         self.scheduler.update(sched)
         touched = self._process(sampled)
         if self.spec is not None:
-            self.spec.propose(self.scheduler.running)
+            self.spec.propose(self.scheduler.running, self.config.max_num_batched_tokens - scheduled)
         return self._outputs(touched)
 
     def _schedule(self) -> SchedulerOutput:

@@ -56,8 +56,9 @@ class SpecDecoder:
         left = (seq.params.max_tokens or self.max_seq_tokens) - seq.num_output_tokens
         return max(0, min(self.config.num_speculative_tokens, left - 1, self.max_seq_tokens - seq.num_tokens))
 
-    def propose(self, running: list[Sequence]) -> None:
-        """A draft for each sequence that is decoding (all its known tokens but the last computed)."""
+    def propose(self, running: list[Sequence], budget: int | None = None) -> None:
+        """A draft for each sequence that is decoding (all its known tokens but the last computed). ``budget``: the
+        tokens the step left of its token budget, which pays for the draft model's catching up."""
         seqs, ks = [], []
         for seq in running:
             state = seq.spec
@@ -75,7 +76,7 @@ class SpecDecoder:
                 seqs.append(seq)
                 ks.append(k)
         if self.draft is not None and seqs:
-            self.draft.propose(seqs, ks)
+            self.draft.propose(seqs, ks, budget)
 
     def after_verify(self, sched: SchedulerOutput, sampled: list[SampledToken]) -> None:
         """Take each draft's rejected positions out of what the step computed, and count acceptance."""

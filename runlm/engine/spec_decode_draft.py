@@ -6,6 +6,11 @@ slots), so a sequence's blocks hold both models' K/V and preemption, release and
 of their own. ``spec.draft_computed`` says how many positions hold valid draft K/V: a pass first catches
 up on the tokens the draft has not seen (the tokens accepted last step, or the whole prompt), whose last
 row gives the first draft token. Positions past the accepted ones are simply rewritten later.
+
+Prompt work: a block whose tokens the draft has all computed is marked ``draft_valid`` (cleared when the block
+is taken for new contents), so a sequence that finds such blocks in the prefix cache starts the draft after
+them. What the draft still has to catch up on counts against the step's token budget: it gets what the
+target's tokens left of ``max_num_batched_tokens``, the shortest catch-ups (decoding sequences) first.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from pathlib import Path
 import torch
 
 from runlm.engine.config import EngineConfig
+from runlm.engine.kv_cache import RELEASED, BlockManager
 from runlm.engine.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.model_runner import ModelRunner, PreparedBatch
 from runlm.engine.sampler import probabilities
@@ -37,9 +43,12 @@ class DraftModelProposer:
         self.loaded, self.blocks = loaded, blocks
         # its own K/V tensors over the shared block tables (a cache in groups: the global group's, which holds
         # every block of a sequence)
-        self.runner = ModelRunner(config, loaded, blocks.main if isinstance(blocks, HybridBlockManager) else blocks)
+        main: BlockManager = blocks.main if isinstance(blocks, HybridBlockManager) else blocks
+        self.main = main
+        self.runner = ModelRunner(config, loaded, main)
         self.max_chunk = config.max_num_batched_tokens  # catching up on a prompt goes at most this many a step
         self.max_position = loaded.config.max_position_embeddings
+        self.num_catch_up_tokens = 0  # tokens of known text the draft has computed (its share of prompt work)
 
     def allocate_kv_cache(self) -> None:
         self.runner.allocate_kv_cache()
@@ -53,14 +62,36 @@ class DraftModelProposer:
     def reload_weights(self, config: EngineConfig) -> None:
         self.loaded.model = load_draft(config, str(self.loaded.path), self.loaded).model
 
+    def _cached_prefix(self, seq: Sequence, start: int) -> int:
+        """Where the draft may start: past ``start``, over the blocks holding the draft's K/V for all their tokens
+        (found in the prefix cache, or computed earlier by this sequence)."""
+        table, size = seq.table, self.main.block_size
+        i = start // size
+        while i < len(table.blocks) and table.blocks[i] != RELEASED and self.main.blocks[table.blocks[i]].draft_valid:
+            i += 1
+        return max(start, i * size)
+
+    def _mark_valid(self, seq: Sequence, start: int, end: int) -> None:
+        """The blocks that positions start..end-1 (the sequence's own tokens) complete hold the draft's K/V too."""
+        size, ids = self.main.block_size, seq.table.blocks
+        for i in range(start // size, min(end // size, len(ids))):
+            if ids[i] != RELEASED:
+                self.main.blocks[ids[i]].draft_valid = True
+
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
-        """Set each sequence's draft (up to its k tokens; none while it is still catching up)."""
+    def propose(self, seqs: list[Sequence], ks: list[int], budget: int | None = None) -> None:
+        """Set each sequence's draft (up to its k tokens; none while it is still catching up). ``budget``: how many
+        tokens of catching up the step has room for (None: max_num_batched_tokens)."""
+        left = self.max_chunk if budget is None else budget
+        starts = [min(self._cached_prefix(s, s.spec.draft_computed), s.num_tokens - 1) for s in seqs]
+        order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_tokens - starts[i])  # shortest catch-up first
         todo: list[tuple[Sequence, int, int, int]] = []  # (seq, start, end, k)
-        for seq, k in zip(seqs, ks):
-            state = seq.spec
-            start, n = min(state.draft_computed, seq.num_tokens - 1), seq.num_tokens
-            end = min(n, start + self.max_chunk)
+        for i in order:
+            seq, k, start = seqs[i], ks[i], starts[i]
+            n = seq.num_tokens
+            end = min(n, start + self.max_chunk, start + left)
+            if end <= start:
+                continue  # no room left this step: no draft
             k = min(k, self.max_position - n) if end == n else 0
             # the draft writes K/V for positions start .. end-1 (the newest token's slot may not exist yet), then
             # n .. n+k-2 for its own tokens: the table must reach them
@@ -69,11 +100,14 @@ class DraftModelProposer:
                 if not self.blocks.grow(seq.table, end):
                     continue  # the cache is full: no draft this step
             todo.append((seq, start, end, k))
+            left -= end - start
         if not todo:
             return
         last = self._forward([(s, list(s.token_ids[a:b]), a) for s, a, b, _ in todo])
-        for seq, _, end, _ in todo:
+        for seq, start, end, _ in todo:
             seq.spec.draft_computed = end
+            self.num_catch_up_tokens += end - start
+            self._mark_valid(seq, start, end)
         drafting = [(seq, k) for seq, _, _, k in todo if k > 0]
         rows = [i for i, (_, _, _, k) in enumerate(todo) if k > 0]
         logits = last[rows] if rows else last[:0]

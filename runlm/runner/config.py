@@ -63,6 +63,9 @@ class SpeculativeConfig:
     num_tokens: int = 5
     min_acceptance_rate: float = 0.0
     draft_model_path: str | None = None  # filled in by the loader from the store
+    # the draft's fp32 K/V per token (the loader reads it from the store): the native engine keeps the draft's
+    # K/V in the target's blocks, so the cache it is given must hold both
+    draft_kv_bytes_per_token: int = 0
 
 
 @dataclass(slots=True)

@@ -188,7 +188,8 @@ class Loader:
         if config.speculative and config.speculative.draft_model_path is None:
             draft = await self.model(config.speculative.draft_model)
             path = await asyncio.to_thread(self.store.model_path, draft)
-            config = replace(config, speculative=replace(config.speculative, draft_model_path=str(path)))
+            config = replace(config, speculative=replace(config.speculative, draft_model_path=str(path),
+                                                         draft_kv_bytes_per_token=draft.info.kv_bytes_per_token(4)))
         return config
 
     async def _make_room(self, need: RequiredMemory, model: StoredModel) -> None:

@@ -25,6 +25,7 @@ from runlm.engine.errors import (
 )
 from runlm.engine.lora_request import LoRARequest
 from runlm.engine.outputs import RequestOutput
+from runlm.engine.replica import ReplicaDeadError
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.structured.params import StructuredOutputsError
 from runlm.server.errors import APIError, bad_request
@@ -118,11 +119,12 @@ class Generation:
 
     async def start(self) -> None:
         """Add every prompt to the engine, which checks it; the first refusal aborts the rest."""
+        pin = data_parallel_rank(self.http_request, self.engine)
         try:
             for i, prompt in enumerate(self.prompts):
                 self.streams.append(await self.engine.add_request(
                     f"{self.request_id}-{i}", {"prompt_token_ids": prompt}, replace(self.params), self.priority,
-                    lora_request=self.lora_request))
+                    lora_request=self.lora_request, data_parallel_rank=pin))
         except BaseException as exc:
             self.close()
             if isinstance(exc, Exception):
@@ -179,6 +181,19 @@ class Generation:
             self.close()
 
 
+def data_parallel_rank(http_request: Request, engine: AsyncLLM) -> int | None:
+    """vLLM's ``X-data-parallel-rank`` header: pin the request to that replica of a data-parallel
+    engine (an in-process engine is rank 0)."""
+    value = http_request.headers.get("x-data-parallel-rank")
+    if value is None:
+        return None
+    replicas = getattr(engine, "replicas", {0: None})
+    if not value.strip().isdigit() or int(value) not in replicas:
+        raise APIError(400, f"X-data-parallel-rank must name a replica ({sorted(replicas)}), not {value!r}",
+                       param="X-data-parallel-rank", code="invalid_data_parallel_rank")
+    return int(value)
+
+
 def engine_error(exc: BaseException, prompt_param: str = "prompt", constraint_source: str | None = None) -> APIError:
     """An engine exception as the error the client should see: the engine's typed errors are 400s
     naming the request field; anything else is the server's fault."""
@@ -198,4 +213,6 @@ def engine_error(exc: BaseException, prompt_param: str = "prompt", constraint_so
         return bad_request(str(exc), prompt_param)
     if isinstance(exc, EngineDeadError):
         return APIError(500, str(exc), code="engine_dead")
+    if isinstance(exc, ReplicaDeadError):  # one data-parallel replica died (it is being restarted)
+        return APIError(503, str(exc), code="replica_dead", headers={"Retry-After": "1"})
     return APIError(500, f"generation failed: {type(exc).__name__}: {exc}", code="internal_error")

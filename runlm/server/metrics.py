@@ -17,6 +17,7 @@ from runlm.engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from runlm.engine.async_llm import AsyncLLM
+    from runlm.engine.core import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
@@ -56,6 +57,9 @@ class _EngineCollector:
             c = CounterMetricFamily(name, doc, labels=label)
             c.add_metric([self.model_name], value)
             yield c
+        per_replica = getattr(engine, "replica_stats", None)
+        if per_replica is not None:  # data parallel: the same counts per replica, labelled engine="<rank>"
+            yield from _replica_families(self.model_name, per_replica())
         if spec is not None:
             per_pos = CounterMetricFamily("runlm:spec_decode_num_accepted_tokens_per_pos",
                                           "Draft tokens accepted, by their position in the draft.",
@@ -63,6 +67,23 @@ class _EngineCollector:
             for pos, value in enumerate(spec.accepted_per_position):
                 per_pos.add_metric([self.model_name, str(pos)], value)
             yield per_pos
+
+
+def _replica_families(model_name: str, per_replica: list[tuple[int, EngineStats]]) -> Iterator:
+    """The families above summed over replicas stay as they are; these give each replica's share."""
+    rows = (("num_requests_running", "Sequences running in each replica.", "num_running", GaugeMetricFamily),
+            ("num_requests_waiting", "Sequences waiting in each replica.", "num_waiting", GaugeMetricFamily),
+            ("kv_cache_usage_perc", "Fraction of each replica's KV-cache blocks in use.", "kv_cache_usage",
+             GaugeMetricFamily),
+            ("prefix_cache_queries", "Prompt tokens looked up in each replica's prefix cache.",
+             "prefix_cache_queries", CounterMetricFamily),
+            ("prefix_cache_hits", "Prompt tokens found in each replica's prefix cache.", "prefix_cache_hits",
+             CounterMetricFamily))
+    for name, doc, field, family in rows:
+        metric = family(f"runlm:replica_{name}", doc, labels=["model_name", "engine"])
+        for rank, stats in per_replica:
+            metric.add_metric([model_name, str(rank)], getattr(stats, field))
+        yield metric
 
 
 class ServerMetrics:

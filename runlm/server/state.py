@@ -43,6 +43,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     in_flight_seqs: int = 0                  # sequences admitted and not yet finished
     draining: bool = False                   # SIGTERM: finishing what runs, taking nothing new
+    scaling: bool = False                    # a /scale_elastic_ep is under way (runlm.server.engine_ops)
     loras: dict[str, LoRARequest] = field(default_factory=dict)  # adapter name -> its request (runlm.server.lora)
 
     @property

@@ -56,9 +56,12 @@ def test_abort_in_the_middle_of_speculation_frees_everything(tiny_model) -> None
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS[:3]):
         engine.add_request(str(i), prompt, params)
-    for _ in range(6):
+    assert engine.spec is not None
+    for _ in range(20):  # the draft's catching up shares the step budget with the prefills: drafts come after them
         engine.step()
-    assert engine.spec is not None and engine.spec.stats.num_drafts > 0
+        if engine.spec.stats.num_drafts > 2:
+            break
+    assert engine.spec.stats.num_drafts > 2 and "1" in engine.requests
     (out,) = engine.abort_request("1")
     assert out.finished and out.outputs[0].finish_reason == "abort"
     done = {}

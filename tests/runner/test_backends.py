@@ -11,7 +11,7 @@ import pytest
 
 from runlm.runner.backends import all_backends
 from runlm.runner.backends.base import BackendError
-from runlm.runner.backends.native import kv_cache_bytes
+from runlm.runner.backends.native import draft_bytes, kv_cache_bytes
 from runlm.runner.config import BackendConfig, BackendMode, ConfigError
 from runlm.store import ModelStore
 
@@ -146,6 +146,29 @@ def test_settings_a_backend_cannot_honour_are_refused(tmp_path: Path) -> None:
     assert '"num_speculative_tokens": 4' in argv[argv.index("--speculative-config") + 1]
     argv = b["native"].command("/s", "/m", "m", None, spec)
     assert json.loads(argv[argv.index("--speculative-config") + 1]) == {"model": "/d", "num_speculative_tokens": 4}
+
+
+def test_a_draft_models_kv_gets_its_share_of_the_native_cache(stored, tmp_path: Path) -> None:
+    """Issue 13: the engine keeps the draft's K/V in the target's blocks; a cache sized for the target alone
+    silently gave the target fewer tokens of context."""
+    from runlm.runner.loader import Loader
+    from runlm.runner.memory import MemoryBudget
+
+    store, model = stored
+    backends = all_backends(tmp_path)
+    native = backends["native"]
+    loader = Loader(store, backends, MemoryBudget(1 << 40))
+    loader.configs[(model.id, "native")] = BackendConfig.from_json(
+        {"context-size": 1024, "speculative": {"draft_model": "smollm2", "num_tokens": 3}})
+    config = asyncio.run(loader._resolved_config(model, "native"))
+    per_token = model.info.kv_bytes_per_token(4)
+    assert config.speculative.draft_kv_bytes_per_token == per_token  # the draft here is the model itself
+    plain = BackendConfig(context_size=1024)
+    assert kv_cache_bytes(model, 1024, config) == 2 * kv_cache_bytes(model, 1024, plain) == 2 * per_token * 1024 * 2
+    grown = native.required_memory(model, config).ram - native.required_memory(model, plain).ram
+    assert grown == draft_bytes(config) + per_token * 1024 * 2  # the draft's weights and its K/V
+    argv = native.command("/s.sock", "/m.gguf", "m", model, config)
+    assert int(argv[argv.index("--kv-cache-memory") + 1]) == kv_cache_bytes(model, 1024, config)
 
 
 def test_a_kv_cache_runtime_flag_is_counted_by_the_budget(stored, tmp_path: Path) -> None:

@@ -36,10 +36,15 @@ def weight_bytes(model: StoredModel) -> int:
     return int(info.stored_matrix_bytes + (info.parameters - info.stored_matrix_params) * BYTES_PER_WEIGHT)
 
 
-def kv_cache_bytes(model: StoredModel, context: int) -> int:
+def kv_cache_bytes(model: StoredModel, context: int, config: BackendConfig | None = None) -> int:
+    """fp32 K/V for KV_SEQUENCES full-context sequences; with a draft model, the draft's K/V too (the engine
+    keeps it in the same blocks and splits the cache by both models' bytes per token)."""
     if "completion" not in model.info.capabilities:
         return MIN_KV_BYTES
-    return max(model.info.kv_bytes_per_token(4) * context * KV_SEQUENCES, MIN_KV_BYTES)
+    per_token = model.info.kv_bytes_per_token(4)
+    if config is not None and config.speculative is not None:
+        per_token += config.speculative.draft_kv_bytes_per_token
+    return max(per_token * context * KV_SEQUENCES, MIN_KV_BYTES)
 
 
 def flag_value(flags: list[str], name: str) -> str | None:
@@ -108,7 +113,7 @@ class NativeBackend(ProcessBackend):
 
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
         weights = weight_bytes(model) + draft_bytes(config)
-        kv = runtime_kv_bytes(config) or kv_cache_bytes(model, self.context_size(model, config))
+        kv = runtime_kv_bytes(config) or kv_cache_bytes(model, self.context_size(model, config), config)
         return RequiredMemory(ram=weights + kv + RUNTIME_OVERHEAD, vram=0)
 
     def command(self, socket: str, model: str, model_ref: str, stored: StoredModel | None,
@@ -117,7 +122,7 @@ class NativeBackend(ProcessBackend):
                 "--served-model-name", model_ref]
         if stored is not None:
             context = self.context_size(stored, config)
-            argv += ["--max-model-len", str(context), "--kv-cache-memory", str(kv_cache_bytes(stored, context))]
+            argv += ["--max-model-len", str(context), "--kv-cache-memory", str(kv_cache_bytes(stored, context, config))]
             if stored.info.sampling:  # what the store knows the model recommends (the built-in catalogue's too)
                 argv += ["--override-generation-config", json.dumps(stored.info.sampling)]
         if config.lora_paths:  # every configured adapter may run in one step; a runtime flag may say otherwise
