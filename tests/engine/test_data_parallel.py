@@ -150,9 +150,17 @@ def test_profile_writes_one_trace_per_replica_with_the_forward_in_it(dp: DPAsync
 
 
 def test_metrics_sum_the_replicas(dp: DPAsyncLLM) -> None:
+    async def main():  # traffic of its own on both replicas (an earlier sleep may have reset the counters)
+        for r in (0, 1):
+            await _finish(await dp.add_request(f"metrics{r}", "count me", SHORT, data_parallel_rank=r))
+    run(main())
+    deadline = time.monotonic() + 10  # the children push their counters every _STATS_PERIOD
+    while time.monotonic() < deadline and not all(s.prefix_cache_queries for _, s in dp.replica_stats()):
+        time.sleep(0.1)
     per = dp.replica_stats()
     assert [rank for rank, _ in per] == [0, 1]
-    assert dp.stats().prefix_cache_queries == sum(s.prefix_cache_queries for _, s in per) > 0
+    assert all(s.prefix_cache_queries > 0 for _, s in per)
+    assert dp.stats().prefix_cache_queries == sum(s.prefix_cache_queries for _, s in per)
 
 
 @pytest.mark.slow
