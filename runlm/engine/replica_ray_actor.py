@@ -1,0 +1,120 @@
+"""What a Ray actor replica runs: an ``AsyncLLM`` in an async actor (vLLM's DP engine core on a Ray node).
+
+This module does not import Ray: ``runlm/engine/replica_ray.py`` makes the class below a Ray actor
+(``ray.remote(EngineActor)``), so the logic here is plain Python. The model is resolved on the node
+the actor lands on, from the same store name the front end was given (``AsyncLLM(name)`` goes
+through the store's normal resolution), so every node needs the model in its own store.
+
+Errors cross the boundary in a ``RemoteError`` envelope rather than as pickled exceptions: an
+exception whose ``__init__`` takes other arguments than its ``args`` (SamplingParamsError,
+PromptTooLongError) cannot be unpickled the ordinary way, and Ray would hand back an
+``UnserializableException`` instead of the engine's typed error.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from runlm.engine.lora_request import LoRARequest
+from runlm.engine.pooling_params import PoolingParams
+from runlm.engine.sampling_params import SamplingParams
+
+__all__ = ["ACCEPTED", "EngineActor", "RemoteError"]
+
+ACCEPTED = "accepted"  # the first item of a request's stream: the engine took it (its checks passed)
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    """An exception as data: its class (pickled by reference), its ``args`` and its attributes. Rebuilt
+    without calling ``__init__``, so any exception class comes back as itself with its fields."""
+    cls: type[BaseException]
+    args: tuple
+    state: dict[str, Any]
+
+    @classmethod
+    def of(cls, exc: BaseException) -> RemoteError:
+        state = {k: v for k, v in vars(exc).items() if not k.startswith("__")}
+        try:
+            pickle.dumps((type(exc), exc.args, state))
+        except Exception:  # a field that cannot travel: keep the type and the message
+            return cls(type(exc) if _picklable(type(exc)) else RuntimeError, (str(exc),), {})
+        return cls(type(exc), exc.args, state)
+
+    def rebuild(self) -> BaseException:
+        exc = self.cls.__new__(self.cls)
+        exc.args = self.args
+        exc.__dict__.update(self.state)
+        return exc
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+    except Exception:
+        return False
+    return True
+
+
+class EngineActor:
+    """One replica's engine, hosted by a Ray actor. Every method is async (Ray runs them on the actor's
+    event loop, so many requests stream at once); the engine computes on AsyncLLM's own thread."""
+
+    def __init__(self, model: str, engine_args: dict[str, Any]) -> None:
+        from runlm.engine.async_llm import AsyncLLM
+
+        self.llm = AsyncLLM(model, **engine_args)
+
+    async def where(self) -> dict[str, Any]:
+        """Where this actor runs (its Ray node and process): the front end logs it, tests check placement."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    async def check_health(self) -> None:
+        """Raises EngineDeadError when the engine thread has died inside a live actor."""
+        self.llm.check_health_now()
+
+    async def generate(self, request_id: str, prompt: Any, params: SamplingParams | PoolingParams | None,
+                       priority: int, output_kind: str, lora_request: LoRARequest | None
+                       ) -> AsyncIterator[Any]:
+        """A request's stream (a Ray streaming generator): ``ACCEPTED`` or a RemoteError first (the engine's
+        up-front checks), then its outputs; a failure mid-stream ends it with a RemoteError. The request is
+        aborted when the caller cancels the stream or the actor method is torn down."""
+        try:
+            stream = await self.llm.add_request(request_id, prompt, params, priority, output_kind, lora_request)
+        except Exception as exc:
+            yield RemoteError.of(exc)
+            return
+        try:
+            yield ACCEPTED
+            async for out in stream:
+                yield out
+        except Exception as exc:
+            yield RemoteError.of(exc)
+        finally:
+            stream.close()
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self.llm.abort(request_ids)
+
+    async def call(self, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Run a public AsyncLLM method by name; its result, or a RemoteError for what it raised."""
+        if not method.isidentifier() or method.startswith("_"):
+            return RemoteError.of(ValueError(f"a replica runs public AsyncLLM methods, not {method!r}"))
+        fn = getattr(self.llm, method, None)
+        if not callable(fn):
+            return RemoteError.of(ValueError(f"AsyncLLM has no method {method!r}"))
+        try:
+            result = fn(*args, **kwargs)
+            if hasattr(result, "__await__"):
+                result = await result
+        except Exception as exc:
+            return RemoteError.of(exc)
+        return result
+
+    async def shutdown(self) -> None:
+        self.llm.shutdown()
