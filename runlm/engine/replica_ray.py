@@ -101,6 +101,11 @@ class RayReplica(EngineReplica):
         log.info("replica %d is a Ray actor on node %s (pid %s)", self.rank, self.where["node_id"], self.where["pid"])
         self._monitor = asyncio.create_task(self._check_health())
 
+    @property
+    def actor(self) -> Any:
+        """The Ray actor handle (for Ray's own tools: ray.kill, the state API)."""
+        return self._actor
+
     async def locate(self) -> dict[str, Any]:
         """Ask the actor where it runs now (a restarted actor may have moved); updates ``where``."""
         self.where = await self._when_available(lambda: self._remote(self._actor.where.remote()))

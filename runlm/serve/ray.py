@@ -50,6 +50,8 @@ class RayServeArgs(BaseModel):
     max_replicas: int = Field(1, ge=1)
     target_ongoing_requests: float = Field(8.0, gt=0, description="requests per replica Serve scales toward")
     max_ongoing_requests: int = Field(64, ge=1, description="requests one replica takes before Serve queues them")
+    upscale_delay_s: float = Field(30.0, ge=0, description="how long the queue must stay long before Serve adds one")
+    downscale_delay_s: float = Field(600.0, ge=0, description="how long it must stay short before Serve removes one")
 
     @field_validator("served_model_name", mode="before")
     @classmethod
@@ -102,5 +104,7 @@ def app(args: dict[str, Any] | RayServeArgs) -> Application:
         max_ongoing_requests=checked.max_ongoing_requests,
         autoscaling_config={"min_replicas": checked.min_replicas, "max_replicas": checked.max_replicas,
                             "initial_replicas": max(checked.min_replicas, 1),
-                            "target_ongoing_requests": checked.target_ongoing_requests},
+                            "target_ongoing_requests": checked.target_ongoing_requests,
+                            "upscale_delay_s": checked.upscale_delay_s,
+                            "downscale_delay_s": checked.downscale_delay_s},
     ).bind(checked)
