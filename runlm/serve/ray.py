@@ -83,7 +83,7 @@ class RayServeArgs(BaseModel):
 class RunlmDeployment:
     """One Serve replica: the engine is loaded before Serve routes to it, then runlm's app serves it."""
 
-    async def __init__(self, args: RayServeArgs) -> None:
+    async def __init__(self, args: RayServeArgs) -> None:  # type: ignore[misc]  # Serve awaits it
         self.args = args
         self.engine = await asyncio.to_thread(AsyncLLM, args.model, **args.engine_args())
 
@@ -99,7 +99,7 @@ class RunlmDeployment:
 def app(args: dict[str, Any] | RayServeArgs) -> Application:
     """The Serve application builder (``serve run runlm.serve.ray:app model=smollm2``)."""
     checked = args if isinstance(args, RayServeArgs) else RayServeArgs.model_validate(dict(args))
-    return RunlmDeployment.options(
+    return RunlmDeployment.options(  # type: ignore[attr-defined]  # serve.deployment made it a Deployment
         ray_actor_options={"num_cpus": checked.threads},
         max_ongoing_requests=checked.max_ongoing_requests,
         autoscaling_config={"min_replicas": checked.min_replicas, "max_replicas": checked.max_replicas,
