@@ -73,11 +73,11 @@ class RayReplica(EngineReplica):
         self._streams: dict[str, _RayStream] = {}
         self._dead = self._closed = False
         self._waiting = 0  # requests and calls waiting for a restarting actor
-        self._monitor: asyncio.Task | None = None
+        self._suspect = threading.Event()  # an actor error was seen: the watcher asks Ray at once
 
     # ---- life --------------------------------------------------------------------------------------
     async def start(self) -> None:
-        ray = connect(self.ray_address)  # on the loop: ray.init wants the main thread, and runs once
+        ray = connect(self.ray_address)  # blocks only the first time in a process
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -98,8 +98,11 @@ class RayReplica(EngineReplica):
         except ray.exceptions.RayError as exc:
             await self.shutdown()
             raise ReplicaDeadError(f"replica {self.rank} failed to start on Ray: {_reason(exc)}") from None
+        if self.where["load_error"] is not None:  # the engine's own error (UnknownModelError...), as itself
+            await self.shutdown()
+            raise self.where["load_error"].rebuild()
         log.info("replica %d is a Ray actor on node %s (pid %s)", self.rank, self.where["node_id"], self.where["pid"])
-        self._monitor = asyncio.create_task(self._check_health())
+        threading.Thread(target=self._watch, name=f"runlm-ray-watch{self.rank}", daemon=True).start()
 
     @property
     def actor(self) -> Any:
@@ -119,8 +122,7 @@ class RayReplica(EngineReplica):
         if self._closed:
             return
         self._closed = True
-        if self._monitor is not None:
-            self._monitor.cancel()
+        self._suspect.set()  # wakes the watcher, which sees _closed and ends
         ray = import_ray()
         if self._actor is not None:
             ray.kill(self._actor, no_restart=True)  # its open streams end with RayActorError -> ReplicaDeadError
@@ -197,37 +199,39 @@ class RayReplica(EngineReplica):
         ray = import_ray()
         if isinstance(exc, ray.exceptions.ActorUnavailableError) and not self._closed:
             return ReplicaRestartingError(f"replica {self.rank} (Ray actor) is restarting: {_reason(exc)}")
-        if isinstance(exc, ray.exceptions.ActorDiedError) and not self._closed:
-            asyncio.get_running_loop().create_task(self._probe())
+        if isinstance(exc, ray.exceptions.ActorDiedError):
+            self._suspect.set()  # the watcher finds out whether Ray restarts it
         return ReplicaDeadError(f"replica {self.rank} (Ray actor) failed: {_reason(exc)}")
 
-    async def _probe(self) -> None:
-        """After an actor death: a call queues while Ray restarts the actor, and fails at once when it will not."""
+    def _watch(self) -> None:
+        """The replica's watcher thread (not tied to the event loop that started the replica). Ray restarts a
+        dead actor process by itself; a live actor whose engine thread died is killed here so that Ray
+        restarts it too; after an actor death it asks Ray whether the actor comes back."""
         ray = import_ray()
-        try:
-            self.where = await self._actor.where.remote()
-        except ray.exceptions.ActorDiedError:
-            self._dead = True
-            log.error("replica %d: Ray will not restart its actor", self.rank)
-        except ray.exceptions.RayError:
-            pass  # unavailable for now; the next failure probes again
-
-    async def _check_health(self) -> None:
-        """Ray restarts a dead actor process by itself; a live actor whose engine thread died is killed
-        here so that Ray restarts it too."""
-        ray = import_ray()
-        while self.alive:
-            await asyncio.sleep(self.health_check_period_s)
+        while not self._closed and not self._dead:
+            suspect = self._suspect.wait(self.health_check_period_s)
+            self._suspect.clear()
+            if self._closed:
+                return
             try:
-                await asyncio.wait_for(self._actor.check_health.remote(), self.health_check_timeout_s)
+                if suspect:  # a call on a restarting actor fails at once ("unavailable"); on a dead one, "died"
+                    self.where = ray.get(self._actor.where.remote(), timeout=self.health_check_timeout_s)
+                else:
+                    error = ray.get(self._actor.check_health.remote(), timeout=self.health_check_timeout_s)
+                    if error is not None:
+                        raise error.rebuild()
             except ray.exceptions.ActorDiedError:
-                await self._probe()
-            except (ray.exceptions.RayTaskError, TimeoutError) as exc:
-                if self.alive:
-                    log.error("replica %d failed its health check (%s); restarting its actor", self.rank, _reason(exc))
+                if not self._closed:
+                    self._dead = True
+                    log.error("replica %d: its Ray actor died and Ray will not restart it", self.rank)
+            except ray.exceptions.ActorUnavailableError:
+                self._suspect.set()  # restarting: ask again
+                time.sleep(0.5)
+            except Exception as exc:  # a dead engine thread, or no answer in time (GetTimeoutError)
+                if not self._closed:
+                    log.error("replica %d failed its health check (%s); Ray restarts its actor", self.rank,
+                              _reason(exc))
                     ray.kill(self._actor, no_restart=False)
-            except ray.exceptions.RayError:
-                pass  # restarting: Ray owns it
 
 
 def _reason(exc: BaseException) -> str:

@@ -66,17 +66,29 @@ class EngineActor:
     def __init__(self, model: str, engine_args: dict[str, Any]) -> None:
         from runlm.engine.async_llm import AsyncLLM
 
-        self.llm = AsyncLLM(model, **engine_args)
+        # a model that does not load is kept as an answer rather than raised: Ray would report only that
+        # the constructor failed, and the front end should get the engine's own error (UnknownModelError...)
+        self.load_error: RemoteError | None = None
+        try:
+            self.llm = AsyncLLM(model, **engine_args)
+        except Exception as exc:
+            self.load_error = RemoteError.of(exc)
 
     async def where(self) -> dict[str, Any]:
-        """Where this actor runs (its Ray node and process): the front end logs it, tests check placement."""
+        """Where this actor runs (its Ray node and process) and whether its model failed to load."""
         import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "load_error": self.load_error}
 
-    async def check_health(self) -> None:
-        """Raises EngineDeadError when the engine thread has died inside a live actor."""
-        self.llm.check_health_now()
+    async def check_health(self) -> RemoteError | None:
+        """None, or why this actor cannot serve: its model did not load, or its engine thread died."""
+        if self.load_error is not None:
+            return self.load_error
+        try:
+            self.llm.check_health_now()
+        except Exception as exc:
+            return RemoteError.of(exc)
+        return None
 
     async def generate(self, request_id: str, prompt: Any, params: SamplingParams | PoolingParams | None,
                        priority: int, output_kind: str, lora_request: LoRARequest | None
@@ -84,6 +96,9 @@ class EngineActor:
         """A request's stream (a Ray streaming generator): ``ACCEPTED`` or a RemoteError first (the engine's
         up-front checks), then its outputs; a failure mid-stream ends it with a RemoteError. The request is
         aborted when the caller cancels the stream or the actor method is torn down."""
+        if self.load_error is not None:
+            yield self.load_error
+            return
         try:
             stream = await self.llm.add_request(request_id, prompt, params, priority, output_kind, lora_request)
         except Exception as exc:
@@ -99,12 +114,15 @@ class EngineActor:
             stream.close()
 
     async def abort(self, request_ids: list[str]) -> None:
-        await self.llm.abort(request_ids)
+        if self.load_error is None:
+            await self.llm.abort(request_ids)
 
     async def call(self, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Run a public AsyncLLM method by name; its result, or a RemoteError for what it raised."""
         if not method.isidentifier() or method.startswith("_"):
             return RemoteError.of(ValueError(f"a replica runs public AsyncLLM methods, not {method!r}"))
+        if self.load_error is not None:
+            return self.load_error
         fn = getattr(self.llm, method, None)
         if not callable(fn):
             return RemoteError.of(ValueError(f"AsyncLLM has no method {method!r}"))
@@ -117,4 +135,5 @@ class EngineActor:
         return result
 
     async def shutdown(self) -> None:
-        self.llm.shutdown()
+        if self.load_error is None:
+            self.llm.shutdown()

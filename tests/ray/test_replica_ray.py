@@ -11,6 +11,7 @@ from runlm.engine.core import EngineStats
 from runlm.engine.errors import SamplingParamsError
 from runlm.engine.replica import ReplicaDeadError, ReplicaSpec
 from runlm.engine.sampling_params import SamplingParams
+from runlm.store.builtin import UnknownModelError
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'runlm[ray]' (make test-slow does)")
@@ -86,6 +87,13 @@ def test_replicas_on_both_nodes_serve_and_a_killed_actor_is_restarted(ray_cluste
             await reps[0].add_request("late", "hi", GREEDY)
 
     asyncio.run(scenario())
+
+
+def test_a_model_the_node_cannot_find_fails_start_with_the_reason(ray_cluster) -> None:
+    rep = RayReplica(ReplicaSpec("no-such-model", {"threads": 1}, 0), ray_cluster.address)
+    with pytest.raises(UnknownModelError, match="no-such-model"):
+        asyncio.run(rep.start())
+    assert not rep.alive
 
 
 def test_growing_and_shrinking_loses_no_request(ray_cluster) -> None:
