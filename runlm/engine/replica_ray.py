@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from runlm.engine.core import EngineStats
 from runlm.engine.lora_request import LoRARequest
 from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.pooling_params import PoolingParams
@@ -60,7 +61,7 @@ def connect(address: str = "auto") -> Any:
 class RayReplica(EngineReplica):
     max_restarts = 4              # Ray restarts a dead actor this many times, then the replica is dead
     placement_timeout_s = 300.0   # how long to wait for a node with the replica's CPUs free
-    health_check_period_s = 10.0  # how often the engine thread inside the actor is checked
+    health_check_period_s = 2.0   # how often the actor's engine is checked (and its counters read)
     health_check_timeout_s = 60.0
     restart_wait_s = 300.0        # how long a new request or call waits for an actor that Ray restarts
 
@@ -68,6 +69,8 @@ class RayReplica(EngineReplica):
         self.spec, self.ray_address = spec, ray_address
         self.num_cpus = int(spec.engine_args.get("threads") or 1)
         self.where: dict[str, Any] = {}  # node_id and pid of the actor, as last seen
+        self.info: dict[str, Any] = {}   # tokenizer, max_model_len, ... (AsyncLLM.replica_info) once started
+        self.last_stats: EngineStats | None = None  # the engine's counters at the last heartbeat
         self._actor: Any = None
         self._pg: Any = None
         self._streams: dict[str, _RayStream] = {}
@@ -101,6 +104,7 @@ class RayReplica(EngineReplica):
         if self.where["load_error"] is not None:  # the engine's own error (UnknownModelError...), as itself
             await self.shutdown()
             raise self.where["load_error"].rebuild()
+        self.info = self.where["info"]
         log.info("replica %d is a Ray actor on node %s (pid %s)", self.rank, self.where["node_id"], self.where["pid"])
         threading.Thread(target=self._watch, name=f"runlm-ray-watch{self.rank}", daemon=True).start()
 
@@ -217,9 +221,10 @@ class RayReplica(EngineReplica):
                 if suspect:  # a call on a restarting actor fails at once ("unavailable"); on a dead one, "died"
                     self.where = ray.get(self._actor.where.remote(), timeout=self.health_check_timeout_s)
                 else:
-                    error = ray.get(self._actor.check_health.remote(), timeout=self.health_check_timeout_s)
-                    if error is not None:
-                        raise error.rebuild()
+                    beat = ray.get(self._actor.heartbeat.remote(), timeout=self.health_check_timeout_s)
+                    if isinstance(beat, RemoteError):
+                        raise beat.rebuild()
+                    self.last_stats = beat
             except ray.exceptions.ActorDiedError:
                 if not self._closed:
                     self._dead = True

@@ -75,20 +75,24 @@ class EngineActor:
             self.load_error = RemoteError.of(exc)
 
     async def where(self) -> dict[str, Any]:
-        """Where this actor runs (its Ray node and process) and whether its model failed to load."""
+        """Where this actor runs (its Ray node and process), whether its model failed to load, and what a
+        front end needs to stand in for the engine (``AsyncLLM.replica_info`` where it has one)."""
         import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "load_error": self.load_error}
+        info_of = getattr(self.llm, "replica_info", None) if self.load_error is None else None
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "load_error": self.load_error, "info": info_of() if info_of else {}}
 
-    async def check_health(self) -> RemoteError | None:
-        """None, or why this actor cannot serve: its model did not load, or its engine thread died."""
+    async def heartbeat(self) -> Any:
+        """The engine's EngineStats, or (a RemoteError) why this actor cannot serve: its model did not
+        load, or its engine thread died."""
         if self.load_error is not None:
             return self.load_error
         try:
             self.llm.check_health_now()
         except Exception as exc:
             return RemoteError.of(exc)
-        return None
+        return self.llm.stats()
 
     async def generate(self, request_id: str, prompt: Any, params: SamplingParams | PoolingParams | None,
                        priority: int, output_kind: str, lora_request: LoRARequest | None

@@ -44,6 +44,12 @@ def test_replicas_on_both_nodes_serve_and_a_killed_actor_is_restarted(ray_cluste
             assert {r.where["node_id"] for r in reps} == ray_cluster.node_ids()
             (a, why_a), (b, _) = await asyncio.gather(complete(reps[0], "a"), complete(reps[1], "b"))
             assert a and a == b and why_a == "length"  # same model, same greedy answer on both nodes
+            assert reps[0].info.get("max_model_len", 512) == 512  # what a front end stands in with
+            for _ in range(100):  # the watcher's heartbeat brings the engine's counters
+                if reps[1].last_stats is not None:
+                    break
+                await asyncio.sleep(0.1)
+            assert isinstance(reps[1].last_stats, EngineStats)
 
             # the engine's typed errors come back as themselves, before any output
             with pytest.raises(SamplingParamsError) as err:
