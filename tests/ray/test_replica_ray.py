@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from runlm.engine.core import EngineStats
-from runlm.engine.errors import SamplingParamsError
+from runlm.engine.errors import PromptTooLongError
 from runlm.engine.replica import ReplicaDeadError, ReplicaSpec
 from runlm.engine.sampling_params import SamplingParams
 from runlm.store.builtin import UnknownModelError
@@ -52,9 +52,9 @@ def test_replicas_on_both_nodes_serve_and_a_killed_actor_is_restarted(ray_cluste
             assert isinstance(reps[1].last_stats, EngineStats)
 
             # the engine's typed errors come back as themselves, before any output
-            with pytest.raises(SamplingParamsError) as err:
-                await reps[0].add_request("bad", "hi", SamplingParams(temperature=-1.0))
-            assert err.value.param == "temperature"
+            with pytest.raises(PromptTooLongError) as err:
+                await reps[0].add_request("long", "word " * 700, GREEDY)
+            assert err.value.max_model_len == 512 and err.value.num_tokens > 512
             stats = await reps[0].call("stats")
             assert isinstance(stats, EngineStats) and stats.num_running == 0
             with pytest.raises(ValueError, match="public"):
