@@ -105,25 +105,32 @@ def test_a_model_the_node_cannot_find_fails_start_with_the_reason(ray_cluster) -
 def test_growing_and_shrinking_loses_no_request(ray_cluster) -> None:
     """1 -> 2 -> 1 replicas, as a front end scales: a replica added while requests run takes new ones; the
     one removed is drained first (wait_for_requests_to_drain in the actor), so every request finishes.
-    (The data-parallel front end's own routing is tested with it; this is RayReplica's part.)"""
+    (The data-parallel front end over RayReplica: tests/ray/test_dp_ray.py.)"""
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    started = {f"s{i}": asyncio.Event() for i in range(3)}
+
+    async def run(rep: RayReplica, rid: str) -> tuple[int, str | None]:
+        tokens, reason = 0, None
+        async for out in await rep.add_request(rid, "def fibonacci(n):", params):
+            tokens += len(out.outputs[0].token_ids)
+            reason = out.outputs[0].finish_reason
+            if rid in started:
+                started[rid].set()
+        return tokens, reason
 
     async def scenario() -> None:
         first = replica(ray_cluster, 0)
         await first.start()
         second = replica(ray_cluster, 1)
         try:
-            running = [asyncio.create_task(complete(first, f"r{i}", params)) for i in range(3)]
+            running = [asyncio.create_task(run(first, f"r{i}")) for i in range(3)]
             await second.start()  # 1 -> 2 while the first replica is busy
-            running += [asyncio.create_task(complete(second, f"s{i}", params)) for i in range(3)]
-            while second.load().running < 3:  # all three accepted by the second replica
-                await asyncio.sleep(0.05)
+            running += [asyncio.create_task(run(second, rid)) for rid in started]
+            await asyncio.gather(*(e.wait() for e in started.values()))  # the second replica is streaming them
             await second.call("wait_for_requests_to_drain", timeout=120)  # 2 -> 1: drain, then remove
             await second.shutdown()
-            running += [asyncio.create_task(complete(first, f"t{i}", params)) for i in range(2)]
-            results = await asyncio.gather(*running)
-            assert [reason for _, reason in results] == ["length"] * 8
-            assert len({text for text, _ in results}) == 1
+            running += [asyncio.create_task(run(first, f"t{i}")) for i in range(2)]
+            assert await asyncio.gather(*running) == [(48, "length")] * 8
         finally:
             await asyncio.gather(first.shutdown(), second.shutdown())
 
