@@ -199,7 +199,8 @@ class RayReplica(EngineReplica):
             raise self.died(exc) from None
 
     def died(self, exc: BaseException) -> ReplicaDeadError:
-        """The error for a request the actor failed; an ActorDiedError (not a restart) marks the replica dead."""
+        """The error for a request the actor failed; after an ActorDiedError the watcher asks Ray whether the
+        actor comes back (else the replica is dead)."""
         ray = import_ray()
         if isinstance(exc, ray.exceptions.ActorUnavailableError) and not self._closed:
             return ReplicaRestartingError(f"replica {self.rank} (Ray actor) is restarting: {_reason(exc)}")
