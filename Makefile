@@ -36,7 +36,12 @@ lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check runlm tests bench
 	$(VENV)/bin/mypy
 
-test-slow: $(VENV)/.test-installed
+# the slow tests include the Ray cluster tests (tests/ray), so Ray comes first
+$(VENV)/.ray-installed: $(VENV)/.test-installed
+	$(PIP) install -e '.[ray]'
+	touch $@
+
+test-slow: $(VENV)/.ray-installed
 	$(VENV)/bin/python -m pytest -q -m slow
 
 $(VENV)/.bench-installed: $(VENV)/.test-installed

@@ -1,0 +1,1 @@
+"""Serving runlm on other serving systems (Ray Serve: runlm/serve/ray.py)."""
