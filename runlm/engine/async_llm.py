@@ -331,8 +331,7 @@ class AsyncLLM:
         """The engine's CPU threads from now on (a data-parallel front end re-splits them when it scales)."""
         if threads < 1:
             raise ValueError("threads must be 1 or more")
-        import torch
-        await self._call(lambda: torch.set_num_threads(threads))  # on the engine thread, which runs the kernels
+        await self._call(lambda: self.engine.set_threads(threads))  # on the engine thread, which runs the kernels
 
     def check_health_now(self) -> None:
         if self._dead is not None:

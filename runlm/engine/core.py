@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from runlm import kernels
 from runlm.engine.config import EngineConfig, physical_cores
 from runlm.engine.errors import PromptError
 from runlm.engine.kv_groups import AnyBlockManager
@@ -35,6 +34,18 @@ EngineOutput = RequestOutput | PoolingRequestOutput
 RequestParams = SamplingParams | PoolingParams
 
 log = logging.getLogger("runlm.engine")
+
+
+def set_torch_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def set_native_threads(n: int) -> None:
+    from runlm.native import kernels
+
+    kernels.set_threads(n)
 
 
 @dataclass(slots=True)
@@ -72,8 +83,8 @@ class EngineCore:
     lora: LoRAManager | None = None  # set where LoRA is enabled (generation engines only)
 
     def _set_threads(self) -> None:
-        self.device = torch.device(self.config.device)
-        torch.set_num_threads(self.config.threads or physical_cores())
+        """How many threads the kernels use; the loader applies it to whichever computes (torch or native)."""
+        self.threads = self.config.threads or physical_cores()
 
     @property
     def supported_tasks(self) -> tuple[str, ...]:
@@ -84,18 +95,35 @@ class EngineCore:
         """Sequences the engine runs at once (the server bounds waiting work beyond this)."""
         return self.config.max_num_seqs
 
+    threads: int
+    native: bool = False  # whether the native runner computes (no torch in the process)
+
+    def set_threads(self, n: int) -> None:
+        """The kernels' CPU threads from now on."""
+        self.threads = n
+        (set_native_threads if self.native else set_torch_threads)(n)
+
     def log_start(self, kv_bytes: int) -> None:
         """One line at start: what memory the cache holds and which kernels compute (why it is fast or not)."""
-        from runlm.kernels import fused, ggml
+        if self.native:
+            from runlm.native import kernels as native
 
-        kinds = [name for name, ok in (("ggml blocks", ggml.available()), ("linear", kernels.available()),
-                                       ("attention", kernels.attention_available()), ("fused", fused.available()))
-                 if ok]
+            kinds = [f"native ({native.cpu_features() or 'no SIMD'}; no torch)"]
+            threads = native.get_threads()
+        else:
+            import torch
+
+            from runlm import kernels
+            from runlm.kernels import fused, ggml
+
+            kinds = [name for name, ok in (("ggml blocks", ggml.available()), ("linear", kernels.available()),
+                                           ("attention", kernels.attention_available()),
+                                           ("fused", fused.available())) if ok]
+            threads = torch.get_num_threads()
         log.info("engine ready: %s; max_model_len %d; KV cache %d blocks x %d tokens (%.1f MiB); "
                  "%s numerics; kernels: %s; %d threads", type(self).__name__, self.max_model_len,
                  len(self.blocks.blocks), self.blocks.block_size, kv_bytes / (1 << 20),
-                 "exact" if self.config.exact_numerics else "fast", ", ".join(kinds) or "torch fallback",
-                 torch.get_num_threads())
+                 "exact" if self.config.exact_numerics else "fast", ", ".join(kinds) or "torch fallback", threads)
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Any, params: RequestParams | None = None, priority: int = 0,

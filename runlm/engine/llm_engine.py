@@ -10,18 +10,17 @@ import time
 from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runlm.engine.config import EngineConfig, kv_cache_blocks
-from runlm.engine.core import EngineCore, log
+from runlm.engine.core import EngineCore, log, set_native_threads, set_torch_threads
 from runlm.engine.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
 from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.kv_groups import block_manager
 from runlm.engine.lora_manager import LoRAManager, LoRARequest, lora_salt
-from runlm.engine.model_runner import ModelRunner, SampledToken
 from runlm.engine.outputs import RequestOutput
 from runlm.engine.pooling_params import PoolingParams
-from runlm.engine.sampler import make_generator
+from runlm.engine.sampler import SampledToken, make_generator
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from runlm.engine.sequence import Sequence
@@ -29,7 +28,12 @@ from runlm.engine.spec_decode import SpecDecoder, SpecDecodeStats
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.kv_size import kv_bytes_per_token
 from runlm.models.load import LoadedModel, load_decoder
+from runlm.native.model import NativeLoaded, load_native
 from runlm.sizes import return_free_heap
+
+if TYPE_CHECKING:
+    from runlm.engine.model_runner import ModelRunner
+    from runlm.native.runner import NativeRunner
 
 PromptType = str | Mapping[str, Any] | list[int]
 
@@ -70,7 +74,15 @@ class LLMEngine(EngineCore):
                                                    config.max_num_batched_tokens), self.blocks)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids) | frozenset(mc.eos_token_ids)
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_ids)
-        self.runner = ModelRunner(config, self.loaded, self.blocks, self.structured)
+        self.runner: ModelRunner | NativeRunner
+        if isinstance(self.loaded, NativeLoaded):
+            from runlm.native.runner import NativeRunner
+
+            self.runner = NativeRunner(config, self.loaded, self.blocks, self.structured)
+        else:
+            from runlm.engine.model_runner import ModelRunner
+
+            self.runner = ModelRunner(config, self.loaded, self.blocks, self.structured)
         if config.enable_lora:
             self.lora = LoRAManager(self.loaded.model, mc, config.max_loras, config.max_lora_rank,
                                     config.max_cpu_loras)
@@ -90,7 +102,13 @@ class LLMEngine(EngineCore):
         layer_blocks = sum(self.blocks.layer_blocks(i) for i in range(mc.num_layers))
         self.log_start(layer_blocks * config.block_size * per_token // mc.num_layers)
 
-    def _load(self, path: Path) -> LoadedModel:
+    def _load(self, path: Path) -> LoadedModel | NativeLoaded:
+        """The native runner's model where it can run it (no torch in the process), else the torch model."""
+        native = load_native(path, self.config)
+        self.native = native is not None
+        (set_native_threads if self.native else set_torch_threads)(self.threads)
+        if native is not None:
+            return native
         c = self.config
         return load_decoder(path, dtype=c.dtype, device=c.device, exact_numerics=c.exact_numerics)
 

@@ -13,34 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from runlm.engine.batch_plan import PromptLogprobRows, plan_batch
 from runlm.engine.config import EngineConfig
 from runlm.engine.kv_groups import AnyBlockManager, HybridBlockManager
-from runlm.engine.outputs import Logprob
-from runlm.engine.sampler import process_logits, sample, token_logprobs
+from runlm.engine.sampler import SampledToken, add_prompt_logprobs, sample_batch
 from runlm.engine.scheduler import SchedulerOutput
 from runlm.engine.sequence import Sequence
 from runlm.engine.spec_decode_verify import verify_draft
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.models.attention import ForwardContext, GroupSlots, forward_context
 from runlm.models.load import LoadedModel
-
-
-@dataclass(slots=True)
-class SampledToken:
-    seq: Sequence
-    token: int
-    logprobs: dict[int, Logprob] | None
-
-
-@dataclass(slots=True)
-class PromptLogprobRows:
-    """Hidden rows ``first_row .. first_row + count`` predict prompt positions ``first_pos + 1 ..``."""
-    seq: Sequence
-    first_row: int
-    first_pos: int
-    count: int
 
 
 @dataclass(slots=True)
@@ -87,9 +72,9 @@ class ModelRunner:
         spec_rows = [r + j for r, s in zip(batch.spec_rows, batch.spec_seqs) for j in range(len(s.spec.tokens) + 1)]
         if not batch.sample_seqs and not spec_rows:
             return []
-        raw = self.loaded.model.compute_logits(hidden[batch.sample_rows + spec_rows]).float().cpu()
+        raw = self.loaded.model.compute_logits(hidden[batch.sample_rows + spec_rows]).float().cpu().numpy()
         plain = len(batch.sample_rows)
-        results = self.sample(raw[:plain], batch.sample_seqs) if batch.sample_seqs else []
+        results = sample_batch(raw[:plain], batch.sample_seqs, self.structured) if batch.sample_seqs else []
         for seq in batch.spec_seqs:
             k = len(seq.spec.tokens)
             results += [SampledToken(seq, t, lp) for t, lp in verify_draft(raw[plain:plain + k + 1], seq,
@@ -98,85 +83,26 @@ class ModelRunner:
         return results
 
     def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
-        """Prefill chunks and decode tokens alike: each sequence contributes rows start..end."""
-        ids: list[int] = []
-        positions, slot_maps, context_slots = [], [], []
-        hybrid = self.blocks if isinstance(self.blocks, HybridBlockManager) else None
-        group_slots: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per sequence: per extra group
-        sample_rows: list[int] = []
-        sample_seqs: list[Sequence] = []
-        spec_rows: list[int] = []
-        spec_seqs: list[Sequence] = []
-        lp_rows: list[PromptLogprobRows] = []
-        row = 0
-        for seq, n in zip(sched.seqs, sched.num_new_tokens):
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            ids.extend(seq.token_ids[start:end])
-            num_draft = max(end - seq.num_tokens, 0)  # the scheduler trimmed the draft to what it scheduled
-            ids.extend(seq.spec.tokens[:num_draft])
-            positions.append(torch.arange(start, end))
-            # the new tokens' slots are the tail of the context's: one lookup serves both
-            context = self.blocks.slots(seq.table, 0, end)
-            slot_maps.append(context[start:])
-            context_slots.append(context)
-            if hybrid is not None:
-                group_slots.append([(c[start:], c) for c in hybrid.group_slots(seq.table, 0, end)])
-            # a preempted sequence recomputes its prompt: its prompt logprobs are already there
-            if seq.wants_prompt_logprobs and start < seq.num_prompt_tokens - 1 and seq.num_preemptions == 0:
-                last = min(end, seq.num_prompt_tokens - 1)
-                lp_rows.append(PromptLogprobRows(seq, row, start, last - start))
-            row += n
-            if num_draft:
-                spec_rows.append(row - num_draft - 1)
-                spec_seqs.append(seq)
-            elif end == seq.num_tokens:
-                sample_rows.append(row - 1)
-                sample_seqs.append(seq)
-        context_lens = [s.num_computed_tokens + n for s, n in zip(sched.seqs, sched.num_new_tokens)]
-        ctx = ForwardContext(list(sched.num_new_tokens), context_lens, torch.cat(slot_maps).to(self.device),
-                             [c.to(self.device) for c in context_slots], self.kv_caches)
-        if hybrid is not None:
-            ctx.layer_group = hybrid.layer_group
-            ctx.groups = [GroupSlots(torch.cat([per[g][0] for per in group_slots]).to(self.device),
-                                     [per[g][1].to(self.device) for per in group_slots])
-                          for g in range(len(hybrid.groups) - 1)]
-        return PreparedBatch(torch.tensor(ids, device=self.device), torch.cat(positions).to(self.device), ctx,
-                             sample_rows, sample_seqs, spec_rows, spec_seqs, lp_rows)
+        """The step's plan (runlm.engine.batch_plan) as tensors: shared, not copied, and moved to the device."""
+        plan, dev = plan_batch(sched, self.blocks), self.device
+
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(dev)
+
+        ctx = ForwardContext(plan.query_lens, plan.context_lens, t(plan.slot_mapping),
+                             [t(c) for c in plan.context_slots], self.kv_caches)
+        if plan.group_slots is not None:
+            assert isinstance(self.blocks, HybridBlockManager)
+            ctx.layer_group = self.blocks.layer_group
+            ctx.groups = [GroupSlots(torch.cat([t(new) for new, _ in group]), [t(c) for _, c in group])
+                          for group in plan.group_slots]
+        return PreparedBatch(t(plan.ids), t(plan.positions), ctx, plan.sample_rows, plan.sample_seqs,
+                             plan.spec_rows, plan.spec_seqs, plan.prompt_logprob_rows)
 
     def run_model(self, batch: PreparedBatch) -> torch.Tensor:
         with forward_context(batch.context):
             return self.loaded.model(batch.input_ids, batch.positions)
 
-    def sample(self, raw: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
-        """Penalties and bias, grammar masks, the draw, then logprobs of the raw distribution (as vLLM)."""
-        params = [s.params for s in seqs]
-        logits = process_logits(raw, params, [s.token_ids[:s.num_prompt_tokens] for s in seqs],
-                                [s.output_token_ids for s in seqs], [s.stop_ids for s in seqs])
-        if self.structured is not None and self.structured.seqs:
-            if logits is raw:  # the mask writes in place; logprobs are reported from the unmasked logits
-                logits = raw.clone()
-            self.structured.mask_logits(logits, seqs)
-        tokens = sample(logits, params, [s.generator for s in seqs]).tolist()
-        if self.structured is not None:
-            self.structured.accept(seqs, tokens)
-        want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
-        lps = torch.log_softmax(raw[want_lp], dim=-1) if want_lp else None
-        results = []
-        for i, (seq, token) in enumerate(zip(seqs, tokens)):
-            entry = None
-            if lps is not None and seq.params.logprobs is not None:
-                entry = token_logprobs(lps[want_lp.index(i)], token, seq.params.logprobs)
-            results.append(SampledToken(seq, token, entry))
-        return results
-
     def _prompt_logprobs(self, rows: PromptLogprobRows, hidden: torch.Tensor) -> None:
-        """Row j predicts prompt position first_pos + j + 1; position 0 has no logprob."""
-        seq = rows.seq
         logits = self.loaded.model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count]).float().cpu()
-        if seq.prompt_logprobs is None:
-            seq.prompt_logprobs = [None]
-        lps = torch.log_softmax(logits, dim=-1)
-        k = seq.params.prompt_logprobs
-        assert k is not None
-        for j in range(lps.shape[0]):
-            seq.prompt_logprobs.append(token_logprobs(lps[j], seq.token_ids[rows.first_pos + j + 1], k))
+        add_prompt_logprobs(rows.seq, logits.numpy(), rows.first_pos)

@@ -51,8 +51,6 @@ def child_main(conn: Connection, spec: ReplicaSpec) -> None:
     threads = spec.engine_args.get("threads")
     if threads:  # this replica's share of the machine, for the libraries that read it
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
-        import torch
-        torch.set_num_threads(int(threads))
     logging.basicConfig(level=os.environ.get("RUNLM_LOG_LEVEL", "WARNING").upper(),
                         format=f"%(asctime)s %(levelname)s replica{spec.rank}: %(message)s")
     try:

@@ -6,7 +6,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from runlm.engine.kv_cache import BlockTable
 from runlm.engine.outputs import PromptLogprobs, SampleLogprobs
@@ -38,7 +38,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     table: BlockTable = field(default_factory=BlockTable)
-    generator: torch.Generator | None = None
+    generator: np.random.Generator | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: SampleLogprobs | None = None

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from runlm.engine.config import EngineConfig
 from runlm.engine.kv_cache import RELEASED, BlockManager
 from runlm.engine.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.model_runner import ModelRunner, PreparedBatch
-from runlm.engine.sampler import probabilities
+from runlm.engine.sampler import draw, probabilities
 from runlm.engine.sequence import Sequence
 from runlm.models.attention import ForwardContext
 from runlm.models.load import LoadedModel, load_decoder
@@ -112,7 +113,7 @@ class DraftModelProposer:
         rows = [i for i, (_, _, _, k) in enumerate(todo) if k > 0]
         logits = last[rows] if rows else last[:0]
         drafts: list[list[int]] = [[] for _ in drafting]
-        probs: list[list[torch.Tensor]] = [[] for _ in drafting]
+        probs: list[list[np.ndarray]] = [[] for _ in drafting]
         step = 0
         while drafting and logits.shape[0]:
             active = [i for i, (_, k) in enumerate(drafting) if len(drafts[i]) < k]
@@ -122,7 +123,7 @@ class DraftModelProposer:
                     token = int(logits[row].argmax())
                 else:
                     q = probabilities(logits[row], seq.params)
-                    token = int(torch.multinomial(q, 1, generator=seq.generator)[0])
+                    token = draw(q, seq.generator)
                     probs[i].append(q)
                 drafts[i].append(token)
             step += 1
@@ -135,9 +136,9 @@ class DraftModelProposer:
                 drafting[i][0].spec.draft_computed = n_of[i] + step
         for i, (seq, _) in enumerate(drafting):
             seq.spec.tokens = drafts[i]
-            seq.spec.probs = torch.stack(probs[i]) if probs[i] else None
+            seq.spec.probs = np.stack(probs[i]) if probs[i] else None
 
-    def _forward(self, items: list[tuple[Sequence, list[int], int]]) -> torch.Tensor:
+    def _forward(self, items: list[tuple[Sequence, list[int], int]]) -> np.ndarray:
         """Run (seq, tokens, first position) chunks through the draft; the float32 logits of each chunk's last row."""
         device = self.runner.device
         ids = [t for _, tokens, _ in items for t in tokens]
@@ -150,4 +151,4 @@ class DraftModelProposer:
         batch = PreparedBatch(torch.tensor(ids, device=device), positions.to(device), ctx)
         hidden = self.runner.run_model(batch)
         last = (torch.tensor(query_lens).cumsum(0) - 1).tolist()
-        return self.loaded.model.compute_logits(hidden[last]).float().cpu()
+        return self.loaded.model.compute_logits(hidden[last]).float().cpu().numpy()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 # the running acceptance rate weighs each new verification by this much (about the last 8 drafts count)
 _EMA_WEIGHT = 0.125
@@ -14,7 +14,7 @@ _FIRST_PAUSE, _MAX_PAUSE = 64, 1024
 @dataclass(slots=True)
 class SpecState:
     tokens: list[int] = field(default_factory=list)  # the draft to verify in the next step
-    probs: torch.Tensor | None = None  # [len(tokens), V] the draft model's distribution (None: a point mass)
+    probs: np.ndarray | None = None  # [len(tokens), V] the draft model's distribution (None: a point mass)
     num_drafted: int = 0
     num_accepted: int = 0
     recent_drafted: float = 0.0   # exponentially weighted draft and accepted counts: their ratio is the

@@ -10,29 +10,29 @@ as if the draft tokens before it were already output.
 """
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from runlm.engine.outputs import Logprob
-from runlm.engine.sampler import probabilities, process_logits, token_logprobs
+from runlm.engine.sampler import draw, log_softmax, probabilities, process_logits, token_logprobs, uniform
 from runlm.engine.sequence import Sequence
 from runlm.engine.structured.backend import StructuredOutputManager
 
 Verified = tuple[int, dict[int, Logprob] | None]
 
 
-def verify_draft(raw: torch.Tensor, seq: Sequence, structured: StructuredOutputManager | None) -> list[Verified]:
+def verify_draft(raw: np.ndarray, seq: Sequence, structured: StructuredOutputManager | None) -> list[Verified]:
     """raw: [k + 1, V] float32 CPU logits for the rows of the last known token and the k draft tokens.
     Returns the accepted draft tokens plus the target's next token, each with its logprobs if asked."""
     draft, q = seq.spec.tokens, seq.spec.probs
     p = seq.params
-    lps = torch.log_softmax(raw, dim=-1) if p.logprobs is not None else None
+    lps = log_softmax(raw) if p.logprobs is not None else None
     constrained = structured is not None and seq.seq_id in structured.seqs
     out: list[Verified] = []
     base = len(seq.token_ids)
     try:
         for j in range(len(draft) + 1):
             # rows after j see the accepted draft tokens as output: penalties, min_tokens and the grammar need that
-            row = raw[j:j + 1].clone() if constrained else raw[j:j + 1]
+            row = raw[j:j + 1].copy() if constrained else raw[j:j + 1]
             logits = process_logits(row, [p], [seq.token_ids[:seq.num_prompt_tokens]], [seq.output_token_ids],
                                     [seq.stop_ids])
             if constrained:
@@ -40,10 +40,10 @@ def verify_draft(raw: torch.Tensor, seq: Sequence, structured: StructuredOutputM
                 structured.mask_logits(logits, [seq])
             proposed = draft[j] if j < len(draft) else None
             if p.greedy:
-                token = int(logits[0].float().argmax())
+                token = int(logits[0].argmax())
                 accepted = token == proposed
             else:
-                token, accepted = _rejection_step(probabilities(logits[0].float(), p), proposed,
+                token, accepted = _rejection_step(probabilities(logits[0], p), proposed,
                                                   None if q is None or proposed is None else q[j], seq.generator)
             if constrained:
                 assert structured is not None
@@ -58,20 +58,20 @@ def verify_draft(raw: torch.Tensor, seq: Sequence, structured: StructuredOutputM
     return out
 
 
-def _rejection_step(probs: torch.Tensor, proposed: int | None, q: torch.Tensor | None,
-                    generator: torch.Generator | None) -> tuple[int, bool]:
+def _rejection_step(probs: np.ndarray, proposed: int | None, q: np.ndarray | None,
+                    generator: np.random.Generator | None) -> tuple[int, bool]:
     """One row of rejection sampling: (token, whether it is the draft's). No draft token: a plain draw."""
     if proposed is None:
-        return int(torch.multinomial(probs, 1, generator=generator)[0]), False
+        return draw(probs, generator), False
     q_token = 1.0 if q is None else float(q[proposed])
-    u = float(torch.rand(1, generator=generator)[0])
+    u = uniform(generator)
     if q_token > 0.0 and u * q_token < float(probs[proposed]):
         return proposed, True
     if q is None:
-        residual = probs.clone()
+        residual = probs.copy()
         residual[proposed] = 0.0
     else:
-        residual = (probs - q).clamp_min_(0.0)
+        residual = np.maximum(probs - q, 0.0)
     if float(residual.sum()) <= 0.0:  # p == q to rounding: nothing left to correct
         residual = probs
-    return int(torch.multinomial(residual, 1, generator=generator)[0]), False
+    return draw(residual, generator), False

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
-import torch
 
 from runlm.engine.llm import LLM
+from runlm.engine.sampler import draw, make_generator
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.spec_decode_verify import _rejection_step
 from tests.engine.conftest import prompt_ids
@@ -17,8 +18,8 @@ from tests.fixtures.near_copy import near_copy
 DRAWS = 20_000
 Z_999 = 3.0902  # the standard normal's 0.999 quantile
 # p and a draft q that disagree: q puts most of its mass where p has little
-P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
-Q = torch.tensor([0.05, 0.10, 0.15, 0.20, 0.25, 0.25])
+P = np.array([0.40, 0.25, 0.15, 0.10, 0.06, 0.04], dtype=np.float32)
+Q = np.array([0.05, 0.10, 0.15, 0.20, 0.25, 0.25], dtype=np.float32)
 
 
 def _chi2_999(df: int) -> float:
@@ -27,20 +28,20 @@ def _chi2_999(df: int) -> float:
     return df * (1 - h + Z_999 * h ** 0.5) ** 3
 
 
-def _matches(counts: Counter[int], p: torch.Tensor) -> bool:
+def _matches(counts: Counter[int], p: np.ndarray) -> bool:
     """Total variation under 0.015 and Pearson's chi-square under its 0.999 quantile."""
     n = sum(counts.values())
-    freq = torch.tensor([counts[i] / n for i in range(len(p))])
-    tv = 0.5 * float((freq - p).abs().sum())
+    freq = np.array([counts[i] / n for i in range(len(p))])
+    tv = 0.5 * float(np.abs(freq - p).sum())
     stat = float((((freq - p) * n) ** 2 / (p * n)).sum())
     return tv < 0.015 and stat < _chi2_999(len(p) - 1)
 
 
-def _draws(q: torch.Tensor | None, rule=_rejection_step) -> Counter[int]:
-    g = torch.Generator().manual_seed(1234)
+def _draws(q: np.ndarray | None, rule=_rejection_step) -> Counter[int]:
+    g = make_generator(1234)
     counts: Counter[int] = Counter()
     for _ in range(DRAWS):
-        proposed = int(torch.multinomial(q, 1, generator=g)[0]) if q is not None else 4  # n-gram: always token 4
+        proposed = draw(q, g) if q is not None else 4  # n-gram: always token 4
         counts[rule(P, proposed, q, g)[0]] += 1
     return counts
 

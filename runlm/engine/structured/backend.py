@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import llguidance
 import numpy as np
-import torch
 
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.sequence import Sequence
@@ -91,8 +90,8 @@ class StructuredOutputManager:
             g.matcher.rollback(extra)
             g.num_consumed -= extra
 
-    def mask_logits(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> None:
-        """Set to -inf, in place, every token the grammar of a constrained row does not allow."""
+    def mask_logits(self, logits: np.ndarray, seqs: Seq[Sequence]) -> None:
+        """Set to -inf, in place, every token the grammar of a constrained row does not allow (float32 [B, V])."""
         if not self.seqs:
             return
         rows = [(i, self.seqs[s.seq_id]) for i, s in enumerate(seqs) if s.seq_id in self.seqs]
@@ -112,7 +111,7 @@ class StructuredOutputManager:
             self._executor.unsafe_compute_mask_ptr([(g.matcher, k) for k, (_, g) in enumerate(rows)],
                                                    bitmask.ctypes.data, words * 4, len(rows))
         bias = bitmask_bias(bitmask)
-        view = logits.numpy()  # the sampler's own float32 CPU copy: edit it in place
+        view = logits  # the sampler's own float32 copy: edit it in place
         width = min(view.shape[-1], bias.shape[1])
         for k, (i, _) in enumerate(rows):
             row = view[i]
