@@ -125,6 +125,7 @@ def load() -> ctypes.CDLL | None:
             if not _tried:
                 _library = _load()
                 _tried = True
-                if _library is None:
-                    logger.warning("runlm.native: kernels unavailable (%s)", why_unavailable)
+                if _library is None:  # asked for (RUNLM_NO_KERNELS) is no news; anything else is
+                    level = logging.INFO if os.environ.get("RUNLM_NO_KERNELS") else logging.WARNING
+                    logger.log(level, "runlm.native: kernels unavailable (%s)", why_unavailable)
     return _library
