@@ -70,7 +70,8 @@ class Decoder:
             check_shape("sin", layer.sin.shape, layer.cos.shape)
             ok(native.runlm_decoder_set_layer(
                 handle, i, layer.qkv.handle, layer.o.handle, layer.gate_up.handle, layer.down.handle,
-                optional_f32(layer.input_norm, "input_norm", hidden), optional_f32(layer.post_norm, "post_norm", hidden),
+                optional_f32(layer.input_norm, "input_norm", hidden),
+                optional_f32(layer.post_norm, "post_norm", hidden),
                 optional_f32(layer.q_norm, "q_norm", head_dim), optional_f32(layer.k_norm, "k_norm", head_dim),
                 optional_f32(layer.attn_out_norm, "attn_out_norm", hidden),
                 optional_f32(layer.mlp_out_norm, "mlp_out_norm", hidden), rope, arr(layer.sin, F32, "sin", 2),

@@ -10,8 +10,8 @@ import torch
 
 from runlm.kernels import fused, ggml
 from runlm.models.attention import ForwardContext, forward_context
-from runlm.models.llama import MLP, LlamaForCausalLM
 from runlm.models.linear import Linear
+from runlm.models.llama import MLP, LlamaForCausalLM
 from runlm.models.load import load_decoder
 from runlm.native import kernels as nk
 
