@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runlm.native.library import F32, I64, U8, arr, check_shape, lib, ok, optional_f32
+from runlm.native.library import F32, I64, U8, Handle, arr, check_shape, lib, ok, optional_f32
 
 if TYPE_CHECKING:
     from runlm.native.kernels import LinearWeights
@@ -41,7 +41,7 @@ class DecoderLayer:
     mlp_out_norm: np.ndarray | None = None
 
 
-class Decoder:
+class Decoder(Handle):
     """The model's decoder stack as one native object. Holds every array it was given alive; the KV
     caches are set (and set again after they are reallocated) with ``set_kv_caches``."""
 
@@ -49,16 +49,12 @@ class Decoder:
                  embed_table: np.ndarray, embed_qtype: int, final_norm: np.ndarray, layers: list[DecoderLayer],
                  embed_scale: float = 1.0) -> None:
         native = lib()
-        self._handle: int | None = None
-        self._free = native.runlm_decoder_free
         self.hidden, self.heads, self.kv_heads, self.head_dim = hidden, heads, kv_heads, head_dim
         table = arr(embed_table, U8, "embed_table", 2)
         handle = native.runlm_decoder_new(hidden, heads, kv_heads, head_dim, eps, int(interleaved), table,
                                           embed_table.shape[0], embed_table.shape[1], int(embed_qtype), embed_scale,
                                           optional_f32(final_norm, "final_norm", hidden), len(layers))
-        if not handle:
-            raise ValueError(native.runlm_last_error().decode())
-        self._handle = handle
+        super().__init__(handle, "runlm_decoder_free", "decoder")
         self._keep: list[object] = [embed_table, final_norm, layers]
         self._caches: list[tuple[np.ndarray, np.ndarray]] = []
         self.layers = layers
@@ -76,12 +72,7 @@ class Decoder:
                 optional_f32(layer.attn_out_norm, "attn_out_norm", hidden),
                 optional_f32(layer.mlp_out_norm, "mlp_out_norm", hidden), rope, arr(layer.sin, F32, "sin", 2),
                 layer.cos.shape[0], layer.scale, layer.window or 0, layer.softcap or 0.0, _ACTS[layer.act]))
-
-    @property
-    def handle(self) -> int:
-        if self._handle is None:
-            raise ValueError("this decoder is closed")
-        return self._handle
+        ok(native.runlm_decoder_check(handle))  # every layer's shapes against the decoder's
 
     def set_kv_caches(self, caches: list[tuple[np.ndarray, np.ndarray]]) -> None:
         """Each layer's (k, v) cache, fp32 [slots, kv_heads, head_dim]; kept alive until replaced."""
@@ -93,7 +84,6 @@ class Decoder:
             check_shape(f"k_cache {i}", k.shape, (k.shape[0], self.kv_heads, self.head_dim))
             check_shape(f"v_cache {i}", v.shape, k.shape)
             ok(native.runlm_decoder_set_cache(self.handle, i, kp, vp, k.shape[0]))
-        ok(native.runlm_decoder_check(self.handle))
         self._caches = list(caches)
 
     def forward(self, ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray, query_lens: np.ndarray,
@@ -114,12 +104,3 @@ class Decoder:
         ok(lib().runlm_decoder_forward(self.handle, ip, pp, sp, t, qlp, clp, query_lens.shape[0], fp,
                                        flat_slots.shape[0], op))
         return out
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._free(self._handle)
-            self._handle = None
-
-    def __del__(self) -> None:
-        if getattr(self, "_handle", None) is not None:
-            self.close()

@@ -14,7 +14,7 @@ from ctypes import c_int64, c_void_p
 import numpy as np
 
 from runlm.native.decoder import Decoder, DecoderLayer
-from runlm.native.library import F32, I64, U8, arr, available, check_shape, lib, ok, optional_f32, ptr
+from runlm.native.library import F32, I64, U8, Handle, arr, available, check_shape, lib, ok, optional_f32, ptr
 
 __all__ = ["Decoder", "DecoderLayer", "LinearWeights", "add_rms_norm", "available", "block_size", "cpu_features",
            "dequantize", "embedding", "gelu_tanh_mul", "get_threads", "linear", "paged_attention", "qkv_rope_store",
@@ -49,13 +49,12 @@ def block_size(qtype: int) -> int:
     return int(lib().runlm_block_size(int(qtype)))
 
 
-class LinearWeights:
+class LinearWeights(Handle):
     """A linear layer's weights for ``linear``: segments (raw uint8 [rows_i, row_bytes_i] arrays, each of
     ggml type types[i]) whose outputs are concatenated, ``cols`` inputs, an optional fp32 bias [rows].
     Holds the arrays alive; the native handle is freed by ``close()`` or when collected."""
 
     def __init__(self, segments: list[np.ndarray], types: list[int], cols: int, bias: np.ndarray | None = None) -> None:
-        self._handle: int | None = None
         native = lib()
         if len(segments) != len(types) or not segments:
             raise ValueError("one type per weight segment, and at least one segment")
@@ -68,26 +67,9 @@ class LinearWeights:
         widths = (c_int64 * n)(*[s.shape[1] for s in segments])
         kinds = (c_int64 * n)(*[int(t) for t in types])
         self._keep = (list(segments), bias)
-        handle = native.runlm_linear_new(n, data, rows, widths, kinds, self.cols, optional_f32(bias, "bias", self.rows))
-        if not handle:
-            raise ValueError(native.runlm_last_error().decode())
-        self._handle = handle
-        self._free = native.runlm_linear_free
-
-    @property
-    def handle(self) -> int:
-        if self._handle is None:
-            raise ValueError("these weights are closed")
-        return self._handle
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._free(self._handle)
-            self._handle = None
-
-    def __del__(self) -> None:
-        if getattr(self, "_handle", None) is not None:
-            self.close()
+        bias_p = optional_f32(bias, "bias", self.rows)
+        super().__init__(native.runlm_linear_new(n, data, rows, widths, kinds, self.cols, bias_p), "runlm_linear_free",
+                         "linear layer")
 
 
 def linear(x: np.ndarray, w: LinearWeights, out: np.ndarray) -> np.ndarray:

@@ -105,3 +105,28 @@ def optional_f32(a: np.ndarray | None, name: str, n: int) -> int | None:
     return arr(a, F32, name)
 
 
+class Handle:
+    """A native object (a linear layer's plan, a decoder) owned by Python: freed by ``close()`` or when
+    collected, by the library function named ``free``."""
+
+    def __init__(self, handle: int | None, free: str, what: str) -> None:
+        if not handle:
+            raise ValueError(lib().runlm_last_error().decode())
+        self._handle: int | None = handle
+        self._free = getattr(lib(), free)
+        self._what = what
+
+    @property
+    def handle(self) -> int:
+        if self._handle is None:
+            raise ValueError(f"this {self._what} is closed")
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._free(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            self.close()

@@ -193,7 +193,7 @@ int runlm_decoder_set_cache(void* handle, int64_t i, float* k_cache, float* v_ca
   return 0;
 }
 
-// Checks that every layer is set and its shapes fit; call once after the set_* calls.
+// Checks that every layer is set and its shapes fit; call once after the set_layer calls.
 int runlm_decoder_check(const void* handle) { return status(static_cast<const Decoder*>(handle)->check()); }
 
 int runlm_decoder_forward(void* handle, const int64_t* ids, const int64_t* positions, const int64_t* slot_mapping,

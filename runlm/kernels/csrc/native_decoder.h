@@ -78,7 +78,6 @@ struct Decoder {
       const std::string at = "layer " + std::to_string(i) + ": ";
       if (!l.qkv || !l.o || !l.gate_up || !l.down || !l.input_norm || !l.post_norm || !l.cos || !l.sin)
         return at + "not set";
-      if (!l.k_cache || !l.v_cache) return at + "no KV cache set";
       const int64_t qd = heads * head_dim;
       if (l.qkv->in() != hidden || l.qkv->out() != (heads + 2 * kv_heads) * head_dim)
         return at + "qkv must be [(H + 2 KVH) * D, hidden]";
@@ -96,6 +95,8 @@ struct Decoder {
                       const int64_t* query_lens, const int64_t* context_lens, int64_t batch, const int64_t* flat_slots,
                       int64_t n_flat, float* out) {
     if (layers.empty()) return "a decoder needs at least one layer";
+    for (const Layer& l : layers)
+      if (!l.k_cache || !l.v_cache) return "no KV cache set";
     std::string bad = gl::check_ids(ids, t, vocab);
     if (bad.empty()) bad = attention::plan_rows(query_lens, context_lens, batch, t, n_flat, plan);
     if (!bad.empty()) return bad;
