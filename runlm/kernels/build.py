@@ -11,7 +11,6 @@ import hashlib
 import importlib.util
 import logging
 import os
-import platform
 import shutil
 import sys
 import threading
@@ -21,31 +20,14 @@ from types import ModuleType
 
 import torch
 
+from runlm.native.host import CFLAGS, LDFLAGS, cpu_has_avx2_fma
+
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-# -ffp-contract=off and no -ffast-math: the compiler must keep the written order of every sum.
-_CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
-# libgomp.so.1 resolves to the copy torch already loaded, so both share one OpenMP pool.
-_LDFLAGS = ["-fopenmp"]
 
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
-
-
-def cpu_has_avx2_fma() -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        flags: set[str] = set()
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-        return {"avx2", "fma"} <= flags
-    except OSError:  # not Linux: ask torch, whose AVX2 level needs avx2 and fma
-        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
 def _ensure_ninja_on_path() -> None:
@@ -110,7 +92,7 @@ def _build(name: str, source: str, cflags: list[str], ldflags: list[str]) -> Mod
         from torch.utils.cpp_extension import load
 
         return load(name=name, sources=[str(CSRC / source)], build_directory=str(_build_directory(name)),
-                    extra_cflags=_CFLAGS + cflags, extra_ldflags=_LDFLAGS + ldflags, verbose=False)
+                    extra_cflags=CFLAGS + cflags, extra_ldflags=LDFLAGS + ldflags, verbose=False)
     except Exception as e:  # no compiler, no ninja, a build error: fall back, never raise
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         keys = ("error:", "not found", "no such file")
@@ -128,7 +110,7 @@ def load_kernel(name: str, source: str, cflags: tuple[str, ...] = (),
     if name not in _loaded:
         with _lock:
             if name not in _loaded:
-                flags = " ".join([*_CFLAGS, *cflags, *ldflags]).encode()
+                flags = " ".join([*CFLAGS, *cflags, *ldflags]).encode()
                 headers = b"".join(h.read_bytes() for h in sorted(CSRC.glob("*.h")))  # what sources include
                 digest = hashlib.sha256((CSRC / source).read_bytes() + headers + flags).hexdigest()
                 _loaded[name] = _build(f"{name}_{digest[:12]}", source, list(cflags), list(ldflags))

@@ -21,28 +21,22 @@ compiler, no AVX2/FMA, RUNLM_NO_KERNELS) means callers fall back to dequantized 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from types import ModuleType
 
 import torch
 
 from runlm.kernels.build import LazyKernel
+from runlm.native.host import libggml
 
 logger = logging.getLogger(__name__)
 
 
 def _kernel() -> LazyKernel | None:
     """The extension, linked against the wheel's libggml; None where libggml-python is not installed."""
-    try:
-        import libggml  # a data-only package: importing it loads nothing
-    except ImportError:
+    lib = libggml()
+    if lib is None:
         return None
-    root = Path(libggml.__file__).parent
-    if not (root / "include" / "ggml-cpu.h").is_file():
-        return None
-    lib = root / "lib64" if (root / "lib64").is_dir() else root / "lib"
-    return LazyKernel("runlm_ggml_linear", "ggml_linear.cpp", cflags=(f"-I{root / 'include'}", "-mf16c"),
-                      ldflags=(f"-L{lib}", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{lib}"))
+    return LazyKernel("runlm_ggml_linear", "ggml_linear.cpp", cflags=tuple(lib.cflags()), ldflags=tuple(lib.ldflags()))
 
 
 _KERNEL = _kernel()

@@ -1,0 +1,206 @@
+// runlm's kernels as a plain C ABI (no torch, no pybind11, no Python headers) for the torch-free
+// runner: runlm/native/build.py compiles this file with the system compiler, runlm/native/kernels.py
+// calls it through ctypes over numpy arrays. The compute is the torch extensions' own (the *_impl.h
+// headers), threaded by OpenMP instead of at::parallel_for, so results are the same bits.
+//
+// Conventions: arrays are C-contiguous, dims are int64. A function returning int gives 0 on success
+// and -1 on an error whose message runlm_last_error() then holds (per calling thread); shapes and
+// dtypes are checked by the Python side, values (ids, positions, slots, lengths) here.
+#include <omp.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attention_impl.h"
+#include "fused_ops_impl.h"
+#include "ggml_linear_impl.h"
+#include "native_decoder.h"
+
+namespace {
+
+namespace gl = runlm::ggml_linear;
+namespace fused = runlm::fused;
+namespace attn = runlm::attention;
+using runlm::decoder::Decoder;
+using runlm::decoder::Layer;
+using runlm::decoder::Weights;
+
+thread_local std::string g_error;
+
+int fail(const std::string& message) {
+  g_error = message;
+  return -1;
+}
+
+int status(const std::string& message) { return message.empty() ? 0 : fail(message); }
+
+}  // namespace
+
+extern "C" {
+
+const char* runlm_last_error() { return g_error.c_str(); }
+
+// ggml's fp16 tables and CPU feature probe, which the dot products rely on. Call once, first.
+void runlm_init() { ggml_cpu_init(); }
+
+void runlm_set_threads(int n) {
+  runlm::g_threads.store(n > 0 ? n : 0);
+  if (n > 0) omp_set_num_threads(n);
+}
+
+int runlm_get_threads() { return runlm::threads(); }
+
+const char* runlm_cpu_features() {
+  static const std::string features = gl::cpu_features();
+  return features.c_str();
+}
+
+int runlm_supported(int64_t type) { return gl::supported(type) ? 1 : 0; }
+int64_t runlm_row_bytes(int64_t type, int64_t k) { return gl::row_bytes(type, k); }
+int64_t runlm_block_size(int64_t type) { return gl::block_size(type); }
+
+// A linear layer's handle: n segments (data, rows, row_bytes, type), K columns, an optional bias.
+// Null on a bad segment (runlm_last_error says why).
+void* runlm_linear_new(int64_t n, const uint8_t* const* data, const int64_t* rows, const int64_t* row_bytes,
+                       const int64_t* types, int64_t k, const float* bias) {
+  std::vector<gl::Segment> segs;
+  for (int64_t s = 0; s < n; ++s) segs.push_back({data[s], rows[s], row_bytes[s], types[s]});
+  auto* w = new Weights;
+  const std::string bad = gl::make_plan(std::move(segs), k, false, w->plan);
+  if (!bad.empty()) {
+    delete w;
+    fail(bad);
+    return nullptr;
+  }
+  w->bias = bias;
+  return w;
+}
+
+void runlm_linear_free(void* w) { delete static_cast<Weights*>(w); }
+
+int runlm_linear(const void* handle, const float* x, int64_t m, float* y) {
+  thread_local gl::Scratch scratch;
+  static_cast<const Weights*>(handle)->apply(x, m, y, scratch);
+  return 0;
+}
+
+int runlm_embedding(const int64_t* ids, int64_t t, const uint8_t* table, int64_t v, int64_t row_bytes, int64_t type,
+                    int64_t k, float* out) {
+  std::string bad = gl::check_segment(type, k, row_bytes);
+  if (bad.empty()) bad = gl::check_ids(ids, t, v);
+  if (!bad.empty()) return fail(bad);
+  gl::embedding(ids, t, table, row_bytes, type, k, out);
+  return 0;
+}
+
+int runlm_dequantize(const uint8_t* table, int64_t n, int64_t row_bytes, int64_t type, int64_t k, float* out) {
+  const std::string bad = gl::check_segment(type, k, row_bytes);
+  if (!bad.empty()) return fail(bad);
+  gl::dequantize(table, n, row_bytes, type, k, out);
+  return 0;
+}
+
+void runlm_rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
+  fused::rms_norm(x, w, out, rows, n, eps);
+}
+
+void runlm_add_rms_norm(const float* x, float* residual, const float* w, float* out, int64_t rows, int64_t n,
+                        float eps) {
+  fused::add_rms_norm(x, residual, w, out, rows, n, eps);
+}
+
+void runlm_silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inner) {
+  fused::silu_mul(gate_up, out, rows, inner);
+}
+
+void runlm_gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inner) {
+  fused::gelu_tanh_mul(gate_up, out, rows, inner);
+}
+
+int runlm_qkv_rope_store(const float* qkv, const int64_t* positions, const float* cos, const float* sin,
+                         int64_t table_rows, float* k_cache, float* v_cache, int64_t cache_slots,
+                         const int64_t* slot_mapping, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
+                         int interleaved, const float* q_norm, const float* k_norm, float eps, float* q) {
+  const fused::QkvShape shape{t, heads, kv_heads, d, table_rows, cache_slots, interleaved != 0};
+  const std::string bad = fused::check_qkv_rows(shape, positions, slot_mapping);
+  if (!bad.empty()) return fail(bad);
+  fused::qkv_rope_store(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, shape, q_norm, k_norm, eps, q);
+  return 0;
+}
+
+// 0: out written; 1: not covered (a CPU without AVX2/FMA); -1: bad lengths.
+int runlm_paged_attention(const float* q, const float* k_cache, const float* v_cache, int64_t cache_slots,
+                          const int64_t* slots, int64_t n_slots, const int64_t* query_lens,
+                          const int64_t* context_lens, int64_t batch, int64_t t, int64_t heads, int64_t kv_heads,
+                          int64_t d, float scale, int64_t window, float softcap, float* out) {
+  if (!attn::cpu_supported()) return 1;
+  if (kv_heads <= 0 || heads % kv_heads != 0) return fail("runlm attention: head shapes do not match");
+  for (int64_t i = 0; i < n_slots; ++i)
+    if (slots[i] < 0 || slots[i] >= cache_slots)
+      return fail("context slot " + std::to_string(slots[i]) + " is outside the cache");
+  thread_local attn::RowPlan plan;
+  const std::string bad = attn::plan_rows(query_lens, context_lens, batch, t, n_slots, plan);
+  if (!bad.empty()) return fail(bad);
+  attn::paged_attention(q, k_cache, v_cache, slots, plan, t, heads, kv_heads, d, scale, window, softcap, out);
+  return 0;
+}
+
+void* runlm_decoder_new(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, int interleaved,
+                        const uint8_t* embed, int64_t vocab, int64_t embed_row_bytes, int64_t embed_type,
+                        float embed_scale, const float* final_norm, int64_t n_layers) {
+  const std::string bad = gl::check_segment(embed_type, hidden, embed_row_bytes);
+  if (!bad.empty()) {
+    fail("embedding table: " + bad);
+    return nullptr;
+  }
+  if (kv_heads <= 0 || heads % kv_heads != 0 || n_layers <= 0) {
+    fail("a decoder needs heads a multiple of kv_heads and at least one layer");
+    return nullptr;
+  }
+  auto* dec = new Decoder{hidden, heads, kv_heads, head_dim, eps, interleaved != 0, embed, vocab, embed_row_bytes,
+                          embed_type, embed_scale, final_norm, std::vector<Layer>(static_cast<size_t>(n_layers))};
+  return dec;
+}
+
+void runlm_decoder_free(void* dec) { delete static_cast<Decoder*>(dec); }
+
+// Layer i's weights (handles from runlm_linear_new) and settings; norms may be null where absent.
+// act: 0 silu, 1 gelu_tanh. window 0 / softcap 0: none.
+int runlm_decoder_set_layer(void* handle, int64_t i, const void* qkv, const void* o, const void* gate_up,
+                            const void* down, const float* input_norm, const float* post_norm, const float* q_norm,
+                            const float* k_norm, const float* attn_out_norm, const float* mlp_out_norm,
+                            const float* cos, const float* sin, int64_t rope_rows, float scale, int64_t window,
+                            float softcap, int act) {
+  auto* dec = static_cast<Decoder*>(handle);
+  if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
+  Layer& l = dec->layers[static_cast<size_t>(i)];
+  l.qkv = static_cast<const Weights*>(qkv), l.o = static_cast<const Weights*>(o);
+  l.gate_up = static_cast<const Weights*>(gate_up), l.down = static_cast<const Weights*>(down);
+  l.input_norm = input_norm, l.post_norm = post_norm, l.q_norm = q_norm, l.k_norm = k_norm;
+  l.attn_out_norm = attn_out_norm, l.mlp_out_norm = mlp_out_norm;
+  l.cos = cos, l.sin = sin, l.rope_rows = rope_rows;
+  l.scale = scale, l.window = window, l.softcap = softcap, l.gelu = act == 1;
+  dec->rows = 0;  // the MLP may have grown: size the scratch again
+  return 0;
+}
+
+int runlm_decoder_set_cache(void* handle, int64_t i, float* k_cache, float* v_cache, int64_t cache_slots) {
+  auto* dec = static_cast<Decoder*>(handle);
+  if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
+  Layer& l = dec->layers[static_cast<size_t>(i)];
+  l.k_cache = k_cache, l.v_cache = v_cache, l.cache_slots = cache_slots;
+  return 0;
+}
+
+// Checks that every layer is set and its shapes fit; call once after the set_layer calls.
+int runlm_decoder_check(const void* handle) { return status(static_cast<const Decoder*>(handle)->check()); }
+
+int runlm_decoder_forward(void* handle, const int64_t* ids, const int64_t* positions, const int64_t* slot_mapping,
+                          int64_t t, const int64_t* query_lens, const int64_t* context_lens, int64_t batch,
+                          const int64_t* flat_slots, int64_t n_flat, float* out) {
+  return status(static_cast<Decoder*>(handle)->forward(ids, positions, slot_mapping, t, query_lens, context_lens,
+                                                       batch, flat_slots, n_flat, out));
+}
+
+}  // extern "C"

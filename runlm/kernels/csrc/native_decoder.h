@@ -1,0 +1,144 @@
+// A whole decoder step in one native call, for runlm's torch-free runner: the token embedding, then
+// per layer exactly LlamaModel._forward_fused's sequence of ops (the same impl functions, in the same
+// order, on the same values, so the hidden states are the per-op path's bit for bit), then the final
+// norm. Scratch buffers live here and are reused across steps (grown when a step has more rows).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention_impl.h"
+#include "fused_ops_impl.h"
+#include "ggml_linear_impl.h"
+
+namespace runlm::decoder {
+
+namespace gl = runlm::ggml_linear;
+
+// A linear layer's weights: its segments' plan and an optional fp32 bias [N].
+struct Weights {
+  gl::Plan plan;
+  const float* bias = nullptr;
+
+  int64_t in() const { return plan.k; }
+  int64_t out() const { return plan.col0.back(); }
+  void apply(const float* x, int64_t m, float* y, gl::Scratch& scratch) const { gl::linear(x, m, plan, bias, y, scratch); }
+};
+
+// One layer's weights and settings (pointers into arrays the caller keeps alive).
+struct Layer {
+  const Weights *qkv = nullptr, *o = nullptr, *gate_up = nullptr, *down = nullptr;
+  const float *input_norm = nullptr, *post_norm = nullptr;  // post_norm: the MLP input's norm
+  const float *q_norm = nullptr, *k_norm = nullptr;         // [D] or null
+  const float *attn_out_norm = nullptr, *mlp_out_norm = nullptr;  // Gemma's sandwich norms, or null
+  const float *cos = nullptr, *sin = nullptr;               // [rope_rows, D]
+  int64_t rope_rows = 0;
+  float scale = 1.0f;
+  int64_t window = 0;   // 0: none
+  float softcap = 0.0f; // 0: none
+  bool gelu = false;    // the MLP's activation: gelu_tanh, else silu
+  float *k_cache = nullptr, *v_cache = nullptr;  // [cache_slots, KVH, D]
+  int64_t cache_slots = 0;
+};
+
+struct Decoder {
+  int64_t hidden, heads, kv_heads, head_dim;
+  float eps;
+  bool interleaved;
+  const uint8_t* embed = nullptr;
+  int64_t vocab, embed_row_bytes, embed_type;
+  float embed_scale = 1.0f;  // Gemma multiplies the embedding by sqrt(hidden)
+  const float* final_norm = nullptr;
+  std::vector<Layer> layers;
+
+  // scratch, grown on demand
+  int64_t rows = 0;
+  std::vector<float> residual, h, qkv, q, attn, o, gate_up, act, m;
+  gl::Scratch quantized;
+  attention::RowPlan plan;
+
+  void grow(int64_t t) {
+    if (t <= rows) return;
+    int64_t widest_mlp = 0;
+    for (const Layer& l : layers) widest_mlp = std::max(widest_mlp, l.gate_up->out());
+    const auto size = [t](std::vector<float>& v, int64_t width) { v.resize(static_cast<size_t>(t * width)); };
+    const int64_t qd = heads * head_dim;
+    size(residual, hidden), size(h, hidden), size(o, hidden), size(m, hidden);
+    size(qkv, (heads + 2 * kv_heads) * head_dim), size(q, qd), size(attn, qd);
+    size(gate_up, widest_mlp), size(act, widest_mlp / 2);
+    rows = t;
+  }
+
+  // Every layer's shapes against the decoder's; an error message, or "".
+  std::string check() const {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Layer& l = layers[i];
+      const std::string at = "layer " + std::to_string(i) + ": ";
+      if (!l.qkv || !l.o || !l.gate_up || !l.down || !l.input_norm || !l.post_norm || !l.cos || !l.sin)
+        return at + "not set";
+      const int64_t qd = heads * head_dim;
+      if (l.qkv->in() != hidden || l.qkv->out() != (heads + 2 * kv_heads) * head_dim)
+        return at + "qkv must be [(H + 2 KVH) * D, hidden]";
+      if (l.o->in() != qd || l.o->out() != hidden) return at + "o must be [hidden, H * D]";
+      const int64_t two_i = l.gate_up->out();
+      if (l.gate_up->in() != hidden || two_i % 2 != 0) return at + "gate_up must be [2 I, hidden]";
+      if (l.down->in() != two_i / 2 || l.down->out() != hidden) return at + "down must be [hidden, I]";
+    }
+    return "";
+  }
+
+  // out [T, hidden]: the final-normed hidden states of tokens ids at positions, their K/V written to
+  // slot_mapping; query_lens/context_lens per sequence, flat_slots every sequence's context slots.
+  std::string forward(const int64_t* ids, const int64_t* positions, const int64_t* slot_mapping, int64_t t,
+                      const int64_t* query_lens, const int64_t* context_lens, int64_t batch, const int64_t* flat_slots,
+                      int64_t n_flat, float* out) {
+    if (layers.empty()) return "a decoder needs at least one layer";
+    for (const Layer& l : layers)
+      if (!l.k_cache || !l.v_cache) return "no KV cache set";
+    std::string bad = gl::check_ids(ids, t, vocab);
+    if (bad.empty()) bad = attention::plan_rows(query_lens, context_lens, batch, t, n_flat, plan);
+    if (!bad.empty()) return bad;
+    int64_t rope_rows = layers[0].rope_rows, cache_slots = layers[0].cache_slots;  // the smallest of any layer
+    for (const Layer& l : layers) rope_rows = std::min(rope_rows, l.rope_rows), cache_slots = std::min(cache_slots, l.cache_slots);
+    bad = fused::check_qkv_rows({t, heads, kv_heads, head_dim, rope_rows, cache_slots, interleaved}, positions,
+                                slot_mapping);
+    if (!bad.empty()) return bad;
+    for (int64_t i = 0; i < n_flat; ++i)
+      if (flat_slots[i] < 0 || flat_slots[i] >= cache_slots)
+        return "context slot " + std::to_string(flat_slots[i]) + " is outside the cache";
+    if (t == 0) return "";
+    grow(t);
+    float *res = residual.data(), *hp = h.data();
+    gl::embedding(ids, t, embed, embed_row_bytes, embed_type, hidden, res);
+    if (embed_scale != 1.0f)
+      for (int64_t i = 0, n = t * hidden; i < n; ++i) res[i] = res[i] * embed_scale;
+    fused::rms_norm(res, layers[0].input_norm, hp, t, hidden, eps);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Layer& l = layers[i];
+      const fused::QkvShape shape{t, heads, kv_heads, head_dim, l.rope_rows, l.cache_slots, interleaved};
+      l.qkv->apply(hp, t, qkv.data(), quantized);
+      fused::qkv_rope_store(qkv.data(), positions, l.cos, l.sin, l.k_cache, l.v_cache, slot_mapping, shape, l.q_norm,
+                            l.k_norm, eps, q.data());
+      attention::paged_attention(q.data(), l.k_cache, l.v_cache, flat_slots, plan, t, heads, kv_heads, head_dim,
+                                 l.scale, l.window, l.softcap, attn.data());
+      l.o->apply(attn.data(), t, o.data(), quantized);
+      if (l.attn_out_norm) fused::rms_norm(o.data(), l.attn_out_norm, o.data(), t, hidden, eps);
+      fused::add_rms_norm(o.data(), res, l.post_norm, hp, t, hidden, eps);
+      const int64_t inner = l.gate_up->out() / 2;
+      l.gate_up->apply(hp, t, gate_up.data(), quantized);
+      if (l.gelu)
+        fused::gelu_tanh_mul(gate_up.data(), act.data(), t, inner);
+      else
+        fused::silu_mul(gate_up.data(), act.data(), t, inner);
+      l.down->apply(act.data(), t, m.data(), quantized);
+      if (l.mlp_out_norm) fused::rms_norm(m.data(), l.mlp_out_norm, m.data(), t, hidden, eps);
+      const bool last = i + 1 == layers.size();
+      fused::add_rms_norm(m.data(), res, last ? final_norm : layers[i + 1].input_norm, last ? out : hp, t, hidden, eps);
+    }
+    return "";
+  }
+};
+
+}  // namespace runlm::decoder

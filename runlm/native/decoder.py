@@ -1,0 +1,106 @@
+"""A whole decoder step in one native call (csrc/native_decoder.h): the token embedding, then per layer
+exactly LlamaModel._forward_fused's ops (rms_norm; qkv linear; qkv_rope_store; paged_attention; o linear;
+add_rms_norm; gate_up linear; act·mul; down linear; add_rms_norm into the next layer's input norm or the
+final norm), returning the final-normed hidden states, the same bits as the per-op path. Python runs once
+per step; the scratch buffers live in the native decoder and are reused across steps."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from runlm.native.library import F32, I64, U8, Handle, arr, check_shape, lib, ok, optional_f32
+
+if TYPE_CHECKING:
+    from runlm.native.kernels import LinearWeights
+
+_ACTS = {"silu": 0, "gelu_tanh": 1}
+
+
+@dataclass
+class DecoderLayer:
+    """One layer's weights and settings. post_norm is the MLP input's norm (Llama's
+    post_attention_layernorm; Gemma's pre_feedforward_layernorm, whose sandwich norms are
+    attn_out_norm and mlp_out_norm). window None: full attention; softcap None: none."""
+    qkv: LinearWeights
+    o: LinearWeights
+    gate_up: LinearWeights
+    down: LinearWeights
+    input_norm: np.ndarray
+    post_norm: np.ndarray
+    q_norm: np.ndarray | None
+    k_norm: np.ndarray | None
+    cos: np.ndarray
+    sin: np.ndarray
+    scale: float
+    window: int | None
+    softcap: float | None
+    act: str = "silu"
+    attn_out_norm: np.ndarray | None = None
+    mlp_out_norm: np.ndarray | None = None
+
+
+class Decoder(Handle):
+    """The model's decoder stack as one native object. Holds every array it was given alive; the KV
+    caches are set (and set again after they are reallocated) with ``set_kv_caches``."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, interleaved: bool,
+                 embed_table: np.ndarray, embed_qtype: int, final_norm: np.ndarray, layers: list[DecoderLayer],
+                 embed_scale: float = 1.0) -> None:
+        native = lib()
+        self.hidden, self.heads, self.kv_heads, self.head_dim = hidden, heads, kv_heads, head_dim
+        table = arr(embed_table, U8, "embed_table", 2)
+        handle = native.runlm_decoder_new(hidden, heads, kv_heads, head_dim, eps, int(interleaved), table,
+                                          embed_table.shape[0], embed_table.shape[1], int(embed_qtype), embed_scale,
+                                          optional_f32(final_norm, "final_norm", hidden), len(layers))
+        super().__init__(handle, "runlm_decoder_free", "decoder")
+        self._keep: list[object] = [embed_table, final_norm, layers]
+        self._caches: list[tuple[np.ndarray, np.ndarray]] = []
+        self.layers = layers
+        for i, layer in enumerate(layers):
+            if layer.act not in _ACTS:
+                raise ValueError(f"layer {i}: act must be one of {sorted(_ACTS)}, not {layer.act!r}")
+            rope = arr(layer.cos, F32, "cos", 2)
+            check_shape("cos", layer.cos.shape, (layer.cos.shape[0], head_dim))
+            check_shape("sin", layer.sin.shape, layer.cos.shape)
+            ok(native.runlm_decoder_set_layer(
+                handle, i, layer.qkv.handle, layer.o.handle, layer.gate_up.handle, layer.down.handle,
+                optional_f32(layer.input_norm, "input_norm", hidden),
+                optional_f32(layer.post_norm, "post_norm", hidden),
+                optional_f32(layer.q_norm, "q_norm", head_dim), optional_f32(layer.k_norm, "k_norm", head_dim),
+                optional_f32(layer.attn_out_norm, "attn_out_norm", hidden),
+                optional_f32(layer.mlp_out_norm, "mlp_out_norm", hidden), rope, arr(layer.sin, F32, "sin", 2),
+                layer.cos.shape[0], layer.scale, layer.window or 0, layer.softcap or 0.0, _ACTS[layer.act]))
+        ok(native.runlm_decoder_check(handle))  # every layer's shapes against the decoder's
+
+    def set_kv_caches(self, caches: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Each layer's (k, v) cache, fp32 [slots, kv_heads, head_dim]; kept alive until replaced."""
+        if len(caches) != len(self.layers):
+            raise ValueError(f"{len(caches)} caches for {len(self.layers)} layers")
+        native = lib()
+        for i, (k, v) in enumerate(caches):
+            kp, vp = arr(k, F32, f"k_cache {i}", 3), arr(v, F32, f"v_cache {i}", 3)
+            check_shape(f"k_cache {i}", k.shape, (k.shape[0], self.kv_heads, self.head_dim))
+            check_shape(f"v_cache {i}", v.shape, k.shape)
+            ok(native.runlm_decoder_set_cache(self.handle, i, kp, vp, k.shape[0]))
+        self._caches = list(caches)
+
+    def forward(self, ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray, query_lens: np.ndarray,
+                context_lens: np.ndarray, flat_slots: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """out [T, hidden]: the final-normed hidden states of tokens ``ids`` (int64 [T]) at ``positions``,
+        their K/V written to ``slot_mapping``; sequence b's rows are its last query_lens[b] of
+        context_lens[b] positions, whose slots are flat_slots[sum(context_lens[:b]) : ...]."""
+        if not self._caches:
+            raise ValueError("set_kv_caches first")
+        t = ids.shape[0] if ids.ndim == 1 else -1
+        ip, pp = arr(ids, I64, "ids", 1), arr(positions, I64, "positions", 1)
+        sp, fp = arr(slot_mapping, I64, "slot_mapping", 1), arr(flat_slots, I64, "flat_slots", 1)
+        qlp, clp = arr(query_lens, I64, "query_lens", 1), arr(context_lens, I64, "context_lens", 1)
+        op = arr(out, F32, "out", 2)
+        if positions.shape != ids.shape or slot_mapping.shape != ids.shape or context_lens.shape != query_lens.shape:
+            raise ValueError("one position and one slot per id, one context length per query length")
+        check_shape("out", out.shape, (t, self.hidden))
+        ok(lib().runlm_decoder_forward(self.handle, ip, pp, sp, t, qlp, clp, query_lens.shape[0], fp,
+                                       flat_slots.shape[0], op))
+        return out
