@@ -97,7 +97,9 @@ def child_runlm(path: Path, ids: list[int], gen: int, threads: int, exact: bool)
     while engine.has_unfinished_requests():
         for out in engine.step():
             times += [time.perf_counter()] * len(out.outputs[0].token_ids)
-    return _timings(load_s, len(ids), t0, times)
+    # which runner computed, and whether torch (~220 MiB of RSS by itself) was ever imported
+    return {**_timings(load_s, len(ids), t0, times), "runner": "native" if engine.native else "torch",
+            "torch_imported": "torch" in sys.modules}
 
 
 def child_llamacpp(path: Path, ids: list[int], gen: int, threads: int) -> dict:
@@ -275,8 +277,10 @@ def main() -> None:
     peers = [p for p in PEERS if not (args.skip_exact and p == "runlm-exact")]
     from runlm import kernels
     from runlm.kernels import fused, ggml
+    from runlm.native import kernels as native
 
     kernels.available(), kernels.attention_available(), fused.available(), ggml.available()  # build once, here
+    native.available()
     results: dict[str, dict] = {}
     print(f"CPU: {cpu_name()}; {args.threads} threads", flush=True)
     for key in args.files.split(","):
@@ -289,7 +293,9 @@ def main() -> None:
                 runs[peer].append(res)
                 print(f"{key:8s} round {r + 1} {peer:12s} decode {res['decode_tok_s']:6.1f} tok/s  prefill "
                       f"{res['prefill_tok_s']:6.0f} tok/s  ttft {1e3 * res['ttft_s']:6.0f} ms  "
-                      f"load {res['load_s']:5.2f} s  rss {res['peak_rss'] / 1e6:6.0f} MB", flush=True)
+                      f"load {res['load_s']:5.2f} s  rss {res['peak_rss'] / 1e6:6.0f} MB"
+                      + (f"  ({res['runner']} runner, torch {'imported' if res['torch_imported'] else 'not imported'})"
+                         if "runner" in res else ""), flush=True)
         median = {p: {m: statistics.median(x[m] for x in v) for m in METRICS} for p, v in runs.items()}
         results[key] = {"file": str(path), "size_bytes": path.stat().st_size, "runs": runs, "median": median}
         if args.kl_positions:
