@@ -74,6 +74,12 @@ def main() -> None:
               exact_numerics=args.exact_numerics)
     ids = llm.encode_chat([{"role": "user", "content": "Write a long story about a lighthouse keeper."}])
     engine = llm.engine
+    if engine.native:  # one native call runs every layer (matmuls, attention and the fused small ops alike)
+        from runlm.native.decoder import Decoder
+
+        Decoder.forward = timed("native step: all layers", Decoder.forward)  # type: ignore[method-assign]
+        model = engine.loaded.model
+        model.compute_logits = timed("native lm_head", model.compute_logits)
     engine.add_request("warm", {"prompt_token_ids": ids}, SamplingParams(temperature=0.0, max_tokens=8))
     while engine.has_unfinished_requests():
         engine.step()
@@ -84,13 +90,16 @@ def main() -> None:
     kernel = sum(v for k, v in spent.items() if not k.startswith("fused"))
     fused_s = sum(v for k, v in spent.items() if k.startswith("fused"))
     rows = {k: {"ms_per_step": 1e3 * v / steps, "calls_per_step": calls[k] / steps} for k, v in spent.items()}
-    report = {"model": args.model, "exact_numerics": args.exact_numerics, "steps": steps,
+    report = {"model": args.model, "exact_numerics": args.exact_numerics, "native": engine.native, "steps": steps,
               "ms_per_step": 1e3 * total / steps, "kernel_share": kernel / total, "fused_ops_share": fused_s / total,
               "kernels": rows}
     what = f"prefill of {args.prefill} tokens" if args.prefill else "decode step"
-    print(f"{args.model} ({'exact' if args.exact_numerics else 'fast'}): {1e3 * total / steps:.2f} ms per {what}"
+    runner = "native runner, no torch" if engine.native else "torch runner"
+    print(f"{args.model} ({'exact' if args.exact_numerics else 'fast'}, {runner}): {1e3 * total / steps:.2f} ms per "
+          f"{what}"
           f": {100 * kernel / total:.0f}% in matmul + attention kernels, {100 * fused_s / total:.0f}% in fused "
-          f"small ops, {100 * (1 - (kernel + fused_s) / total):.0f}% everything else (torch ops, Python, sampling)")
+          f"small ops, {100 * (1 - (kernel + fused_s) / total):.0f}% everything else (Python, scheduling, sampling"
+          f"{"" if engine.native else ", torch ops"})")
     for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["ms_per_step"]):
         print(f"  {k:24s} {r['ms_per_step']:6.2f} ms  {r['calls_per_step']:5.0f} calls")
     print(json.dumps(report))
