@@ -94,12 +94,11 @@ def main() -> None:
               "ms_per_step": 1e3 * total / steps, "kernel_share": kernel / total, "fused_ops_share": fused_s / total,
               "kernels": rows}
     what = f"prefill of {args.prefill} tokens" if args.prefill else "decode step"
-    runner = "native runner, no torch" if engine.native else "torch runner"
+    runner, rest = ("native runner, no torch", "") if engine.native else ("torch runner", ", torch ops")
     print(f"{args.model} ({'exact' if args.exact_numerics else 'fast'}, {runner}): {1e3 * total / steps:.2f} ms per "
-          f"{what}"
-          f": {100 * kernel / total:.0f}% in matmul + attention kernels, {100 * fused_s / total:.0f}% in fused "
+          f"{what}: {100 * kernel / total:.0f}% in matmul + attention kernels, {100 * fused_s / total:.0f}% in fused "
           f"small ops, {100 * (1 - (kernel + fused_s) / total):.0f}% everything else (Python, scheduling, sampling"
-          f"{"" if engine.native else ", torch ops"})")
+          f"{rest})")
     for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["ms_per_step"]):
         print(f"  {k:24s} {r['ms_per_step']:6.2f} ms  {r['calls_per_step']:5.0f} calls")
     print(json.dumps(report))

@@ -1,8 +1,9 @@
 """Rotary position embeddings with the scaling variants Llama-family configs use.
 
 The frequencies and tables come from runlm.models.rope_freqs (numpy; each variant reproduces
-transformers' ``ROPE_INIT_FUNCTIONS``, so logits match HF to fp32 rounding). Rotation is the "rotate half" (NeoX) layout, or, for GGUF Q/K weights kept as stored in the
-interleaved layout (Llama-arch files), rotation of adjacent pairs: q and k then carry the same
+transformers' ``ROPE_INIT_FUNCTIONS``, so logits match HF to fp32 rounding). Rotation is the
+"rotate half" (NeoX) layout, or, for GGUF Q/K weights kept as stored in the interleaved layout
+(Llama-arch files), rotation of adjacent pairs: q and k then carry the same
 per-head permutation of their features, which leaves every attention score unchanged.
 """
 from __future__ import annotations

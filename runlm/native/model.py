@@ -98,7 +98,8 @@ class NativeModel:
             b = f"blk.{i}"
             qkv = [f"{b}.attn_qkv"] if fused_qkv else [f"{b}.attn_q", f"{b}.attn_k", f"{b}.attn_v"]
             # Phi-3 stores gate and up as one ffn_up matrix, the gate's rows first
-            gate_up = [f"{b}.ffn_up"] if f"{b}.ffn_gate.weight" not in gguf.tensors else [f"{b}.ffn_gate", f"{b}.ffn_up"]
+            fused_gate_up = f"{b}.ffn_gate.weight" not in gguf.tensors
+            gate_up = [f"{b}.ffn_up"] if fused_gate_up else [f"{b}.ffn_gate", f"{b}.ffn_up"]
             has_qk_norm = f"{b}.attn_q_norm.weight" in gguf.tensors
             layers.append(kernels.DecoderLayer(
                 qkv=_linear(gguf, qkv, h), o=_linear(gguf, [f"{b}.attn_output"], cfg.num_heads * d),
