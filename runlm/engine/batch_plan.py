@@ -47,7 +47,9 @@ class BatchPlan:
 def plan_batch(sched: SchedulerOutput, blocks: AnyBlockManager) -> BatchPlan:
     hybrid = blocks if isinstance(blocks, HybridBlockManager) else None
     ids: list[int] = []
-    positions, slot_maps, context_slots = [], [], []
+    positions: list[np.ndarray] = []
+    slot_maps: list[np.ndarray] = []
+    context_slots: list[np.ndarray] = []
     per_seq_groups: list[list[tuple[np.ndarray, np.ndarray]]] = []
     plan = BatchPlan(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), context_slots,
                      list(sched.num_new_tokens), [])

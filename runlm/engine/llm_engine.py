@@ -57,6 +57,7 @@ class LLMEngine(EngineCore):
             from runlm.engine.spec_decode_draft import load_draft
 
             assert spec.model is not None  # SpeculativeConfig checks it
+            assert not isinstance(self.loaded, NativeLoaded)  # (speculation runs on the torch model)
             draft = load_draft(config, spec.model, self.loaded)
             dc = draft.config  # the draft's K/V lives in the same blocks: the budget pays for both
             per_token += kv_bytes_per_token(dc.num_layers, dc.num_kv_heads, dc.head_dim, config.dtype.itemsize)
@@ -84,6 +85,7 @@ class LLMEngine(EngineCore):
 
             self.runner = ModelRunner(config, self.loaded, self.blocks, self.structured)
         if config.enable_lora:
+            assert not isinstance(self.loaded, NativeLoaded)  # (adapters attach to the torch model)
             self.lora = LoRAManager(self.loaded.model, mc, config.max_loras, config.max_lora_rank,
                                     config.max_cpu_loras)
             self.scheduler.max_loras = config.max_loras
@@ -281,8 +283,9 @@ class LLMEngine(EngineCore):
     def _reload(self, level: int) -> None:
         draft = self.spec.draft if self.spec is not None else None
         if level == 2:
-            self.loaded.model = self._load(self.loaded.path).model
+            self.loaded.model = self._load(self.loaded.path).model  # type: ignore[assignment]
             if self.lora is not None:
+                assert not isinstance(self.loaded, NativeLoaded)
                 self.lora.rebind(self.loaded.model)
             if draft is not None:
                 draft.reload_weights(self.config)
