@@ -149,11 +149,20 @@ def kl_divergences(path: Path, positions: int) -> dict:
 
     import torch
 
-    from runlm.models.evaluate import all_logits, mean_kl
+    from runlm.engine.config import EngineConfig
+    from runlm.models.evaluate import all_logits, mean_kl, native_logits
     from runlm.models.load import load_decoder
+    from runlm.native.model import load_native
 
     ids = prompt_ids(path, positions)
-    exact_model, fast_model = load_decoder(path, exact_numerics=True).model, load_decoder(path).model
+    exact_model = load_decoder(path, exact_numerics=True).model
+    # fast mode as it serves: the native runner where it runs the file, else the torch model's fused path
+    native = load_native(path, EngineConfig(model=str(path), max_model_len=WINDOW))
+
+    def fast_logits(window: list[int]) -> torch.Tensor:
+        return native_logits(native.model, window, WINDOW) if native is not None else all_logits(fast, window, WINDOW)
+
+    fast = load_decoder(path).model if native is None else None
     sums = {"runlm-fast": 0.0, "llamacpp": 0.0, "runlm-fast_top1": 0.0, "llamacpp_top1": 0.0}
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, __file__, "--child", "llamacpp-logits", "--model", str(path), "--ids",
@@ -161,11 +170,12 @@ def kl_divergences(path: Path, positions: int) -> dict:
         for i, start in enumerate(range(0, len(ids), WINDOW)):
             window = ids[start:start + WINDOW]
             exact = all_logits(exact_model, window, WINDOW)
-            for peer, logits in (("runlm-fast", all_logits(fast_model, window, WINDOW)),
+            for peer, logits in (("runlm-fast", fast_logits(window)),
                                  ("llamacpp", torch.load(Path(tmp) / f"{i}.pt"))):
                 sums[peer] += mean_kl(exact, logits) * len(window)
                 sums[f"{peer}_top1"] += float((exact.argmax(-1) == logits.argmax(-1)).float().sum())
-    return {"positions": len(ids), **{k: v / len(ids) for k, v in sums.items()}}
+    return {"positions": len(ids), "fast_runner": "torch" if native is None else "native",
+            **{k: v / len(ids) for k, v in sums.items()}}
 
 
 def _run_child(peer: str, path: Path, ids: list[int], args: argparse.Namespace) -> dict:

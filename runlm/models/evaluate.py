@@ -6,9 +6,14 @@ Text is real English prose that every Python ships: the language reference's top
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from runlm.models.attention import ForwardContext, forward_context
+
+if TYPE_CHECKING:
+    from runlm.native.model import NativeModel
 
 
 def english_text(min_chars: int = 40_000) -> str:
@@ -40,6 +45,25 @@ def all_logits(model, ids: list[int], chunk: int = 512) -> torch.Tensor:
             with forward_context(ctx):
                 hidden = model(torch.tensor(window), torch.arange(n))
                 out.append(model.compute_logits(hidden).float())
+    return torch.cat(out)
+
+
+def native_logits(model: NativeModel, ids: list[int], chunk: int = 512) -> torch.Tensor:
+    """``all_logits`` of a model on the native runner (runlm.native.model.NativeModel): what fast mode serves."""
+    import numpy as np
+
+    cfg, decoder = model.config, model.decoder
+    assert decoder is not None
+    out = []
+    for start in range(0, len(ids), chunk):
+        window = np.asarray(ids[start:start + chunk], dtype=np.int64)
+        n = len(window)
+        decoder.set_kv_caches([(np.empty((n, cfg.num_kv_heads, cfg.head_dim), np.float32),
+                                np.empty((n, cfg.num_kv_heads, cfg.head_dim), np.float32))
+                               for _ in range(cfg.num_layers)])
+        slots, lens = np.arange(n, dtype=np.int64), np.array([n], dtype=np.int64)
+        hidden = decoder.forward(window, slots, slots, lens, lens, slots, np.empty((n, cfg.hidden_size), np.float32))
+        out.append(torch.from_numpy(model.compute_logits(hidden)))
     return torch.cat(out)
 
 
