@@ -98,11 +98,17 @@ def check_shape(name: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
         raise ValueError(f"{name} has shape {got}, expected {want}")
 
 
-def optional_f32(a: np.ndarray | None, name: str, n: int) -> int | None:
+def vector(a: np.ndarray, name: str, n: int) -> int:
+    """The address of an fp32 [n] array."""
     if a is None:
-        return None
+        raise ValueError(f"{name} is required")
     check_shape(name, a.shape, (n,))
     return arr(a, F32, name)
+
+
+def optional_f32(a: np.ndarray | None, name: str, n: int) -> int | None:
+    """vector(a), or None (a null pointer) where a is None."""
+    return None if a is None else vector(a, name, n)
 
 
 class Handle:
