@@ -112,7 +112,7 @@ def _load() -> ctypes.CDLL | None:
         library = ctypes.CDLL(str(target))
         library.runlm_init()
         return library
-    except OSError as e:  # an unreadable cache, a library that does not load
+    except Exception as e:  # an unreadable cache, a library that does not load: report, never raise
         why_unavailable = f"could not load the native kernels: {e}"
         return None
 

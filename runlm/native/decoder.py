@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runlm.native.library import F32, I64, U8, Handle, arr, check_shape, lib, ok, optional_f32
+from runlm.native.library import F32, I64, U8, Handle, arr, check_shape, lib, ok, optional_f32, vector
 
 if TYPE_CHECKING:
     from runlm.native.kernels import LinearWeights
@@ -53,7 +53,7 @@ class Decoder(Handle):
         table = arr(embed_table, U8, "embed_table", 2)
         handle = native.runlm_decoder_new(hidden, heads, kv_heads, head_dim, eps, int(interleaved), table,
                                           embed_table.shape[0], embed_table.shape[1], int(embed_qtype), embed_scale,
-                                          optional_f32(final_norm, "final_norm", hidden), len(layers))
+                                          vector(final_norm, "final_norm", hidden), len(layers))
         super().__init__(handle, "runlm_decoder_free", "decoder")
         self._keep: list[object] = [embed_table, final_norm, layers]
         self._caches: list[tuple[np.ndarray, np.ndarray]] = []
@@ -66,8 +66,8 @@ class Decoder(Handle):
             check_shape("sin", layer.sin.shape, layer.cos.shape)
             ok(native.runlm_decoder_set_layer(
                 handle, i, layer.qkv.handle, layer.o.handle, layer.gate_up.handle, layer.down.handle,
-                optional_f32(layer.input_norm, "input_norm", hidden),
-                optional_f32(layer.post_norm, "post_norm", hidden),
+                vector(layer.input_norm, "input_norm", hidden),
+                vector(layer.post_norm, "post_norm", hidden),
                 optional_f32(layer.q_norm, "q_norm", head_dim), optional_f32(layer.k_norm, "k_norm", head_dim),
                 optional_f32(layer.attn_out_norm, "attn_out_norm", hidden),
                 optional_f32(layer.mlp_out_norm, "mlp_out_norm", hidden), rope, arr(layer.sin, F32, "sin", 2),

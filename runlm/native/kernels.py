@@ -14,7 +14,7 @@ from ctypes import c_int64, c_void_p
 import numpy as np
 
 from runlm.native.decoder import Decoder, DecoderLayer
-from runlm.native.library import F32, I64, U8, Handle, arr, available, check_shape, lib, ok, optional_f32, ptr
+from runlm.native.library import F32, I64, U8, Handle, arr, available, check_shape, lib, ok, optional_f32, ptr, vector
 
 __all__ = ["Decoder", "DecoderLayer", "LinearWeights", "add_rms_norm", "available", "block_size", "cpu_features",
            "dequantize", "embedding", "gelu_tanh_mul", "get_threads", "linear", "paged_attention", "qkv_rope_store",
@@ -109,7 +109,7 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> np.nd
     xp, op = arr(x, F32, "x"), arr(out, F32, "out")
     rows, n = _rows(x, "x")
     check_shape("out", out.shape, x.shape)
-    lib().runlm_rms_norm(xp, optional_f32(w, "weight", n), op, rows, n, eps)
+    lib().runlm_rms_norm(xp, vector(w, "weight", n), op, rows, n, eps)
     return out
 
 
@@ -119,7 +119,7 @@ def add_rms_norm(x: np.ndarray, residual: np.ndarray, w: np.ndarray, eps: float,
     rows, n = _rows(x, "x")
     check_shape("residual", residual.shape, x.shape)
     check_shape("out", out.shape, x.shape)
-    lib().runlm_add_rms_norm(xp, rp, optional_f32(w, "weight", n), op, rows, n, eps)
+    lib().runlm_add_rms_norm(xp, rp, vector(w, "weight", n), op, rows, n, eps)
     return out
 
 

@@ -4,6 +4,8 @@ after a dtype / contiguity / shape check, and a native error comes back as Value
 from __future__ import annotations
 
 import ctypes
+import weakref
+from collections.abc import Callable
 from ctypes import POINTER, c_float, c_int, c_int64, c_void_p
 
 import numpy as np
@@ -80,8 +82,27 @@ def ok(code: int) -> None:
         raise ValueError(lib().runlm_last_error().decode())
 
 
+# array id -> (a weak reference to it, its data address): numpy takes 1-2 µs to tell an address, and the
+# runner passes the same preallocated arrays every step. An entry goes when its array does.
+_addresses: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def _forget(key: int) -> Callable[[object], object]:
+    return lambda _: _addresses.pop(key, None)
+
+
 def ptr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
+    """a's data address (an array's data never moves while it lives: numpy's resize refuses a referenced one).
+    Only arrays that own their data are remembered: a view is usually made anew for each call."""
+    if a.base is not None:
+        return a.ctypes.data
+    key = id(a)
+    hit = _addresses.get(key)
+    if hit is not None and hit[0]() is a:
+        return hit[1]
+    address = a.ctypes.data
+    _addresses[key] = (weakref.ref(a, _forget(key)), address)
+    return address
 
 
 def arr(a: np.ndarray, dtype: np.dtype, name: str, ndim: int | None = None) -> int:
@@ -98,11 +119,17 @@ def check_shape(name: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
         raise ValueError(f"{name} has shape {got}, expected {want}")
 
 
-def optional_f32(a: np.ndarray | None, name: str, n: int) -> int | None:
+def vector(a: np.ndarray, name: str, n: int) -> int:
+    """The address of an fp32 [n] array."""
     if a is None:
-        return None
+        raise ValueError(f"{name} is required")
     check_shape(name, a.shape, (n,))
     return arr(a, F32, name)
+
+
+def optional_f32(a: np.ndarray | None, name: str, n: int) -> int | None:
+    """vector(a), or None (a null pointer) where a is None."""
+    return None if a is None else vector(a, name, n)
 
 
 class Handle:

@@ -168,3 +168,13 @@ def test_paged_attention_is_the_extensions(heads: int, kv_heads: int, d: int, wi
     assert np.array_equal(alone, ref[r0:r0 + 33])
     with pytest.raises(ValueError, match="lengths"):
         nk.paged_attention(q, kc, vc, slots.numpy(), ql, cl + 1, d ** -0.5, window, softcap, out)
+
+
+def test_addresses_follow_new_arrays_that_reuse_a_freed_ones_id() -> None:
+    """ptr() remembers the addresses of arrays that own their data; a new array never gets an old one's."""
+    w = _randn(64, seed=0)
+    for i in range(40):
+        x = _randn(3, 64, seed=i)
+        ref = fused.ops().rms_norm(torch.from_numpy(x), torch.from_numpy(w), 1e-6).numpy()
+        assert np.array_equal(nk.rms_norm(x, w, 1e-6, np.empty_like(x)), ref)
+        del x
