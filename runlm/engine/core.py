@@ -13,9 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
-from runlm import kernels
 from runlm.engine.config import EngineConfig, physical_cores
 from runlm.engine.errors import PromptError
 from runlm.engine.kv_groups import AnyBlockManager
@@ -27,6 +24,8 @@ from runlm.engine.scheduler import Scheduler
 from runlm.formats.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    import torch
+
     from runlm.engine.spec_decode import SpecDecodeStats
 
 # what a step hands out: text for generation, a vector or score for pooling
@@ -72,6 +71,8 @@ class EngineCore:
     lora: LoRAManager | None = None  # set where LoRA is enabled (generation engines only)
 
     def _set_threads(self) -> None:
+        import torch  # (the torch runner's: its kernels run on torch's thread pool)
+
         self.device = torch.device(self.config.device)
         torch.set_num_threads(self.config.threads or physical_cores())
 
@@ -86,6 +87,9 @@ class EngineCore:
 
     def log_start(self, kv_bytes: int) -> None:
         """One line at start: what memory the cache holds and which kernels compute (why it is fast or not)."""
+        import torch
+
+        from runlm import kernels
         from runlm.kernels import fused, ggml
 
         kinds = [name for name, ok in (("ggml blocks", ggml.available()), ("linear", kernels.available()),

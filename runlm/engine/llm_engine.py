@@ -10,18 +10,16 @@ import time
 from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runlm.engine.config import EngineConfig, kv_cache_blocks
+from runlm.engine.config import EngineConfig, dtype_itemsize, kv_cache_blocks
 from runlm.engine.core import EngineCore, log
 from runlm.engine.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
 from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.kv_groups import block_manager
 from runlm.engine.lora_manager import LoRAManager, LoRARequest, lora_salt
-from runlm.engine.model_runner import ModelRunner, SampledToken
 from runlm.engine.outputs import RequestOutput
 from runlm.engine.pooling_params import PoolingParams
-from runlm.engine.sampler import make_generator
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from runlm.engine.sequence import Sequence
@@ -30,6 +28,9 @@ from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.kv_size import kv_bytes_per_token
 from runlm.models.load import LoadedModel, load_decoder
 from runlm.sizes import return_free_heap
+
+if TYPE_CHECKING:
+    from runlm.engine.model_runner import SampledToken
 
 PromptType = str | Mapping[str, Any] | list[int]
 
@@ -46,7 +47,7 @@ class LLMEngine(EngineCore):
         self.vocab_size = mc.vocab_size
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.kv_bytes_per_token = per_token = kv_bytes_per_token(
-            mc.num_layers, mc.num_kv_heads, mc.head_dim, config.dtype.itemsize)
+            mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype_itemsize(config.dtype))
         spec = config.speculative_config
         draft = None
         if spec is not None and spec.method == "draft_model":
@@ -55,7 +56,7 @@ class LLMEngine(EngineCore):
             assert spec.model is not None  # SpeculativeConfig checks it
             draft = load_draft(config, spec.model, self.loaded)
             dc = draft.config  # the draft's K/V lives in the same blocks: the budget pays for both
-            per_token += kv_bytes_per_token(dc.num_layers, dc.num_kv_heads, dc.head_dim, config.dtype.itemsize)
+            per_token += kv_bytes_per_token(dc.num_layers, dc.num_kv_heads, dc.head_dim, dtype_itemsize(config.dtype))
         num_blocks = kv_cache_blocks(config, per_token, self.max_model_len)
         # sliding-window layers give back the blocks behind their window as sequences run
         self.blocks = block_manager(mc, num_blocks, config.block_size, config.enable_prefix_caching,
@@ -70,6 +71,8 @@ class LLMEngine(EngineCore):
                                                    config.max_num_batched_tokens), self.blocks)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids) | frozenset(mc.eos_token_ids)
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_ids)
+        from runlm.engine.model_runner import ModelRunner  # torch's: imported when an engine is built
+
         self.runner = ModelRunner(config, self.loaded, self.blocks, self.structured)
         if config.enable_lora:
             self.lora = LoRAManager(self.loaded.model, mc, config.max_loras, config.max_lora_rank,
@@ -142,6 +145,7 @@ class LLMEngine(EngineCore):
             params.max_tokens = self.max_model_len - len(ids)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
+        from runlm.engine.sampler import make_generator  # the torch runner's random streams
         seqs = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i

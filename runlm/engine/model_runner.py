@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from runlm.dtypes import torch_dtype
 from runlm.engine.config import EngineConfig
 from runlm.engine.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.outputs import Logprob
@@ -61,7 +63,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
         self.loaded, self.blocks, self.structured = loaded, blocks, structured
-        self.dtype, self.device = config.dtype, torch.device(config.device)
+        self.dtype, self.device = torch_dtype(config.dtype), torch.device(config.device)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.allocate_kv_cache()
 
@@ -102,7 +104,7 @@ class ModelRunner:
         ids: list[int] = []
         positions, slot_maps, context_slots = [], [], []
         hybrid = self.blocks if isinstance(self.blocks, HybridBlockManager) else None
-        group_slots: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per sequence: per extra group
+        group_slots: list[list[tuple[np.ndarray, np.ndarray]]] = []  # per sequence: per extra group
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
         spec_rows: list[int] = []
@@ -133,15 +135,19 @@ class ModelRunner:
                 sample_rows.append(row - 1)
                 sample_seqs.append(seq)
         context_lens = [s.num_computed_tokens + n for s, n in zip(sched.seqs, sched.num_new_tokens)]
-        ctx = ForwardContext(list(sched.num_new_tokens), context_lens, torch.cat(slot_maps).to(self.device),
-                             [c.to(self.device) for c in context_slots], self.kv_caches)
+        # the block manager's slots are numpy int64: from_numpy shares their memory (no copy on CPU)
+        ctx = ForwardContext(list(sched.num_new_tokens), context_lens, self.slot_tensor(np.concatenate(slot_maps)),
+                             [self.slot_tensor(c) for c in context_slots], self.kv_caches)
         if hybrid is not None:
             ctx.layer_group = hybrid.layer_group
-            ctx.groups = [GroupSlots(torch.cat([per[g][0] for per in group_slots]).to(self.device),
-                                     [per[g][1].to(self.device) for per in group_slots])
+            ctx.groups = [GroupSlots(self.slot_tensor(np.concatenate([per[g][0] for per in group_slots])),
+                                     [self.slot_tensor(per[g][1]) for per in group_slots])
                           for g in range(len(hybrid.groups) - 1)]
         return PreparedBatch(torch.tensor(ids, device=self.device), torch.cat(positions).to(self.device), ctx,
                              sample_rows, sample_seqs, spec_rows, spec_seqs, lp_rows)
+
+    def slot_tensor(self, slots: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(slots).to(self.device)
 
     def run_model(self, batch: PreparedBatch) -> torch.Tensor:
         with forward_context(batch.context):

@@ -5,14 +5,16 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from runlm.engine.kv_cache import BlockTable
 from runlm.engine.outputs import PromptLogprobs, SampleLogprobs
 from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.spec_decode_state import SpecState
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SequenceStatus(enum.Enum):

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 # the running acceptance rate weighs each new verification by this much (about the last 8 drafts count)
 _EMA_WEIGHT = 0.125

@@ -17,16 +17,19 @@ import threading
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import llguidance
 import numpy as np
-import torch
 
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.sequence import Sequence
 from runlm.engine.structured.compiler import GrammarCompiler
 from runlm.engine.structured.params import coerce_structured_outputs
 from runlm.formats.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 # byte value -> its 8 bits as 0.0 (allowed) or -inf, low bit first (llguidance's bit order)
