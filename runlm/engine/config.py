@@ -4,14 +4,17 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from runlm.dtypes import DTYPE_BYTES, dtype_itemsize, torch_dtype
 from runlm.engine.spec_decode_config import SpeculativeConfig
 from runlm.sizes import available_memory, parse_size
 
-__all__ = ["DEFAULT_KV_CAP", "DEFAULT_KV_FRACTION", "EngineConfig", "available_memory", "kv_cache_blocks",
-           "parse_size", "physical_cores"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DEFAULT_KV_CAP", "DEFAULT_KV_FRACTION", "EngineConfig", "available_memory", "dtype_itemsize",
+           "kv_cache_blocks", "parse_size", "physical_cores", "torch_dtype"]
 
 def physical_cores() -> int:
     """Physical CPU cores (hyper-threads share one core's SIMD units, so kernels gain nothing from them)."""
@@ -36,7 +39,8 @@ class EngineConfig:
     # bytes ('2GiB', 1<<30) or a fraction of currently available memory (0 < x <= 1)
     kv_cache_memory: int | float | str | None = None
     enable_prefix_caching: bool = True
-    dtype: torch.dtype = torch.float32
+    # a torch.dtype, or its name: the common names stay strings so a config needs no torch (see torch_dtype)
+    dtype: torch.dtype | str = "float32"
     device: str = "cpu"
     seed: int = 0
     # what the model is run for: "auto" (from its files), "generate", "embed" or "score" (vLLM's runner/convert)
@@ -55,6 +59,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
+        if not (isinstance(self.dtype, str) and self.dtype in DTYPE_BYTES):
+            object.__setattr__(self, "dtype", torch_dtype(self.dtype))  # a rarer name, checked by torch
         if self.task not in ("auto", "generate", "embed", "score"):
             raise ValueError(f"task must be auto, generate, embed or score, not {self.task!r}")
         if self.max_num_seqs < 1:

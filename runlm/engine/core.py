@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
 from runlm.engine.config import EngineConfig, physical_cores
 from runlm.engine.errors import PromptError
 from runlm.engine.kv_groups import AnyBlockManager
@@ -26,6 +24,8 @@ from runlm.engine.scheduler import Scheduler
 from runlm.formats.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    import torch
+
     from runlm.engine.spec_decode import SpecDecodeStats
 
 # what a step hands out: text for generation, a vector or score for pooling

@@ -3,7 +3,7 @@ HTTP server, LLM) can answer them before any output. The engine is their one own
 maps them to HTTP (runlm/server/generation.py)."""
 from __future__ import annotations
 
-from runlm.models.lora_weights import LoRAError  # an adapter that cannot be loaded or applied (a ValueError)
+from runlm.formats import LoRAError  # an adapter that cannot be loaded or applied (a ValueError)
 
 __all__ = ["EngineDeadError", "LoRAError", "PromptError", "PromptTooLongError", "SamplingParamsError", "TaskError"]
 

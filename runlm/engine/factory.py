@@ -12,8 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from runlm.engine.config import EngineConfig
 from runlm.engine.llm_engine import LLMEngine
 from runlm.engine.pooling_engine import PoolingEngine
@@ -31,8 +29,6 @@ def engine_from_config(config: EngineConfig) -> EngineCoreType:
 
 def engine_config(model: str | Path, **kwargs: Any) -> EngineConfig:
     """A config from LLM-style keyword arguments (``dtype`` may be a name such as "bfloat16")."""
-    if isinstance(kwargs.get("dtype"), str):
-        kwargs["dtype"] = getattr(torch, kwargs["dtype"])
     return EngineConfig(model=str(model), **kwargs)
 
 

@@ -18,7 +18,7 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 
 def block_hash(parent: bytes | None, token_ids: list[int] | tuple[int, ...]) -> bytes:
@@ -202,13 +202,14 @@ class BlockManager:
             block.draft_valid = False  # (sleep drops the draft's K/V tensors along with the cache)
         self.stats = PrefixCacheStats()
 
-    def slots(self, table: BlockTable, start: int, end: int) -> torch.Tensor:
-        """Flat cache slots of token positions start..end-1. Released positions get a held block's slots: they
-        lie outside every window, so attention masks them (and the paged kernel never reads them)."""
-        pos = torch.arange(start, end)
+    def slots(self, table: BlockTable, start: int, end: int) -> np.ndarray:
+        """Flat cache slots (int64) of token positions start..end-1. Released positions get a held block's slots:
+        they lie outside every window, so attention masks them (and the paged kernel never reads them). numpy,
+        not torch: the engine's bookkeeping imports no torch (a torch runner wraps them with torch.from_numpy)."""
+        pos = np.arange(start, end, dtype=np.int64)
         ids = table.blocks
         if table.num_released:
             held = next((b for b in ids if b != RELEASED), 0)
             ids = [held] * table.num_released + ids[table.num_released:]
-        blocks = torch.tensor(ids, dtype=torch.long)
+        blocks = np.array(ids, dtype=np.int64)
         return blocks[pos // self.block_size] * self.block_size + pos % self.block_size

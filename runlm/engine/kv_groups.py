@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
+import numpy as np
 
 from runlm.engine.kv_cache import BlockManager, BlockTable, PrefixCacheStats
 from runlm.models.config import ModelConfig
@@ -95,10 +95,10 @@ class HybridBlockManager:
         for g in self.groups:
             g.reset_prefix_cache()
 
-    def slots(self, table: BlockTable, start: int, end: int) -> torch.Tensor:
+    def slots(self, table: BlockTable, start: int, end: int) -> np.ndarray:
         return self.main.slots(table, start, end)
 
-    def group_slots(self, table: BlockTable, start: int, end: int) -> list[torch.Tensor]:
+    def group_slots(self, table: BlockTable, start: int, end: int) -> list[np.ndarray]:
         """Per group after the first, the slots of positions start..end-1."""
         return [g.slots(t, start, end) for g, t in zip(self.groups[1:], self._tables(table)[1:])]
 

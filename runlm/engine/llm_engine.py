@@ -12,7 +12,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runlm.engine.config import EngineConfig, kv_cache_blocks
+from runlm.engine.config import EngineConfig, dtype_itemsize, kv_cache_blocks
 from runlm.engine.core import EngineCore, log, set_native_threads, set_torch_threads
 from runlm.engine.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
 from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
@@ -50,7 +50,7 @@ class LLMEngine(EngineCore):
         self.vocab_size = mc.vocab_size
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.kv_bytes_per_token = per_token = kv_bytes_per_token(
-            mc.num_layers, mc.num_kv_heads, mc.head_dim, config.dtype.itemsize)
+            mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype_itemsize(config.dtype))
         spec = config.speculative_config
         draft = None
         if spec is not None and spec.method == "draft_model":
@@ -60,7 +60,7 @@ class LLMEngine(EngineCore):
             assert not isinstance(self.loaded, NativeLoaded)  # (speculation runs on the torch model)
             draft = load_draft(config, spec.model, self.loaded)
             dc = draft.config  # the draft's K/V lives in the same blocks: the budget pays for both
-            per_token += kv_bytes_per_token(dc.num_layers, dc.num_kv_heads, dc.head_dim, config.dtype.itemsize)
+            per_token += kv_bytes_per_token(dc.num_layers, dc.num_kv_heads, dc.head_dim, dtype_itemsize(config.dtype))
         num_blocks = kv_cache_blocks(config, per_token, self.max_model_len)
         # sliding-window layers give back the blocks behind their window as sequences run
         self.blocks = block_manager(mc, num_blocks, config.block_size, config.enable_prefix_caching,

@@ -14,13 +14,16 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from runlm.engine.lora_request import LoRARequest
+from runlm.formats import LoRAError
 from runlm.models.config import ModelConfig
-from runlm.models.lora import LoRABatch, attach, detach, enable, lora_batch
-from runlm.models.lora_weights import LoRAError, LoRAWeights, read_adapter
+
+if TYPE_CHECKING:  # the adapter code is torch's: imported where an adapter is enabled, loaded or run
+    import torch
+
+    from runlm.models.lora_weights import LoRAWeights
 
 __all__ = ["LoRAError", "LoRAManager", "LoRARequest", "lora_salt"]
 
@@ -42,6 +45,8 @@ def lora_salt(key: int) -> bytes | None:
 class LoRAManager:
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, max_loras: int, max_lora_rank: int,
                  max_cpu_loras: int | None) -> None:
+        from runlm.models.lora import enable
+
         self.model, self.cfg = model, cfg
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self.max_cpu_loras = max_cpu_loras or max_loras
@@ -60,6 +65,9 @@ class LoRAManager:
         if not request.lora_path:
             raise LoRAError(f"LoRA adapter {request.lora_name!r} (id {request.lora_int_id}) is not loaded and "
                             f"names no lora_path to load it from")
+        from runlm.models.lora import attach
+        from runlm.models.lora_weights import read_adapter
+
         weights = read_adapter(request.lora_path, self.cfg)
         if weights.rank > self.max_lora_rank:
             raise LoRAError(f"LoRA adapter {request.lora_name!r} has rank {weights.rank}, above max_lora_rank "
@@ -100,6 +108,8 @@ class LoRAManager:
         return set(self.loaded)
 
     def _drop(self, adapter: LoadedLoRA) -> None:
+        from runlm.models.lora import detach
+
         detach(self.model, adapter.key)
         self.by_key.pop(adapter.key, None)
 
@@ -125,10 +135,16 @@ class LoRAManager:
     def batch(self, keys: Iterable[int]) -> AbstractContextManager[None]:
         """The forward passes of a step whose sequences hold these keys."""
         keys = list(keys)
-        return lora_batch(LoRABatch(keys)) if any(keys) else nullcontext()
+        if not any(keys):
+            return nullcontext()
+        from runlm.models.lora import LoRABatch, lora_batch
+
+        return lora_batch(LoRABatch(keys))
 
     def rebind(self, model: torch.nn.Module) -> None:
         """Attach every held adapter to a reloaded model."""
+        from runlm.models.lora import attach, enable
+
         self.model = model
         enable(model)
         for adapter in self.by_key.values():

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from runlm.dtypes import torch_dtype
 from runlm.engine.batch_plan import PromptLogprobRows, plan_batch
 from runlm.engine.config import EngineConfig
 from runlm.engine.kv_groups import AnyBlockManager, HybridBlockManager
@@ -46,7 +47,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
         self.loaded, self.blocks, self.structured = loaded, blocks, structured
-        self.dtype, self.device = config.dtype, torch.device(config.device)
+        self.dtype, self.device = torch_dtype(config.dtype), torch.device(config.device)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.allocate_kv_cache()
 
@@ -84,11 +85,7 @@ class ModelRunner:
 
     def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
         """The step's plan (runlm.engine.batch_plan) as tensors: shared, not copied, and moved to the device."""
-        plan, dev = plan_batch(sched, self.blocks), self.device
-
-        def t(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(a).to(dev)
-
+        plan, t = plan_batch(sched, self.blocks), self.slot_tensor
         ctx = ForwardContext(plan.query_lens, plan.context_lens, t(plan.slot_mapping),
                              [t(c) for c in plan.context_slots], self.kv_caches)
         if plan.group_slots is not None:
@@ -98,6 +95,10 @@ class ModelRunner:
                           for group in plan.group_slots]
         return PreparedBatch(t(plan.ids), t(plan.positions), ctx, plan.sample_rows, plan.sample_seqs,
                              plan.spec_rows, plan.spec_seqs, plan.prompt_logprob_rows)
+
+    def slot_tensor(self, slots: np.ndarray) -> torch.Tensor:
+        """An int64 array (ids, positions, cache slots) as a tensor on the device: shared, not copied, on the CPU."""
+        return torch.from_numpy(slots).to(self.device)
 
     def run_model(self, batch: PreparedBatch) -> torch.Tensor:
         with forward_context(batch.context):

@@ -3,8 +3,10 @@ scores (vLLM's names), with the per-token Logprob and the request timings both c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(slots=True)

@@ -12,9 +12,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from runlm.engine.config import EngineConfig
@@ -24,11 +23,12 @@ from runlm.engine.kv_cache import BlockManager
 from runlm.engine.lora_request import LoRARequest
 from runlm.engine.outputs import PoolingOutput, PoolingRequestOutput, RequestMetrics
 from runlm.engine.pooling_params import PoolingParams, PoolingParamsError
-from runlm.engine.pooling_runner import PoolingRunner
 from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.scheduler import Scheduler, SchedulerConfig
 from runlm.engine.sequence import Sequence
-from runlm.models.pooling_models import LoadedPoolingModel, load_pooling_model
+
+if TYPE_CHECKING:  # the models and the runner are torch's: imported when an engine is built
+    from runlm.models.pooling_models import LoadedPoolingModel
 
 PoolingPromptType = str | list[int] | Mapping[str, Any]  # also {"text": query, "text_pair": document}
 
@@ -51,6 +51,11 @@ class PoolingEngine(EngineCore):
     holds_kv_cache = False
 
     def __init__(self, config: EngineConfig, loaded: LoadedPoolingModel | None = None) -> None:
+        import torch
+
+        from runlm.engine.pooling_runner import PoolingRunner
+        from runlm.models.pooling_models import load_pooling_model
+
         self.config = config
         self.device = torch.device(config.device)
         task = config.task if config.task in ("embed", "score") else "auto"
@@ -141,6 +146,8 @@ class PoolingEngine(EngineCore):
         self.scheduler.add(seq)
 
     def abort_request(self, request_ids: str | list[str]) -> list[PoolingRequestOutput]:
+        import torch
+
         outs = []
         for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
             req = self.requests.pop(rid, None)
@@ -179,5 +186,7 @@ class PoolingEngine(EngineCore):
 
     def _reload(self, level: int) -> None:
         if level == 2:
+            from runlm.models.pooling_models import load_pooling_model
+
             fresh = load_pooling_model(self.loaded.path, self.loaded.task, self.config.dtype, self.config.device)
             self.loaded.model = fresh.model

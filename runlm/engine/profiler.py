@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+if TYPE_CHECKING:  # imported when a trace starts: an LLM holds a profiler whether or not it ever profiles
+    import torch
+    from torch.profiler import profile
 
 __all__ = ["PROFILER_DIR_ENV", "EngineProfiler", "ProfilerError", "profiler_dir"]
 
@@ -51,6 +52,9 @@ class EngineProfiler:
             raise ProfilerError("a profile is already being taken; stop it first")
         where = profiler_dir(self.directory)
         where.mkdir(parents=True, exist_ok=True)
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
         self._hook_forward(engine)
         self._prof = profile(activities=[ProfilerActivity.CPU]
                              + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []),
@@ -70,6 +74,9 @@ class EngineProfiler:
         return str(path)
 
     def _hook_forward(self, engine: Any) -> None:
+        import torch
+        from torch.profiler import record_function
+
         model = getattr(getattr(engine, "loaded", None), "model", None)
         if not isinstance(model, torch.nn.Module):
             return

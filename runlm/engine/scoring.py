@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch.nn.functional as F
-
 from runlm.engine.outputs import PoolingOutput, PoolingRequestOutput
 
 
@@ -28,6 +26,8 @@ def score_pairs(text_1: str | Sequence[str], text_2: str | Sequence[str]) -> lis
 
 def cosine_output(a: PoolingRequestOutput, b: PoolingRequestOutput) -> PoolingRequestOutput:
     """The score of a pair for an embedding model: the cosine similarity of its two embeddings."""
+    import torch.nn.functional as F  # (the vectors are torch's: a pooling model ran)
+
     score = F.cosine_similarity(a.outputs.data, b.outputs.data, dim=0).reshape(1)
     return PoolingRequestOutput(f"{a.request_id}+{b.request_id}", PoolingOutput(score),
                                 a.prompt_token_ids + b.prompt_token_ids, True,

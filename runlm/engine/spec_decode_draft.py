@@ -145,9 +145,10 @@ class DraftModelProposer:
         positions = torch.cat([torch.arange(p, p + len(tokens)) for _, tokens, p in items])
         query_lens = [len(tokens) for _, tokens, _ in items]
         context_lens = [p + len(tokens) for _, tokens, p in items]
-        slots = torch.cat([self.blocks.slots(s.table, p, p + len(tokens)) for s, tokens, p in items])
-        context = [self.blocks.slots(s.table, 0, c).to(device) for (s, _, _), c in zip(items, context_lens)]
-        ctx = ForwardContext(query_lens, context_lens, slots.to(device), context, self.runner.kv_caches)
+        slots = np.concatenate([self.blocks.slots(s.table, p, p + len(tokens)) for s, tokens, p in items])
+        context = [self.runner.slot_tensor(self.blocks.slots(s.table, 0, c))
+                   for (s, _, _), c in zip(items, context_lens)]
+        ctx = ForwardContext(query_lens, context_lens, self.runner.slot_tensor(slots), context, self.runner.kv_caches)
         batch = PreparedBatch(torch.tensor(ids, device=device), positions.to(device), ctx)
         hidden = self.runner.run_model(batch)
         last = (torch.tensor(query_lens).cumsum(0) - 1).tolist()

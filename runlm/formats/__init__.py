@@ -7,3 +7,9 @@ class ModelFormatError(ValueError):
 
     The message always names the file and, where one is at fault, the tensor.
     """
+
+
+class LoRAError(ValueError):
+    """An adapter that cannot be read or applied to this model; the message names the adapter and module.
+
+    Here, with no torch behind it, so the engine's error types import without the model code."""

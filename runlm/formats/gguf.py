@@ -9,15 +9,17 @@ import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gguf
 import numpy as np
-import torch
 
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import DECODER_GGUF_ARCHS
 from runlm.formats.gguf_header import TensorInfo, read_header
+
+if TYPE_CHECKING:  # torch is imported by the methods that return tensors: reading a file's metadata needs none
+    import torch
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES", "TensorInfo", "GGUFFile", "dequantize", "ggml_type"]
 
@@ -254,31 +256,42 @@ class GGUFFile:
         info = self._info(name)
         return self._data[info.offset:info.offset + info.n_bytes]
 
-    def raw_tensor(self, name: str) -> torch.Tensor:
-        """The tensor's bytes as a uint8 torch view [rows, row_bytes] of the mapped file: no copy, and
-        pages shared with every process that maps the same file. Never written to."""
+    def raw_array(self, name: str) -> np.ndarray:
+        """The tensor's bytes as a read-only uint8 numpy view [rows, row_bytes] of the mapped file: no
+        copy, and pages shared with every process that maps the same file."""
         info = self._info(name)
+        rows = int(np.prod(info.shape[:-1], dtype=np.int64)) if len(info.shape) > 1 else 1
+        return self.raw(name).reshape(rows, -1)
+
+    def raw_tensor(self, name: str) -> torch.Tensor:
+        """``raw_array`` as a torch view (no copy). Never written to."""
+        import torch
+
         with warnings.catch_warnings():  # torch warns that the array is read-only; nothing writes it
             warnings.simplefilter("ignore", UserWarning)
-            flat = torch.from_numpy(self.raw(name))
-        rows = int(np.prod(info.shape[:-1], dtype=np.int64)) if len(info.shape) > 1 else 1
-        return flat.view(rows, -1)
+            return torch.from_numpy(self.raw_array(name))
 
-    def load(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The tensor dequantized into a new torch tensor of ``dtype``, shaped ``TensorInfo.shape``."""
+    def load_array(self, name: str) -> np.ndarray:
+        """The tensor dequantized into a new float32 numpy array, shaped ``TensorInfo.shape``."""
         info = self._info(name)
         if info.qtype not in SUPPORTED_TYPES and info.qtype not in _GGUF_PY_TYPES:
             raise ModelFormatError(f"{self.path}: tensor {name!r} has type {info.qtype}, which runlm cannot "
                                    f"dequantize (supported: {', '.join(sorted(SUPPORTED_TYPES | _GGUF_PY_TYPES))})")
         try:
             if info.qtype in SUPPORTED_TYPES:
-                values = dequantize(self.raw(name), info.qtype, info.shape)
-            else:  # the rarer block types: gguf-py's reference dequantizer (slower, same floats)
-                values = gguf.quants.dequantize(self.raw(name), gguf.GGMLQuantizationType[info.qtype])
-                values = values.astype(np.float32, copy=False).reshape(info.shape)
+                return dequantize(self.raw(name), info.qtype, info.shape)
+            # the rarer block types: gguf-py's reference dequantizer (slower, same floats)
+            values = gguf.quants.dequantize(self.raw(name), gguf.GGMLQuantizationType[info.qtype])
+            return values.astype(np.float32, copy=False).reshape(info.shape)
         except ValueError as e:
             raise ModelFormatError(f"{self.path}: tensor {name!r}: {e}") from e
-        return torch.from_numpy(values).to(dtype)
+
+    def load(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The tensor dequantized into a new torch tensor of ``dtype`` (default float32), shaped
+        ``TensorInfo.shape``."""
+        import torch
+
+        return torch.from_numpy(self.load_array(name)).to(torch.float32 if dtype is None else dtype)
 
     def load_block_parts(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(q int8 [N, K], d, m fp32 [N, K/32]) of a 2-D tensor stored in a 32-value block type, else None.
@@ -286,10 +299,13 @@ class GGUFFile:
         info = self._info(name)
         if info.qtype not in _BLOCK_PARTS or len(info.shape) != 2:
             return None
+        import torch
+
         try:
-            return tuple(torch.from_numpy(a) for a in block_parts(self.raw(name), info.qtype, info.shape))
+            q, d, m = block_parts(self.raw(name), info.qtype, info.shape)
         except ValueError as e:
             raise ModelFormatError(f"{self.path}: tensor {name!r}: {e}") from e
+        return torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(m)
 
     def check_architecture(self) -> None:
         """Raise ModelFormatError unless runlm can build this file's architecture."""

@@ -200,8 +200,8 @@ class ModelConfig:
             orig = int(get("rope.scaling.original_context_length"))
             scaling = {"rope_type": "longrope", "original_max_position_embeddings": orig,
                        "factor": int(get("context_length")) / orig,
-                       "long_factor": gguf.load("rope_factors_long.weight").tolist(),
-                       "short_factor": gguf.load("rope_factors_short.weight").tolist()}
+                       "long_factor": gguf.load_array("rope_factors_long.weight").tolist(),
+                       "short_factor": gguf.load_array("rope_factors_short.weight").tolist()}
             if get("rope.scaling.attn_factor") is not None:
                 scaling["attention_factor"] = float(get("rope.scaling.attn_factor"))
         rotary = get("rope.dimension_count")

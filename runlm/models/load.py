@@ -3,27 +3,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from runlm import kernels
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import ENCODER_GGUF_ARCHS, ENCODER_HF_ARCHS
 from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
-from runlm.kernels import fused, ggml
 from runlm.models.config import ModelConfig
-from runlm.models.gemma import GemmaForCausalLM
-from runlm.models.llama import LlamaForCausalLM
-from runlm.models.moe import MoeForCausalLM
-from runlm.models.pooling import has_sentence_transformers_pooling
-from runlm.models.weights import (
-    gguf_rope_interleaved,
-    gguf_weights,
-    read_hf_config,
-    rope_freq_factors,
-    safetensors_weights,
-)
+
+if TYPE_CHECKING:  # the model classes and weight readers are torch's: imported by what builds a model
+    import torch
+
+    from runlm.models.llama import LlamaForCausalLM
 
 _DECODER_BODY_ARCHS = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
 
@@ -44,6 +35,8 @@ def model_task(path: Path) -> str:
     """'generate', 'embed' or 'score', from the file's own metadata (no weights read)."""
     if path.is_file():
         return _gguf_task(GGUFFile(path))
+    from runlm.models.weights import read_hf_config
+
     return _hf_task(read_hf_config(path), path)
 
 
@@ -52,6 +45,8 @@ def _gguf_task(gguf: GGUFFile) -> str:
 
 
 def _hf_task(cfg: dict, path: Path) -> str:
+    from runlm.models.pooling import has_sentence_transformers_pooling
+
     archs = cfg.get("architectures") or []
     if any(a.endswith("ForSequenceClassification") for a in archs) or cfg.get("classifier_from_token"):
         return "score"
@@ -64,19 +59,28 @@ def _hf_task(cfg: dict, path: Path) -> str:
 def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> LlamaForCausalLM:
     """No storage and no random init: load_weights materializes each parameter it fills (and a layer
     served from GGUF blocks never gets an fp32 weight)."""
+    import torch
+
+    from runlm.models.gemma import GemmaForCausalLM
+    from runlm.models.llama import LlamaForCausalLM
+    from runlm.models.moe import MoeForCausalLM
+
+    # families whose decoder differs from Llama's (every other one is LlamaForCausalLM, configured by ModelConfig)
+    classes: dict[str, type[LlamaForCausalLM]] = {"gemma2": GemmaForCausalLM, "gemma3": GemmaForCausalLM}
     with torch.device("meta"):
-        cls = MoeForCausalLM if cfg.num_experts else _MODEL_CLASSES.get(cfg.family, LlamaForCausalLM)
+        cls = MoeForCausalLM if cfg.num_experts else classes.get(cfg.family, LlamaForCausalLM)
         return cls(cfg, freq_factors)
-
-
-# families whose decoder differs from Llama's (every other one is LlamaForCausalLM, configured by ModelConfig)
-_MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {"gemma2": GemmaForCausalLM, "gemma3": GemmaForCausalLM}
 
 
 def gguf_weight_mode(dtype: torch.dtype, device: str, exact_numerics: bool) -> str:
     """How matrices are held (see models.weights): as stored ("ggml", the fast default on CPU: GGUF
     blocks, or bf16/fp16 safetensors), as int8 blocks dequantized in registers ("int8", exact
     numerics, GGUF), or fp32."""
+    import torch
+
+    from runlm import kernels
+    from runlm.kernels import ggml
+
     if torch.device(device).type != "cpu" or dtype != torch.float32:
         return "dense"
     if not exact_numerics and ggml.available():
@@ -84,13 +88,27 @@ def gguf_weight_mode(dtype: torch.dtype, device: str, exact_numerics: bool) -> s
     return "int8" if kernels.available() else "dense"
 
 
-def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+def load_decoder(path: str | Path, dtype: torch.dtype | str = "float32", device: str = "cpu",
                  exact_numerics: bool = False) -> LoadedModel:
     """Build a Llama-family decoder from a .gguf file or a safetensors directory.
 
     exact_numerics keeps reference numerics (dequantized weights times fp32 activations, the mode
     parity tests against transformers use); the default computes on GGUF blocks as stored with
-    8-bit activations, llama.cpp's numerics."""
+    8-bit activations, llama.cpp's numerics. ``dtype``: a torch.dtype or its name."""
+    import torch
+
+    from runlm import kernels
+    from runlm.dtypes import torch_dtype
+    from runlm.kernels import fused
+    from runlm.models.weights import (
+        gguf_rope_interleaved,
+        gguf_weights,
+        read_hf_config,
+        rope_freq_factors,
+        safetensors_weights,
+    )
+
+    dtype = torch_dtype(dtype)
     path = Path(path)
     not_a_generator = NotAGeneratorError(f"{path}: this is an embedding model (or a reranker); it cannot "
                                          f"generate text (use it for embeddings or scores instead)")

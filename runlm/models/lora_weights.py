@@ -22,16 +22,12 @@ from pathlib import Path
 
 import torch
 
-from runlm.formats import ModelFormatError
+from runlm.formats import LoRAError, ModelFormatError
 from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
 from runlm.models.weights import _unpermute, gguf_rope_interleaved, hf_name_for_gguf
 
 __all__ = ["LoRAError", "LoRAModule", "LoRAWeights", "read_adapter"]
-
-
-class LoRAError(ValueError):
-    """An adapter that cannot be read or applied to this model; the message names the adapter and module."""
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from runlm.dtypes import torch_dtype
 from runlm.formats import ModelFormatError
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.bert import BertConfig, BertModel
@@ -82,9 +83,10 @@ def _activation(cfg: dict, num_labels: int) -> str:
     return "sigmoid" if num_labels == 1 else "softmax"
 
 
-def load_pooling_model(path: str | Path, task: str = "auto", dtype: torch.dtype = torch.float32,
+def load_pooling_model(path: str | Path, task: str = "auto", dtype: torch.dtype | str = torch.float32,
                        device: str = "cpu") -> LoadedPoolingModel:
     """An encoder or decoder that embeds (task 'embed') or scores (a sequence classifier)."""
+    dtype = torch_dtype(dtype)
     path = Path(path)
     if path.is_file():
         raise ModelFormatError(f"{path}: embedding and reranking models load from a safetensors directory "

@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -29,6 +27,9 @@ from runlm.server.generation import admit, engine_error, new_id
 from runlm.server.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest
 from runlm.server.state import ServerState
 from runlm.web.openapi import json_body
+
+if TYPE_CHECKING:  # the vectors are torch's (a pooling model ran); the server imports no torch for them itself
+    import torch
 
 router = APIRouter()
 
@@ -86,6 +87,8 @@ def _embedding_inputs(state: ServerState, value: Any) -> list[str | list[int]]:
 
 def _vector(data: torch.Tensor, encoding_format: str) -> list[float] | str:
     if encoding_format == "base64":  # OpenAI's: little-endian float32 bytes, base64
+        import torch
+
         return base64.b64encode(data.to(torch.float32).numpy().astype("<f4").tobytes()).decode("ascii")
     return data.tolist()
 
@@ -127,6 +130,7 @@ async def _pair_scores(state: ServerState, engine: AsyncLLM,
     texts = list(dict.fromkeys(t for pair in pairs for t in pair))  # each distinct text embedded once
     outs = await pool_all(state, engine, texts, PoolingParams("embed", normalize=True), "score")
     vec = {t: o.outputs.data for t, o in zip(texts, outs)}
+    import torch.nn.functional as F
     return [F.cosine_similarity(vec[a], vec[b], dim=0).item() for a, b in pairs], _usage(outs)
 
 
