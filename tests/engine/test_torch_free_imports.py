@@ -78,6 +78,6 @@ def test_entry_point_imports_no_torch(name: str) -> None:
 
 def test_hook_names_the_importer() -> None:
     """The check can fail: a torch-path module is caught, with the file that imported torch."""
-    code = _HOOK + "import runlm.engine.sampler\n"
+    code = _HOOK + "import runlm.engine.model_runner\n"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 3 and "runlm/engine/sampler.py" in res.stderr
+    assert res.returncode == 3 and "runlm/engine/model_runner.py" in res.stderr
