@@ -38,3 +38,13 @@ def test_rejects_other_types_and_shapes() -> None:
         block_parts(np.zeros(10, np.uint8), "Q6_K", (1, 256))
     with pytest.raises(ValueError, match="needs"):
         block_parts(np.zeros(10, np.uint8), "Q8_0", (1, 32))
+
+
+def test_raw_array_is_the_mapped_bytes_and_raw_tensor_shares_them() -> None:
+    g = GGUFFile(smollm2_gguf())
+    arr = g.raw_array("blk.0.ffn_down.weight")  # Q4_1: 1536 values = 48 blocks of 20 bytes per row
+    assert arr.dtype == np.uint8 and arr.shape == (576, 48 * 20) and not arr.flags.writeable
+    assert np.shares_memory(arr, g.raw("blk.0.ffn_down.weight"))
+    t = g.raw_tensor("blk.0.ffn_down.weight")
+    assert tuple(t.shape) == arr.shape and t.data_ptr() == arr.ctypes.data
+    np.testing.assert_array_equal(g.load_array("blk.0.ffn_down.weight"), g.load("blk.0.ffn_down.weight").numpy())
