@@ -3,9 +3,9 @@
 // built into runlm's torch-free library (csrc/native_abi.cpp).
 //
 // Both split [begin, end) the same way: at most `threads` contiguous chunks of at least `grain`
-// items each (fewer items than grain, one thread, or a call from inside a parallel region: the
-// calling thread does it all). The kernels' results never depend on how the range is cut; the
-// same cut only keeps the two builds' work per thread alike.
+// items each, one per thread of one parallel region (fewer items than grain, one thread, or a call
+// from inside a parallel region: the calling thread does it all). The kernels' results never depend
+// on how the range is cut; the same cut only keeps the two builds' work per thread alike.
 #pragma once
 
 #include <algorithm>
@@ -49,10 +49,12 @@ inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) 
     return;
   }
   if (grain > 0) tasks = std::min(tasks, (n + grain - 1) / grain);
-  const int64_t chunk = (n + tasks - 1) / tasks;
-#pragma omp parallel for num_threads(static_cast<int>(tasks)) schedule(static, 1)
-  for (int64_t task = 0; task < tasks; ++task) {
-    const int64_t b = begin + task * chunk;
+  // one parallel region and its one closing barrier (a worksharing loop would add a second), as ATen's
+#pragma omp parallel num_threads(static_cast<int>(tasks))
+  {
+    const int64_t team = omp_get_num_threads();  // OpenMP may give fewer threads than asked for
+    const int64_t chunk = (n + team - 1) / team;
+    const int64_t b = begin + omp_get_thread_num() * chunk;
     if (b < end) f(b, std::min(end, b + chunk));
   }
 }
