@@ -86,14 +86,14 @@ def test_smollm2_gguf_matches_transformers(smollm2_gguf: Path) -> None:
 
 def test_smollm2_int8_block_weights_give_the_dense_logits(smollm2_gguf: Path, monkeypatch) -> None:
     """Exact mode: Q4_1/Q8_0 layers kept as int8 blocks compute exactly the fp32 dequantized model's logits."""
-    import runlm.models.load as load_module
+    import runlm.kernels as kernels_module
 
     quantized = load_decoder(smollm2_gguf, exact_numerics=True)
     modules = [m for m in quantized.model.modules() if getattr(m, "qweight", None) is not None]
     if not modules:
         pytest.skip("the linear kernels are unavailable here, so nothing is kept quantized")
     assert len(modules) == 4 * quantized.config.num_layers + 1  # qkv, o, gate_up, down per layer + tied head
-    monkeypatch.setattr(load_module.kernels, "available", lambda: False)
+    monkeypatch.setattr(kernels_module, "available", lambda: False)  # (the loader imports it when it loads)
     dense = load_decoder(smollm2_gguf, exact_numerics=True)
     assert not [m for m in dense.model.modules() if getattr(m, "qweight", None) is not None]
     ids = torch.tensor(quantized.tokenizer.encode("The capital of France is"))
