@@ -3,6 +3,11 @@ text). One list for the loader, which builds them, and the store, which labels a
 No torch here."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runlm.formats.gguf import GGUFFile
+
 # GGUF ``general.architecture`` values of encoder models
 ENCODER_GGUF_ARCHS = frozenset({"bert", "nomic-bert", "jina-bert-v2", "xlm-roberta"})
 # Hugging Face ``architectures`` entries of encoder models (the ...ForSequenceClassification ones score)
@@ -36,3 +41,11 @@ def supported_decoders() -> str:
     """Every decoder architecture, for error messages: 'GGUF: gemma2, ...; Hugging Face: Gemma2ForCausalLM, ...'."""
     return (f"GGUF: {', '.join(sorted(DECODER_GGUF_ARCHS))}; "
             f"Hugging Face: {', '.join(sorted(DECODER_HF_ARCHS))}")
+
+# llama.cpp stores Q/K of these architectures in the interleaved ("normal") RoPE layout.
+_INTERLEAVED_ROPE_ARCHS = frozenset({"llama", "mistral", "smollm"})
+
+
+def gguf_rope_interleaved(gguf: GGUFFile) -> bool:
+    """Whether the file stores Q/K rows in llama.cpp's interleaved RoPE layout."""
+    return gguf.architecture in _INTERLEAVED_ROPE_ARCHS

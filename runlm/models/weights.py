@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from runlm.formats import ModelFormatError
+from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import ggml_type
 from runlm.kernels import ggml
 from runlm.kernels.linear import dequantize_blocks
@@ -43,8 +44,6 @@ _GGUF_LAYER_NAMES_BY_ARCH = {"gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYE
 # tensors that configure the model rather than weigh it (RoPE factors: see ModelConfig.from_gguf)
 _GGUF_NOT_WEIGHTS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-# llama.cpp stores Q/K of these architectures in the interleaved ("normal") RoPE layout.
-_INTERLEAVED_ROPE_ARCHS = {"llama", "mistral", "smollm"}
 
 
 def hf_name_for_gguf(name: str, arch: str = "llama") -> str | None:
@@ -63,11 +62,6 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo convert_hf_to_gguf's permute: interleaved RoPE pairs back to rotate-half halves."""
     shape = w.shape
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
-
-
-def gguf_rope_interleaved(gguf: GGUFFile) -> bool:
-    """Whether the file stores Q/K rows in llama.cpp's interleaved RoPE layout."""
-    return gguf.architecture in _INTERLEAVED_ROPE_ARCHS
 
 
 def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Iterator[tuple[str, Weight]]:

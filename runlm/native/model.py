@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from runlm.engine.config import EngineConfig
-from runlm.formats.gguf import GGUFFile, dequantize, ggml_type
+from runlm.formats.architectures import gguf_rope_interleaved
+from runlm.formats.gguf import GGUFFile, ggml_type
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
 from runlm.models.rope_freqs import inverse_frequencies, rope_kind, rope_tables
@@ -26,8 +27,6 @@ log = logging.getLogger("runlm.native")
 
 # config families whose decoder is the plain Llama layer (Qwen3 adds per-head q/k norms, Qwen2 q/k/v biases)
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
-# llama.cpp stores Q/K of these architectures in the interleaved ("normal") RoPE layout
-_INTERLEAVED_ROPE_ARCHS = ("llama", "mistral", "smollm")
 
 
 def why_not_native(gguf: GGUFFile, cfg: ModelConfig, config: EngineConfig) -> str | None:
@@ -59,8 +58,7 @@ def why_not_native(gguf: GGUFFile, cfg: ModelConfig, config: EngineConfig) -> st
 
 
 def _vector(gguf: GGUFFile, name: str) -> np.ndarray:
-    info = gguf.tensors[name]
-    return np.ascontiguousarray(dequantize(gguf.raw(name), info.qtype, info.shape).reshape(-1), dtype=np.float32)
+    return np.ascontiguousarray(gguf.load_array(name).reshape(-1), dtype=np.float32)
 
 
 def _matrix(gguf: GGUFFile, name: str) -> tuple[np.ndarray, int]:
@@ -92,7 +90,8 @@ class NativeModel:
         inv, attn = inverse_frequencies(d, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
         if "rope_freqs.weight" in gguf.tensors:  # GGUF llama3 models carry their scaling as a tensor
             inv = (inv / _vector(gguf, "rope_freqs.weight")).astype(np.float32)
-        cos, sin = rope_tables(inv, attn, max_positions, gguf.architecture in _INTERLEAVED_ROPE_ARCHS)
+        interleaved = gguf_rope_interleaved(gguf)
+        cos, sin = rope_tables(inv, attn, max_positions, interleaved)
         fused_qkv, layers = "blk.0.attn_qkv.weight" in gguf.tensors, []
         for i in range(cfg.num_layers):
             b = f"blk.{i}"
@@ -111,7 +110,7 @@ class NativeModel:
                 act=cfg.hidden_act))
         embed, embed_type = _matrix(gguf, "token_embd.weight")
         decoder = kernels.Decoder(hidden=h, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=d,
-                                  eps=cfg.rms_norm_eps, interleaved=gguf.architecture in _INTERLEAVED_ROPE_ARCHS,
+                                  eps=cfg.rms_norm_eps, interleaved=interleaved,
                                   embed_table=embed, embed_qtype=embed_type,
                                   final_norm=_vector(gguf, "output_norm.weight"), layers=layers)
         head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], h)
