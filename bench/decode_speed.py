@@ -24,10 +24,10 @@ def measure_runlm(model: str, tokens: int, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from runlm.engine.detokenizer import DELTA
+    from runlm.catalog import resolve_model
+    from runlm.engine.core.detokenizer import DELTA
     from runlm.engine.llm import LLM
-    from runlm.engine.sampling_params import SamplingParams
-    from runlm.store.builtin import resolve_model
+    from runlm.engine.types.sampling_params import SamplingParams
 
     llm = LLM(str(resolve_model(model)), max_num_seqs=1)  # what `runlm run` builds
     ids = llm.encode_chat([{"role": "user", "content": PROMPT}])
@@ -47,8 +47,8 @@ def measure_runlm(model: str, tokens: int, threads: int) -> dict:
 def measure_llamacpp(model: str, tokens: int, threads: int) -> dict:
     from llama_cpp import Llama
 
+    from runlm.catalog import resolve_model
     from runlm.formats.chat_template import render_chat
-    from runlm.store.builtin import resolve_model
 
     path = resolve_model(model)
     llm = Llama(str(path), n_ctx=2048, n_threads=threads, n_batch=512, verbose=False)

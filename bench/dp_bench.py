@@ -35,7 +35,7 @@ def prompts(n: int, length: int, vocab: int = 49152) -> list[list[int]]:
 
 
 async def measure(llm, args: argparse.Namespace) -> dict:
-    from runlm.engine.sampling_params import SamplingParams
+    from runlm.engine.types.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     for rank in sorted(llm.replicas):  # warm-up: every replica has run once before the clock starts

@@ -100,8 +100,8 @@ def main() -> None:
     import torch.nn.functional as F
     from sentence_transformers import SentenceTransformer
 
+    from runlm.catalog import resolve_model
     from runlm.engine.llm import LLM
-    from runlm.store.builtin import resolve_model
 
     torch.set_num_threads(args.threads)
     texts = sentences(args.sentences)

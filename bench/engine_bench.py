@@ -35,7 +35,7 @@ def model_files(model: str) -> dict[str, str]:
     if model.endswith(".gguf") and Path(model).is_file():
         return {"weights": model, "gguf": model}
     if model == "smollm2":
-        from runlm.store.builtin import resolve_model
+        from runlm.catalog import resolve_model
 
         path = str(resolve_model("smollm2"))
         return {"weights": path, "gguf": path}
@@ -67,9 +67,9 @@ def run_runlm(files: dict[str, str], threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from runlm.engine.detokenizer import DELTA
+    from runlm.engine.core.detokenizer import DELTA
     from runlm.engine.llm import LLM
-    from runlm.engine.sampling_params import SamplingParams
+    from runlm.engine.types.sampling_params import SamplingParams
 
     llm = LLM(files["weights"], max_num_seqs=max(CONCURRENCY), max_model_len=1024, enable_prefix_caching=False)
     engine = llm.engine

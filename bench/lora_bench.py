@@ -31,7 +31,7 @@ def adapters(model: Path, count: int, rank: int) -> list[Path]:
 
 
 def run(llm, prompts: list[list[int]], loras: list, tokens: int) -> float:
-    from runlm.engine.sampling_params import SamplingParams
+    from runlm.engine.types.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     llm.reset_prefix_cache()
@@ -55,9 +55,9 @@ def main() -> None:
 
     import random
 
-    from runlm.engine.config import physical_cores
     from runlm.engine.llm import LLM
-    from runlm.engine.lora_request import LoRARequest
+    from runlm.engine.types.config import physical_cores
+    from runlm.engine.types.lora_request import LoRARequest
 
     if Path(args.model).is_dir():
         model = Path(args.model)

@@ -67,7 +67,7 @@ def build_gguf(name: str) -> Path:
     import gguf
     from safetensors.numpy import load_file
 
-    from runlm.store.builtin import resolve_model
+    from runlm.catalog import resolve_model
 
     target = CACHE / f"{name}.f32.gguf"
     if target.exists():

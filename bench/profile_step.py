@@ -34,9 +34,9 @@ def main() -> None:
     import runlm.kernels.ggml as ggml
     import runlm.models.attention as attention_mod
     import runlm.models.linear as model_linear
+    from runlm.catalog import resolve_model
     from runlm.engine.llm import LLM
-    from runlm.engine.sampling_params import SamplingParams
-    from runlm.store.builtin import resolve_model
+    from runlm.engine.types.sampling_params import SamplingParams
 
     linear_mod = sys.modules["runlm.kernels.linear"]  # the package re-exports a function of that name
     spent: dict[str, float] = defaultdict(float)
@@ -105,8 +105,8 @@ def main() -> None:
 
 
 def _decode_steps(engine, ids, n, spent, calls, streams=1):
-    from runlm.engine.detokenizer import DELTA
-    from runlm.engine.sampling_params import SamplingParams
+    from runlm.engine.core.detokenizer import DELTA
+    from runlm.engine.types.sampling_params import SamplingParams
 
     for i in range(streams):  # distinct prompts: no stream shares another's prefix
         engine.add_request(f"p{i}", {"prompt_token_ids": [*ids, 100 + i]},
@@ -126,7 +126,7 @@ def _prefills(engine, length, n, spent, calls):
     """``n`` prompts of ``length`` random tokens, each prefilled alone (distinct: no prefix-cache hits)."""
     import random
 
-    from runlm.engine.sampling_params import SamplingParams
+    from runlm.engine.types.sampling_params import SamplingParams
 
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 20000) for _ in range(length)] for _ in range(n + 1)]

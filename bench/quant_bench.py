@@ -37,7 +37,7 @@ PEERS = ("runlm-fast", "runlm-exact", "llamacpp")
 
 def model_file(key: str) -> Path:
     """smollm2's shipped file, or the 0.5B-shape model quantized by llama.cpp (built once, cached)."""
-    from runlm.store.builtin import resolve_model
+    from runlm.catalog import resolve_model
 
     if key == "smollm2":
         return Path(resolve_model("smollm2"))
@@ -82,9 +82,9 @@ def _peak_rss() -> int:
 
 
 def child_runlm(path: Path, ids: list[int], gen: int, threads: int, exact: bool) -> dict:
-    from runlm.engine.detokenizer import DELTA
+    from runlm.engine.core.detokenizer import DELTA
     from runlm.engine.llm import LLM
-    from runlm.engine.sampling_params import SamplingParams
+    from runlm.engine.types.sampling_params import SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(str(path), max_num_seqs=1, threads=threads, exact_numerics=exact, max_model_len=2048)
@@ -149,10 +149,10 @@ def kl_divergences(path: Path, positions: int) -> dict:
 
     import torch
 
-    from runlm.engine.config import EngineConfig
+    from runlm.engine.types.config import EngineConfig
     from runlm.models.evaluate import all_logits, mean_kl, native_logits
     from runlm.models.load import load_decoder
-    from runlm.native.model import load_native
+    from runlm.models.native import load_native
 
     ids = prompt_ids(path, positions)
     exact_model = load_decoder(path, exact_numerics=True).model

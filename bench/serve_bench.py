@@ -158,7 +158,7 @@ def main() -> int:
     if "runlm" not in args.peers:
         ap.error("--peers must include runlm (the ratios are runlm / peer)")
     sys.path.insert(0, str(ROOT))
-    from runlm.store.builtin import resolve_model
+    from runlm.catalog import resolve_model
 
     model_path = str(resolve_model(args.model))
     counts = args.prompts or [max(3, min(2 * c, 32)) for c in args.concurrency]

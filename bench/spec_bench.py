@@ -45,7 +45,7 @@ PROMPTS = [f"Rewrite this code with the variable `config` renamed to `settings`.
 
 
 def run(llm, prompts: list[list[int]], tokens: int, clock=time.perf_counter):  # type: ignore[no-untyped-def]
-    from runlm.engine.sampling_params import SamplingParams
+    from runlm.engine.types.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     llm.reset_prefix_cache()
@@ -62,7 +62,7 @@ def smollm2_as(key: str) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench.models import CACHE
     from bench.quant_bench import quantize
-    from runlm.store.builtin import resolve_model
+    from runlm.catalog import resolve_model
 
     target = CACHE / f"smollm2-135m.{key}.gguf"
     if not target.exists():
@@ -87,8 +87,8 @@ def main() -> None:
         args.model, args.draft = (str(smollm2_as(key)) for key in ("q8_0", "q4_0"))
     clock = time.process_time if args.cpu_time else time.perf_counter
 
+    from runlm.catalog import resolve_model
     from runlm.engine.llm import LLM
-    from runlm.store.builtin import resolve_model
 
     path = str(resolve_model(args.model))
     plain = LLM(path, max_num_seqs=max(args.streams), threads=args.threads)

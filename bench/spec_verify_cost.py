@@ -29,11 +29,11 @@ def main() -> None:
 
     import torch
 
+    from runlm.catalog import resolve_model
+    from runlm.engine.core.scheduler import SchedulerOutput
     from runlm.engine.llm import LLM
-    from runlm.engine.sampling_params import SamplingParams
-    from runlm.engine.scheduler import SchedulerOutput
-    from runlm.engine.spec_decode_verify import verify_draft
-    from runlm.store.builtin import resolve_model
+    from runlm.engine.sample.rejection import verify_draft
+    from runlm.engine.types.sampling_params import SamplingParams
 
     clock = time.perf_counter if args.wall else time.process_time
     llm = LLM(str(resolve_model(args.model)), max_num_seqs=1, exact_numerics=args.exact_numerics,

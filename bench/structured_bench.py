@@ -41,7 +41,7 @@ class Timed:
 
 
 def run_batch(llm, prompt_ids: list[int], constrained: list[bool], tokens: int) -> dict:
-    from runlm.engine.sampling_params import SamplingParams
+    from runlm.engine.types.sampling_params import SamplingParams
 
     engine = llm.engine
     so = engine.structured
@@ -135,8 +135,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    from runlm.catalog import resolve_model
     from runlm.engine.llm import LLM
-    from runlm.store.builtin import resolve_model
 
     llm = LLM(str(resolve_model(args.model)))
     ids = llm.encode_chat([{"role": "user", "content": "Tell me a long story as JSON."}])

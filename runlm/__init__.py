@@ -16,15 +16,15 @@ def __getattr__(name: str):
         from runlm.engine.async_llm import AsyncLLM
         return AsyncLLM
     if name == "SamplingParams":
-        from runlm.engine.sampling_params import SamplingParams
+        from runlm.engine.types.sampling_params import SamplingParams
         return SamplingParams
     if name == "PoolingParams":
-        from runlm.engine.pooling_params import PoolingParams
+        from runlm.engine.types.pooling_params import PoolingParams
         return PoolingParams
     if name == "LoRARequest":
-        from runlm.engine.lora_request import LoRARequest
+        from runlm.engine.types.lora_request import LoRARequest
         return LoRARequest
     if name in ("RequestOutput", "CompletionOutput", "PoolingRequestOutput"):
-        from runlm.engine import outputs
+        from runlm.engine.types import outputs
         return getattr(outputs, name)
     raise AttributeError(f"module 'runlm' has no attribute {name!r}")

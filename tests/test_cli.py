@@ -12,7 +12,7 @@ import time
 import pytest
 
 from runlm.cli.run import Chat
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.sampling_params import SamplingParams
 
 RUNLM = [sys.executable, "-m", "runlm.cli"]
 # a store of their own: `run` stores the built-ins it uses, and no daemon of the user's is found

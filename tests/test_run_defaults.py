@@ -8,8 +8,8 @@ import re
 
 import pytest
 
+from runlm.catalog import recommended_sampling
 from runlm.cli.run import run_params
-from runlm.store.builtin import recommended_sampling
 from tests.fixtures.models import smollm2_gguf
 
 PROMPTS = ["Why is the sky blue?", "Tell me about Paris.", "Write a short story about a cat.",

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from runlm import __version__
+from runlm.cli.arguments import add_numerics_arguments
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -25,14 +26,6 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", default=None, help="system message placed before the conversation")
     add_numerics_arguments(p)
     p.set_defaults(func=_cmd_run)
-
-
-def add_numerics_arguments(p: argparse.ArgumentParser) -> None:
-    """--exact-numerics and --threads, the same on `run` and `serve-engine`."""
-    p.add_argument("--exact-numerics", action="store_true",
-                   help="reference numerics: dequantized weights times fp32 activations (slower; the mode parity "
-                        "with transformers is proven in). Default: GGUF blocks as stored, 8-bit activations")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the kernels (default: physical cores)")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -7,12 +7,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from runlm.engine.detokenizer import DELTA
-from runlm.engine.outputs import RequestOutput
-from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
+from runlm.catalog import BUILTIN_MODELS, DEFAULT_MODEL, UnknownModelError, resolve_model
+from runlm.engine.core.detokenizer import DELTA
+from runlm.engine.types.outputs import RequestOutput
+from runlm.engine.types.sampling_params import SamplingParams, SamplingParamsError
 from runlm.formats import ModelFormatError
 from runlm.formats.chat_template import ChatTemplateError
-from runlm.store.builtin import BUILTIN_MODELS, DEFAULT_MODEL, UnknownModelError, resolve_model
 
 if TYPE_CHECKING:
     from runlm.cli.client import Daemon
@@ -33,8 +33,8 @@ def local_model_path(ref: str) -> Path:
 def local_model(ref: str) -> tuple[Path, dict[str, float | int]]:
     """A model in the store by name, else a built-in name, a .gguf file or a model directory: its path and the
     sampling settings it recommends."""
+    from runlm.catalog import recommended_sampling
     from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore
-    from runlm.store.builtin import recommended_sampling
 
     try:
         store = ModelStore()

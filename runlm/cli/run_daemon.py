@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from runlm.cli.client import CLIError, Daemon, error_message
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

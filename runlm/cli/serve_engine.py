@@ -11,15 +11,14 @@ import json
 import logging
 import os
 import signal
-import socket
-import stat
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runlm.cli import add_numerics_arguments
-from runlm.store.builtin import UnknownModelError, resolve_model
+from runlm.catalog import UnknownModelError, resolve_model
+from runlm.cli.arguments import add_numerics_arguments
+from runlm.web.listen import open_socket
 
 if TYPE_CHECKING:
     from runlm.server.state import ServerState
@@ -134,8 +133,8 @@ def speculative_config(args: argparse.Namespace) -> dict | None:
 
 def sampling_defaults(args: argparse.Namespace, model_path: Path) -> dict[str, float | int]:
     """--generation-config's defaults with --override-generation-config's over them (vLLM's two flags)."""
+    from runlm.catalog import recommended_sampling
     from runlm.formats.sampling_defaults import FIELDS, checked, from_generation_config
-    from runlm.store.builtin import recommended_sampling
 
     if args.generation_config == "auto":
         found = recommended_sampling(args.model, model_path)
@@ -163,31 +162,6 @@ def _kv_cache_memory(value: str | None) -> str | float | None:
     except ValueError:
         return value
     return fraction if 0 < fraction <= 1 else value
-
-
-def open_socket(host: str, port: int, uds: str | None) -> tuple[socket.socket, str]:
-    """The listening socket and how to reach it. A Unix socket is private to this user (0600)."""
-    if uds is not None:
-        path = Path(uds)
-        if path.exists() or path.is_symlink():
-            if not stat.S_ISSOCK(path.lstat().st_mode):
-                raise OSError(f"{path} exists and is not a socket; refusing to replace it")
-            path.unlink()  # a stale socket from an earlier run
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o077)
-        try:
-            sock.bind(str(path))
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
-        return sock, f"unix:{path}"
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(addr)
-    bound = sock.getsockname()
-    shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
-    return sock, f"http://{shown}:{bound[1]}"
 
 
 def _server_class(state: ServerState, drain_seconds: float) -> type:

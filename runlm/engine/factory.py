@@ -12,10 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from runlm.engine.config import EngineConfig
 from runlm.engine.llm_engine import LLMEngine
 from runlm.engine.pooling_engine import PoolingEngine
-from runlm.engine.spec_decode_config import SpeculativeConfig
+from runlm.engine.types.config import EngineConfig
+from runlm.engine.types.spec_config import SpeculativeConfig
 from runlm.models.load import model_task
 
 EngineCoreType = LLMEngine | PoolingEngine
@@ -34,7 +34,7 @@ def engine_config(model: str | Path, **kwargs: Any) -> EngineConfig:
 
 def resolve_speculative(spec: SpeculativeConfig | Mapping[str, Any] | None) -> SpeculativeConfig | None:
     """The checked speculative_config with its draft model (a built-in name or a path) resolved to a path."""
-    from runlm.store.builtin import resolve_model
+    from runlm.catalog import resolve_model
 
     checked = SpeculativeConfig.coerce(spec)
     if checked is None or checked.model is None:
@@ -44,7 +44,7 @@ def resolve_speculative(spec: SpeculativeConfig | Mapping[str, Any] | None) -> S
 
 def engine_from_model(model: str | Path, **kwargs: Any) -> EngineCoreType:
     """A built-in name, a .gguf file or a model directory -> the engine core for it."""
-    from runlm.store.builtin import resolve_model  # names are the store's; the engine cores take paths
+    from runlm.catalog import resolve_model  # names are the store's; the engine cores take paths
 
     if kwargs.get("speculative_config") is not None:
         kwargs["speculative_config"] = resolve_speculative(kwargs["speculative_config"])

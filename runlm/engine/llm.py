@@ -8,17 +8,17 @@ from typing import Any, cast
 
 from tqdm import tqdm
 
-from runlm.engine.errors import TaskError
 from runlm.engine.factory import EngineCoreType, engine_from_model
 from runlm.engine.llm_engine import PromptType
-from runlm.engine.lora_request import LoRARequest
-from runlm.engine.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.pooling_engine import PoolingPromptType
-from runlm.engine.pooling_params import PoolingParams
 from runlm.engine.profiler import EngineProfiler
 from runlm.engine.rpc import engine_method
-from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.scoring import cosine_output, score_pairs
+from runlm.engine.types.errors import TaskError
+from runlm.engine.types.lora_request import LoRARequest
+from runlm.engine.types.outputs import PoolingRequestOutput, RequestOutput
+from runlm.engine.types.pooling_params import PoolingParams
+from runlm.engine.types.sampling_params import SamplingParams
 from runlm.formats.tokenizer import Tokenizer
 from runlm.tools.prompt import render_tool_chat
 

@@ -12,28 +12,28 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runlm.engine.config import EngineConfig, dtype_itemsize, kv_cache_blocks
-from runlm.engine.core import EngineCore, log, set_native_threads, set_torch_threads
-from runlm.engine.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
-from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
-from runlm.engine.kv_groups import block_manager
-from runlm.engine.lora_manager import LoRAManager, LoRARequest, lora_salt
-from runlm.engine.outputs import RequestOutput
-from runlm.engine.pooling_params import PoolingParams
-from runlm.engine.sampler import SampledToken, make_generator
-from runlm.engine.sampling_params import SamplingParams
-from runlm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from runlm.engine.sequence import Sequence
-from runlm.engine.spec_decode import SpecDecoder, SpecDecodeStats
+from runlm.engine.core.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
+from runlm.engine.core.kv_groups import block_manager
+from runlm.engine.core.lora_manager import LoRAManager, LoRARequest, lora_salt
+from runlm.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from runlm.engine.core.sequence import Sequence
+from runlm.engine.engine_core import EngineCore, log, set_native_threads, set_torch_threads
+from runlm.engine.runners.native import NativeRunner, native_model
+from runlm.engine.sample.sampler import SampledToken, make_generator
+from runlm.engine.spec_decode.decoder import SpecDecoder, SpecDecodeStats
 from runlm.engine.structured.backend import StructuredOutputManager
+from runlm.engine.types.config import EngineConfig, dtype_itemsize, kv_cache_blocks
+from runlm.engine.types.errors import PromptError, PromptTooLongError, TaskError
+from runlm.engine.types.outputs import RequestOutput
+from runlm.engine.types.pooling_params import PoolingParams
+from runlm.engine.types.sampling_params import SamplingParams
 from runlm.kv_size import kv_bytes_per_token
 from runlm.models.load import LoadedModel, load_decoder
-from runlm.native.model import NativeLoaded, load_native
+from runlm.models.native import NativeLoaded
 from runlm.sizes import return_free_heap
 
 if TYPE_CHECKING:
-    from runlm.engine.model_runner import ModelRunner
-    from runlm.native.runner import NativeRunner
+    from runlm.engine.runners.torch_runner import ModelRunner
 
 PromptType = str | Mapping[str, Any] | list[int]
 
@@ -54,7 +54,7 @@ class LLMEngine(EngineCore):
         spec = config.speculative_config
         draft = None
         if spec is not None and spec.method == "draft_model":
-            from runlm.engine.spec_decode_draft import load_draft
+            from runlm.engine.spec_decode.draft import load_draft
 
             assert spec.model is not None  # SpeculativeConfig checks it
             assert not isinstance(self.loaded, NativeLoaded)  # (speculation runs on the torch model)
@@ -77,11 +77,10 @@ class LLMEngine(EngineCore):
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_ids)
         self.runner: ModelRunner | NativeRunner
         if isinstance(self.loaded, NativeLoaded):
-            from runlm.native.runner import NativeRunner
 
             self.runner = NativeRunner(config, self.loaded, self.blocks, self.structured)
         else:
-            from runlm.engine.model_runner import ModelRunner
+            from runlm.engine.runners.torch_runner import ModelRunner
 
             self.runner = ModelRunner(config, self.loaded, self.blocks, self.structured)
         if config.enable_lora:
@@ -91,7 +90,7 @@ class LLMEngine(EngineCore):
             self.scheduler.max_loras = config.max_loras
         self.spec: SpecDecoder | None = None
         if spec is not None:
-            from runlm.engine.spec_decode_draft import DraftModelProposer
+            from runlm.engine.spec_decode.draft import DraftModelProposer
 
             if draft is not None and window is not None:
                 raise ValueError("speculative_config: a draft model needs a target whose layers are not all "
@@ -106,7 +105,7 @@ class LLMEngine(EngineCore):
 
     def _load(self, path: Path) -> LoadedModel | NativeLoaded:
         """The native runner's model where it can run it (no torch in the process), else the torch model."""
-        native = load_native(path, self.config)
+        native = native_model(path, self.config)
         self.native = native is not None
         (set_native_threads if self.native else set_torch_threads)(self.threads)
         if native is not None:

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from runlm.engine.config import EngineConfig
-from runlm.engine.core import EngineCore
-from runlm.engine.errors import PromptError, PromptTooLongError, TaskError
-from runlm.engine.kv_cache import BlockManager
-from runlm.engine.lora_request import LoRARequest
-from runlm.engine.outputs import PoolingOutput, PoolingRequestOutput, RequestMetrics
-from runlm.engine.pooling_params import PoolingParams, PoolingParamsError
-from runlm.engine.sampling_params import SamplingParams
-from runlm.engine.scheduler import Scheduler, SchedulerConfig
-from runlm.engine.sequence import Sequence
+from runlm.engine.core.kv_cache import BlockManager
+from runlm.engine.core.scheduler import Scheduler, SchedulerConfig
+from runlm.engine.core.sequence import Sequence
+from runlm.engine.engine_core import EngineCore
+from runlm.engine.types.config import EngineConfig
+from runlm.engine.types.errors import PromptError, PromptTooLongError, TaskError
+from runlm.engine.types.lora_request import LoRARequest
+from runlm.engine.types.outputs import PoolingOutput, PoolingRequestOutput, RequestMetrics
+from runlm.engine.types.pooling_params import PoolingParams, PoolingParamsError
+from runlm.engine.types.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the models and the runner are torch's: imported when an engine is built
     from runlm.models.pooling_models import LoadedPoolingModel
@@ -53,7 +53,7 @@ class PoolingEngine(EngineCore):
     def __init__(self, config: EngineConfig, loaded: LoadedPoolingModel | None = None) -> None:
         import torch
 
-        from runlm.engine.pooling_runner import PoolingRunner
+        from runlm.engine.runners.pooling import PoolingRunner
         from runlm.models.pooling_models import load_pooling_model
 
         self.config = config

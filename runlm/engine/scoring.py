@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runlm.engine.outputs import PoolingOutput, PoolingRequestOutput
+from runlm.engine.types.outputs import PoolingOutput, PoolingRequestOutput
 
 
 class ScoreInputError(ValueError):

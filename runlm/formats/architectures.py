@@ -3,11 +3,6 @@ text). One list for the loader, which builds them, and the store, which labels a
 No torch here."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from runlm.formats.gguf import GGUFFile
-
 # GGUF ``general.architecture`` values of encoder models
 ENCODER_GGUF_ARCHS = frozenset({"bert", "nomic-bert", "jina-bert-v2", "xlm-roberta"})
 # Hugging Face ``architectures`` entries of encoder models (the ...ForSequenceClassification ones score)
@@ -46,6 +41,6 @@ def supported_decoders() -> str:
 _INTERLEAVED_ROPE_ARCHS = frozenset({"llama", "mistral", "smollm"})
 
 
-def gguf_rope_interleaved(gguf: GGUFFile) -> bool:
-    """Whether the file stores Q/K rows in llama.cpp's interleaved RoPE layout."""
-    return gguf.architecture in _INTERLEAVED_ROPE_ARCHS
+def gguf_rope_interleaved(architecture: str) -> bool:
+    """Whether a GGUF file of this ``general.architecture`` stores Q/K rows in llama.cpp's interleaved RoPE layout."""
+    return architecture in _INTERLEAVED_ROPE_ARCHS

@@ -32,9 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from runlm.cli.serve_engine import open_socket
     from runlm.images.pipeline import ImageGenerator
     from runlm.images.server import ImageServer, build_app
+    from runlm.web.listen import open_socket
 
     args = parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")

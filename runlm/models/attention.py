@@ -20,7 +20,7 @@ from runlm import kernels
 
 @dataclass(slots=True)
 class GroupSlots:
-    """Where one KV group's layers write and read (runlm/engine/kv_groups.py)."""
+    """Where one KV group's layers write and read (runlm/engine/core/kv_groups.py)."""
     slot_mapping: torch.Tensor
     context_slots: list[torch.Tensor]
     flat_context_slots: torch.Tensor = field(init=False)
@@ -37,7 +37,7 @@ class ForwardContext:
     context_slots: list[torch.Tensor] | None  # per sequence: slots of positions 0..context_len-1
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None  # per layer: (k, v), each [slots, kv_heads, head_dim]
     flat_context_slots: torch.Tensor | None = None  # context_slots concatenated; built once per step
-    # a cache in groups of layers (runlm/engine/kv_groups.py): the fields above address group 0; layer i's
+    # a cache in groups of layers (runlm/engine/core/kv_groups.py): the fields above address group 0; layer i's
     # group is layer_group[i], and group g > 0 has its own slots in groups[g - 1]
     layer_group: list[int] | None = None
     groups: list[GroupSlots] | None = None

@@ -13,7 +13,7 @@ import torch
 from runlm.models.attention import ForwardContext, forward_context
 
 if TYPE_CHECKING:
-    from runlm.native.model import NativeModel
+    from runlm.models.native import NativeModel
 
 
 def english_text(min_chars: int = 40_000) -> str:
@@ -49,7 +49,7 @@ def all_logits(model, ids: list[int], chunk: int = 512) -> torch.Tensor:
 
 
 def native_logits(model: NativeModel, ids: list[int], chunk: int = 512) -> torch.Tensor:
-    """``all_logits`` of a model on the native runner (runlm.native.model.NativeModel): what fast mode serves."""
+    """``all_logits`` of a model on the native runner (runlm.models.native.NativeModel): what fast mode serves."""
     import numpy as np
 
     cfg, decoder = model.config, model.decoder

@@ -12,15 +12,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from runlm.kernels import ggml, linear, linear_q8
 
-if TYPE_CHECKING:
-    from runlm.models.lora import LoRALayer
+
+class Adapter(Protocol):
+    """What a layer's output passes through when adapters are attached (runlm.models.lora.LoRALayer)."""
+
+    def apply(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(slots=True)
@@ -71,7 +74,7 @@ class Linear(nn.Linear):
         for name in ("qweight", "scales", "offsets"):  # set by keep_quantized
             self.register_buffer(name, None)
         self.ggml: list[GGMLWeight] = []  # set by keep_ggml
-        self.lora: LoRALayer | None = None  # set where LoRA adapters may be attached (runlm.models.lora)
+        self.lora: Adapter | None = None  # set where LoRA adapters may be attached (runlm.models.lora)
 
     def reset_parameters(self) -> None:
         """No random init: every weight is loaded from a checkpoint (and init on "meta" costs seconds)."""

@@ -121,7 +121,7 @@ def load_decoder(path: str | Path, dtype: torch.dtype | str = "float32", device:
         tokenizer = Tokenizer.from_gguf(gguf)
         model = _empty_model(cfg, rope_freq_factors(gguf))
         mode = gguf_weight_mode(dtype, device, exact_numerics)
-        if mode == "ggml" and gguf_rope_interleaved(gguf):
+        if mode == "ggml" and gguf_rope_interleaved(gguf.architecture):
             model.model.rope.use_interleaved_pairs()
         weights = gguf_weights(gguf, cfg, mode)
     else:

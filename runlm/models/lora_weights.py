@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from runlm.formats import LoRAError, ModelFormatError
+from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
-from runlm.models.weights import _unpermute, gguf_rope_interleaved, hf_name_for_gguf
+from runlm.models.weights import _unpermute, hf_name_for_gguf
 
 __all__ = ["LoRAError", "LoRAModule", "LoRAWeights", "read_adapter"]
 
@@ -147,7 +148,7 @@ def _read_gguf(path: Path, cfg: ModelConfig) -> LoRAWeights:
         if m is None:
             raise LoRAError(f"{path}: tensor {name!r} is not a LoRA a/b matrix (only LoRA matrices can be applied)")
         pairs.setdefault(m.group(1), {})[m.group(2)] = name
-    permuted = gguf_rope_interleaved(gguf)
+    permuted = gguf_rope_interleaved(gguf.architecture)
     modules = {}
     for base, ab in pairs.items():
         hf = hf_name_for_gguf(base, gguf.architecture)

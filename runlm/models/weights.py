@@ -72,7 +72,7 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
     * "ggml": matrices in a type ggml computes on come as GGMLWeight views of the mapped file, and
       nothing is permuted: the model rotates Q/K in the stored layout (``gguf_rope_interleaved``).
     """
-    permute = mode != "ggml" and gguf_rope_interleaved(gguf)
+    permute = mode != "ggml" and gguf_rope_interleaved(gguf.architecture)
     for name, info in gguf.tensors.items():
         if name in _GGUF_NOT_WEIGHTS:
             continue

@@ -13,7 +13,7 @@ import numpy as np
 from runlm.native.library import F32, I64, U8, Handle, arr, check_shape, lib, ok, optional_f32, vector
 
 if TYPE_CHECKING:
-    from runlm.native.kernels import LinearWeights
+    from runlm.native.linear_weights import LinearWeights
 
 _ACTS = {"silu": 0, "gelu_tanh": 1}
 

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from runlm.store.blobs import check_digest
+
 KEEP_ALIVE_DEFAULT = 300.0  # seconds
 KEEP_ALIVE_FOREVER = -1.0
 KEEP_ALIVE_MAX = 10 * 365 * 86400.0  # longer is forever: expiry times stay representable (ps, /api/ps)
@@ -128,8 +130,6 @@ class BackendConfig:
                 raise ConfigError("vllm.hf_overrides: must be a JSON object")
             cfg.hf_overrides = overrides
         if data.get("loras") is not None:
-            from runlm.runner.lora import parse_loras
-
             cfg.loras = parse_loras(data["loras"])
         return cfg
 
@@ -153,3 +153,37 @@ class BackendConfig:
         if self.loras:
             out["loras"] = self.loras
         return out
+
+
+# LoRA adapters in a configuration (runlm/runner/lora.py imports and serves them)
+PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _check_files(name: str, files: Any) -> dict[str, str]:
+    if not isinstance(files, dict) or not files:
+        raise ConfigError(f"loras.{name}: must map file names to blob digests")
+    names = set(files)
+    if names != set(PEFT_FILES) and not (len(names) == 1 and next(iter(names)).endswith(".gguf")):
+        raise ConfigError(f"loras.{name}: files must be {' and '.join(PEFT_FILES)}, or one .gguf file")
+    for file, digest in files.items():
+        plain = isinstance(file, str) and "/" not in file and "\\" not in file and not file.startswith(".")
+        if not plain or not isinstance(digest, str):
+            raise ConfigError(f"loras.{name}: {file!r} is not a plain file name with a digest")
+        try:
+            check_digest(digest)
+        except ValueError as exc:
+            raise ConfigError(f"loras.{name}.{file}: {exc}") from None
+    return dict(files)
+
+
+def parse_loras(data: Any) -> dict[str, dict[str, str]]:
+    """The ``loras`` field of a configuration: {NAME: {file name: "sha256:<hex>"}}."""
+    if not isinstance(data, dict):
+        raise ConfigError("loras: must be an object {NAME: {file name: digest}}")
+    out = {}
+    for name, files in data.items():
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or ":" in name:
+            raise ConfigError(f"loras: {name!r} is not a valid adapter name (letters, digits, '.', '_', '-')")
+        out[name] = _check_files(name, files)
+    return out

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
 if TYPE_CHECKING:
-    from runlm.runner.loader import Loader
     from runlm.runner.runner import Runner
+
+
+class Loader(Protocol):
+    """What the health watch needs of the loader (runlm/runner/loader.py): the backends, and a way to stop one."""
+
+    runners: dict
+
+    async def unload(self, runner: Runner) -> None: ...
 
 log = logging.getLogger("runlm.runner")
 

@@ -12,19 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
-from typing import Any
 
-from runlm.runner.config import ConfigError
-from runlm.store.blobs import BlobStore, check_digest
+from runlm.runner.config import PEFT_FILES, ConfigError, parse_loras
+from runlm.store.blobs import BlobStore
 
 __all__ = ["PEFT_FILES", "import_adapter", "materialize", "parse_loras"]
-
-PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
 
 def import_adapter(blobs: BlobStore, path: Path) -> dict[str, str]:
     """A PEFT directory or a GGUF LoRA file -> {file name: digest}, its files now blobs of the store."""
@@ -38,35 +32,6 @@ def import_adapter(blobs: BlobStore, path: Path) -> dict[str, str]:
     else:
         raise ConfigError(f"{path}: a LoRA adapter is a PEFT directory or a .gguf file")
     return {f.name: blobs.put_file(f)[0] for f in files}
-
-
-def _check_files(name: str, files: Any) -> dict[str, str]:
-    if not isinstance(files, dict) or not files:
-        raise ConfigError(f"loras.{name}: must map file names to blob digests")
-    names = set(files)
-    if names != set(PEFT_FILES) and not (len(names) == 1 and next(iter(names)).endswith(".gguf")):
-        raise ConfigError(f"loras.{name}: files must be {' and '.join(PEFT_FILES)}, or one .gguf file")
-    for file, digest in files.items():
-        plain = isinstance(file, str) and "/" not in file and "\\" not in file and not file.startswith(".")
-        if not plain or not isinstance(digest, str):
-            raise ConfigError(f"loras.{name}: {file!r} is not a plain file name with a digest")
-        try:
-            check_digest(digest)
-        except ValueError as exc:
-            raise ConfigError(f"loras.{name}.{file}: {exc}") from None
-    return dict(files)
-
-
-def parse_loras(data: Any) -> dict[str, dict[str, str]]:
-    """The ``loras`` field of a configuration: {NAME: {file name: "sha256:<hex>"}}."""
-    if not isinstance(data, dict):
-        raise ConfigError("loras: must be an object {NAME: {file name: digest}}")
-    out = {}
-    for name, files in data.items():
-        if not isinstance(name, str) or not _NAME.fullmatch(name) or ":" in name:
-            raise ConfigError(f"loras: {name!r} is not a valid adapter name (letters, digits, '.', '_', '-')")
-        out[name] = _check_files(name, files)
-    return out
 
 
 def materialize(home: Path, blobs: BlobStore, files: dict[str, str]) -> Path:

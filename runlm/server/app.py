@@ -16,7 +16,7 @@ from runlm.apis.anthropic import messages_router
 from runlm.apis.anthropic_output import middleware_error
 from runlm.apis.responses import responses_router
 from runlm.apis.responses_store import ResponseStore
-from runlm.engine.async_llm import AsyncLLM
+from runlm.engine.async_inproc import AsyncLLM
 from runlm.server import chat, completions, engine_ops, lora, meta, pooling, tokenize
 from runlm.server.chat_source import EngineChatSource
 from runlm.server.errors import install_error_handlers

@@ -13,7 +13,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from runlm.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from runlm.engine.types.outputs import CompletionOutput, Logprob, RequestOutput
 from runlm.server.body import parse_body
 from runlm.server.errors import APIError
 from runlm.server.generation import Generation, TicketedStreamingResponse, new_id, start_generation

@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from runlm.engine.dp_client import DPAsyncLLM
+from runlm.engine.parallel.client import DPAsyncLLM
+from runlm.engine.parallel.replica import ReplicaDeadError
 from runlm.engine.profiler import ProfilerError
-from runlm.engine.replica import ReplicaDeadError
 from runlm.server.body import parse_body
 from runlm.server.errors import APIError, bad_request
 from runlm.server.state import ServerState

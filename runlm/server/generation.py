@@ -14,8 +14,9 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from runlm.engine.async_llm import AsyncLLM, RequestStream
-from runlm.engine.errors import (
+from runlm.engine.async_inproc import AsyncLLM, RequestStream
+from runlm.engine.parallel.replica import ReplicaDeadError
+from runlm.engine.types.errors import (
     EngineDeadError,
     LoRAError,
     PromptError,
@@ -23,11 +24,10 @@ from runlm.engine.errors import (
     SamplingParamsError,
     TaskError,
 )
-from runlm.engine.lora_request import LoRARequest
-from runlm.engine.outputs import RequestOutput
-from runlm.engine.replica import ReplicaDeadError
-from runlm.engine.sampling_params import SamplingParams
-from runlm.engine.structured.params import StructuredOutputsError
+from runlm.engine.types.lora_request import LoRARequest
+from runlm.engine.types.outputs import RequestOutput
+from runlm.engine.types.sampling_params import SamplingParams
+from runlm.engine.types.structured_params import StructuredOutputsError
 from runlm.server.errors import APIError, bad_request
 from runlm.server.state import ServerState
 from runlm.server.structured import structured_error

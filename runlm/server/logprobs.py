@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from runlm.engine.outputs import Logprob
+from runlm.engine.types.outputs import Logprob
 from runlm.formats.tokenizer import Tokenizer, bytes_to_unicode
 
 _MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI and vLLM clamp the same way

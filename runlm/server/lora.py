@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
-from runlm.engine.async_llm import AsyncLLM
-from runlm.engine.errors import LoRAError
-from runlm.engine.lora_request import LoRARequest
+from runlm.engine.async_inproc import AsyncLLM
+from runlm.engine.types.errors import LoRAError
+from runlm.engine.types.lora_request import LoRARequest
 from runlm.server.body import parse_body
 from runlm.server.errors import APIError, bad_request
 from runlm.server.state import ServerState

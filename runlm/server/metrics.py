@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from runlm.engine.outputs import RequestOutput
+from runlm.engine.types.outputs import RequestOutput
 
 if TYPE_CHECKING:
-    from runlm.engine.async_llm import AsyncLLM
-    from runlm.engine.core import EngineStats
+    from runlm.engine.async_inproc import AsyncLLM
+    from runlm.engine.engine_core import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)

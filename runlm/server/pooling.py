@@ -16,11 +16,11 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from runlm.engine.async_llm import AsyncLLM
-from runlm.engine.errors import PromptError
-from runlm.engine.outputs import PoolingRequestOutput
-from runlm.engine.pooling_params import PoolingParams, PoolingParamsError
+from runlm.engine.async_inproc import AsyncLLM
 from runlm.engine.scoring import ScoreInputError, score_pairs
+from runlm.engine.types.errors import PromptError
+from runlm.engine.types.outputs import PoolingRequestOutput
+from runlm.engine.types.pooling_params import PoolingParams, PoolingParamsError
 from runlm.server.body import parse_body
 from runlm.server.errors import APIError, bad_request
 from runlm.server.generation import admit, engine_error, new_id

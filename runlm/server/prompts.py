@@ -2,15 +2,15 @@
 
 Only what is HTTP's is checked here (message roles and content parts, how many prompts, OpenAI's
 prompt + max_tokens rule); whether a prompt fits the model (empty, too long, token ids, KV blocks)
-is the engine's check, raised as a typed error when the request is added (runlm/engine/errors.py)."""
+is the engine's check, raised as a typed error when the request is added (runlm/engine/types/errors.py)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runlm.engine.async_llm import AsyncLLM
+from runlm.engine.async_inproc import AsyncLLM
 from runlm.engine.llm import encode_chat
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.sampling_params import SamplingParams
 from runlm.formats.chat_template import ChatTemplateError
 from runlm.formats.template_limits import RenderLimitError
 from runlm.server.errors import bad_request

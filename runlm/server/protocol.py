@@ -2,7 +2,7 @@
 
 Unknown fields are ignored, as vLLM does, so newer clients keep working. Types are checked here
 (strings like "0.5" and booleans are refused where numbers go); the bounds of sampling values are
-SamplingParams' (runlm/engine/sampling_params.py, the one owner), whose errors name the field, so a
+SamplingParams' (runlm/engine/types/sampling_params.py, the one owner), whose errors name the field, so a
 huge value is a 400 naming it. Only limits that are the server's own (list sizes, best_of, priority)
 are here. ``response_format``,
 ``tools``, ``tool_choice`` and the structured-output extras are accepted loosely typed; the

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
+from runlm.engine.types.sampling_params import SamplingParams, SamplingParamsError
 from runlm.server.errors import bad_request
 from runlm.server.protocol import ChatCompletionRequest, CompletionRequest
 from runlm.server.structured import structured_outputs_for

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from runlm.server.errors import APIError, not_ready
 
 if TYPE_CHECKING:
-    from runlm.engine.async_llm import AsyncLLM
-    from runlm.engine.lora_request import LoRARequest
+    from runlm.engine.async_inproc import AsyncLLM
+    from runlm.engine.types.lora_request import LoRARequest
     from runlm.server.metrics import ServerMetrics
 
 MiB = 1 << 20

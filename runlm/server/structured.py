@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runlm.engine.structured.params import StructuredOutputsError, StructuredOutputsParams
+from runlm.engine.types.structured_params import StructuredOutputsError, StructuredOutputsParams
 from runlm.server.errors import APIError, bad_request
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}

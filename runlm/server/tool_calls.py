@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runlm.engine.async_llm import AsyncLLM
+from runlm.engine.async_inproc import AsyncLLM
 from runlm.server.errors import bad_request
 from runlm.server.protocol import ChatCompletionRequest
 from runlm.tools.choice import ToolError, ToolPlan, plan_tools

@@ -161,17 +161,3 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
         experts=int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0),
         experts_used=int(cfg.get("num_experts_per_tok") or 0) if cfg.get("num_local_experts") or cfg.get("num_experts")
         else 0, sampling=from_generation_config(directory))
-
-
-def inspect_model(path: Path) -> ModelInfo:
-    """A .gguf file, a safetensors model directory or a diffusers pipeline directory -> its ModelInfo."""
-    if path.is_dir() and (path / "model_index.json").exists():
-        from runlm.store.pipeline_info import inspect_diffusers_dir
-
-        return inspect_diffusers_dir(path)
-    if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if ggufs and not (path / "config.json").exists():
-            return inspect_gguf(ggufs[0])
-        return inspect_safetensors_dir(path)
-    return inspect_gguf(path)

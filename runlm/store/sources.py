@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from runlm.store.builtin import BUILTIN_MODELS, available_models_text
+from runlm.catalog import BUILTIN_MODELS, available_models_text
 from runlm.store.names import default_name_for
 
 _HF_REPO = re.compile(r"(?:hf\.co/|huggingface\.co/)?([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([\w.-]+))?")

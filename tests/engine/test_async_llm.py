@@ -7,7 +7,7 @@ import time
 import pytest
 
 from runlm.engine.async_llm import AsyncLLM, EngineDeadError
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.sampling_params import SamplingParams
 from tests.engine.conftest import prompt_ids
 
 LONG = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from runlm.engine.errors import PromptError
 from runlm.engine.llm import LLM
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.errors import PromptError
+from runlm.engine.types.sampling_params import SamplingParams
 from tests.engine.conftest import prompt_ids
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

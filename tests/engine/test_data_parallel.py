@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from runlm.engine.async_llm import AsyncLLM
-from runlm.engine.dp_client import DPAsyncLLM
-from runlm.engine.errors import SamplingParamsError
-from runlm.engine.replica import ReplicaDeadError
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.parallel.client import DPAsyncLLM
+from runlm.engine.parallel.replica import ReplicaDeadError
+from runlm.engine.types.errors import SamplingParamsError
+from runlm.engine.types.sampling_params import SamplingParams
 from tests.engine.conftest import prompt_ids
 
 SHORT = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

@@ -1,7 +1,7 @@
 """The data-parallel router's prefix memory: chained block hashes of token-id and text prompts."""
 from __future__ import annotations
 
-from runlm.engine.dp_router import BLOCK_CHARS, BLOCK_TOKENS, PrefixRouter, prefix_hashes
+from runlm.engine.parallel.router import BLOCK_CHARS, BLOCK_TOKENS, PrefixRouter, prefix_hashes
 
 
 def test_block_hashes_chain_so_only_a_shared_prefix_matches() -> None:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from runlm.dtypes import dtype_itemsize, torch_dtype
-from runlm.engine.config import EngineConfig
+from runlm.engine.types.config import EngineConfig
 
 
 def test_common_names_stay_names_and_convert() -> None:

@@ -1,7 +1,7 @@
 """Block manager: chained prefix hashes, sharing, LRU reuse, fixed memory."""
 from __future__ import annotations
 
-from runlm.engine.kv_cache import BlockManager, BlockTable, block_hash
+from runlm.engine.core.kv_cache import BlockManager, BlockTable, block_hash
 
 
 def test_chained_hash_depends_on_the_whole_prefix() -> None:
@@ -59,7 +59,7 @@ def test_slots_map_positions_through_the_block_table() -> None:
 
 
 def test_blocks_behind_every_window_are_given_back_while_the_sequence_runs() -> None:
-    from runlm.engine.kv_cache import RELEASED
+    from runlm.engine.core.kv_cache import RELEASED
 
     m = BlockManager(num_blocks=10, block_size=4, window=8)
     table = BlockTable()
@@ -88,8 +88,8 @@ def test_without_a_window_nothing_is_given_back() -> None:
 
 
 def test_a_window_group_gives_blocks_back_while_the_global_group_keeps_them() -> None:
-    from runlm.engine.kv_cache import RELEASED
-    from runlm.engine.kv_groups import HybridBlockManager
+    from runlm.engine.core.kv_cache import RELEASED
+    from runlm.engine.core.kv_groups import HybridBlockManager
 
     whole, windowed = BlockManager(num_blocks=12, block_size=4), BlockManager(num_blocks=8, block_size=4, window=8)
     m = HybridBlockManager([whole, windowed], layer_group=[1, 0, 1])
@@ -120,7 +120,7 @@ def test_a_window_group_gives_blocks_back_while_the_global_group_keeps_them() ->
 
 
 def test_a_group_without_room_refuses_the_prompt_and_nothing_is_taken() -> None:
-    from runlm.engine.kv_groups import HybridBlockManager
+    from runlm.engine.core.kv_groups import HybridBlockManager
 
     whole, windowed = BlockManager(num_blocks=12, block_size=4), BlockManager(num_blocks=2, block_size=4, window=4)
     m = HybridBlockManager([whole, windowed], layer_group=[0, 1])

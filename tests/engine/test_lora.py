@@ -14,11 +14,11 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from runlm.engine.async_llm import AsyncLLM
-from runlm.engine.errors import LoRAError
+from runlm.engine.core.lora_manager import LoRAManager
 from runlm.engine.llm import LLM
-from runlm.engine.lora_manager import LoRAManager
-from runlm.engine.lora_request import LoRARequest
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.errors import LoRAError
+from runlm.engine.types.lora_request import LoRARequest
+from runlm.engine.types.sampling_params import SamplingParams
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.load import load_decoder
 from tests.engine.conftest import prompt_ids

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from runlm.engine.async_llm import AsyncLLM
-from runlm.engine.errors import PromptError, TaskError
 from runlm.engine.llm import LLM
-from runlm.engine.pooling_params import PoolingParams, PoolingParamsError
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.errors import PromptError, TaskError
+from runlm.engine.types.pooling_params import PoolingParams, PoolingParamsError
+from runlm.engine.types.sampling_params import SamplingParams
 from tests.models.sentences import varied_sentences
 
 TEXTS = ["Hello there, general Kenobi.", "a", "The quick brown fox jumps over the lazy dog. " * 12,

@@ -11,7 +11,7 @@ import pytest
 from runlm.engine.async_llm import AsyncLLM
 from runlm.engine.llm import LLM
 from runlm.engine.profiler import PROFILER_DIR_ENV, ProfilerError
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.sampling_params import SamplingParams
 
 SHORT = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
 

@@ -1,4 +1,4 @@
-"""What a Ray actor replica runs (runlm/engine/replica_ray_actor.py), in this process and without Ray:
+"""What a Ray actor replica runs (runlm/engine/parallel/ray_actor.py), in this process and without Ray:
 the engine's typed errors survive pickling as themselves, and a request's stream is ACCEPTED or the
 engine's error first, then its outputs. (Ray itself: tests/ray, slow.)"""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import pickle
 
 import pytest
 
-from runlm.engine.core import EngineStats
-from runlm.engine.errors import PromptTooLongError, SamplingParamsError
-from runlm.engine.replica_ray_actor import ACCEPTED, EngineActor, RemoteError
-from runlm.engine.sampling_params import SamplingParams
-from runlm.store.builtin import UnknownModelError
+from runlm.catalog import UnknownModelError
+from runlm.engine.engine_core import EngineStats
+from runlm.engine.parallel.ray_actor import ACCEPTED, EngineActor, RemoteError
+from runlm.engine.types.errors import PromptTooLongError, SamplingParamsError
+from runlm.engine.types.sampling_params import SamplingParams
 
 
 def roundtrip(exc: BaseException) -> BaseException:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from runlm.engine.llm import LLM
-from runlm.engine.sampler import process_logits
-from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
+from runlm.engine.sample.sampler import process_logits
+from runlm.engine.types.sampling_params import SamplingParams, SamplingParamsError
 from runlm.models.attention import ForwardContext, forward_context
 from tests.engine.conftest import prompt_ids
 

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
+from runlm.engine.core.spec_state import SpecState
 from runlm.engine.llm import LLM
-from runlm.engine.outputs import RequestOutput
-from runlm.engine.sampling_params import SamplingParams
-from runlm.engine.spec_decode_config import SpeculativeConfig
-from runlm.engine.spec_decode_ngram import NgramProposer
-from runlm.engine.spec_decode_state import SpecState
+from runlm.engine.spec_decode.ngram import NgramProposer
+from runlm.engine.types.outputs import RequestOutput
+from runlm.engine.types.sampling_params import SamplingParams
+from runlm.engine.types.spec_config import SpeculativeConfig
 from tests.engine.conftest import prompt_ids
 from tests.fixtures.near_copy import near_copy
 
@@ -143,9 +143,9 @@ def test_sleep_drops_and_wake_up_restores_the_draft_too(tiny_model) -> None:
 
 
 def test_a_target_whose_window_layers_have_their_own_blocks_speculates_unchanged(tiny_model) -> None:
-    """Gemma 3 (5 window layers : 1 global, runlm/engine/kv_groups.py): the draft reads the global group's
+    """Gemma 3 (5 window layers : 1 global, runlm/engine/core/kv_groups.py): the draft reads the global group's
     blocks, rollback covers both groups, and greedy output is what the target alone writes."""
-    from runlm.engine.kv_groups import HybridBlockManager
+    from runlm.engine.core.kv_groups import HybridBlockManager
 
     target = str(tiny_model("gemma3"))
     want = LLM(target, **ENGINE).generate(PROMPTS, GREEDY)

@@ -4,8 +4,8 @@ masks every verified position) and abort. Each run with a draft must give the pl
 from __future__ import annotations
 
 from runlm.engine.llm import LLM
-from runlm.engine.outputs import RequestOutput
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.outputs import RequestOutput
+from runlm.engine.types.sampling_params import SamplingParams
 from tests.engine.conftest import prompt_ids
 from tests.fixtures.near_copy import near_copy
 

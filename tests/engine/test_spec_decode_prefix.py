@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.llm import LLM
-from runlm.engine.sampling_params import SamplingParams
-from runlm.engine.scheduler import SchedulerOutput
-from runlm.engine.spec_decode_draft import DraftModelProposer
+from runlm.engine.spec_decode.draft import DraftModelProposer
+from runlm.engine.types.sampling_params import SamplingParams
 from tests.engine.conftest import prompt_ids
 from tests.fixtures.near_copy import near_copy
 

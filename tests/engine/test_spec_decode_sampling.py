@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from runlm.engine.llm import LLM
-from runlm.engine.sampler import draw, make_generator
-from runlm.engine.sampling_params import SamplingParams
-from runlm.engine.spec_decode_verify import _rejection_step
+from runlm.engine.sample.rejection import _rejection_step
+from runlm.engine.sample.sampler import draw, make_generator
+from runlm.engine.types.sampling_params import SamplingParams
 from tests.engine.conftest import prompt_ids
 from tests.fixtures.near_copy import near_copy
 

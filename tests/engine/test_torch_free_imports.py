@@ -17,8 +17,8 @@ import pytest
 import runlm.engine
 
 # the modules that ARE the torch path: only ever imported lazily, by what builds or runs a torch model
-TORCH_PATH = {"runlm.engine.model_runner", "runlm.engine.sampler", "runlm.engine.spec_decode_draft",
-              "runlm.engine.spec_decode_verify", "runlm.engine.pooling_runner"}
+TORCH_PATH = {"runlm.engine.runners.torch_runner", "runlm.engine.sample.sampler", "runlm.engine.spec_decode.draft",
+              "runlm.engine.sample.rejection", "runlm.engine.runners.pooling"}
 
 _HOOK = textwrap.dedent("""
     import importlib.abc, os, sys, traceback
@@ -49,7 +49,7 @@ ENTRY_POINTS = {
             for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
                 importlib.import_module(m.name)
         import runlm.models.config, runlm.models.load, runlm.kv_size, runlm.sizes, runlm.dtypes
-        from runlm.engine.config import EngineConfig, dtype_itemsize
+        from runlm.engine.types.config import EngineConfig, dtype_itemsize
         assert dtype_itemsize(EngineConfig(model="m").dtype) == 4
     """),
     "cli_help": textwrap.dedent("""
@@ -78,6 +78,6 @@ def test_entry_point_imports_no_torch(name: str) -> None:
 
 def test_hook_names_the_importer() -> None:
     """The check can fail: a torch-path module is caught, with the file that imported torch."""
-    code = _HOOK + "import runlm.engine.model_runner\n"
+    code = _HOOK + "import runlm.engine.runners.torch_runner\n"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 3 and "runlm/engine/model_runner.py" in res.stderr
+    assert res.returncode == 3 and "runlm/engine/runners/torch_runner.py" in res.stderr

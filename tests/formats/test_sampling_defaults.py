@@ -10,11 +10,11 @@ import gguf
 import pytest
 from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
+from runlm.catalog import BUILTIN_MODELS, recommended_sampling
 from runlm.cli import build_parser
 from runlm.cli.serve_engine import sampling_defaults
 from runlm.formats.sampling_defaults import checked, from_generation_config, ollama_parameters, read_sampling_defaults
-from runlm.store.builtin import BUILTIN_MODELS, recommended_sampling
-from runlm.store.metadata import inspect_model
+from runlm.store.inspect import inspect_model
 from tests.fixtures.models import build_model, tinycoder_gguf
 
 F32, U32 = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.UINT32

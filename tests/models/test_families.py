@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from runlm.engine.llm import LLM
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.sampling_params import SamplingParams
 from runlm.kernels import ggml
 from runlm.models.evaluate import all_logits, english_text, mean_kl
 from runlm.models.linear import Linear
@@ -137,7 +137,7 @@ def test_routing_reads_each_chosen_expert_once_per_step(tiny_model, monkeypatch)
 
 @pytest.mark.parametrize("recipe", MOE_RECIPES)
 def test_memory_estimates_count_every_expert_and_show_reports_them(recipe: str, tiny_model) -> None:
-    from runlm.store.metadata import inspect_model
+    from runlm.store.inspect import inspect_model
 
     source = tiny_model(recipe)
     loaded = load_decoder(source, exact_numerics=True)
@@ -162,7 +162,7 @@ def test_config_counts_the_checkpoints_parameters(recipe: str, tiny_model) -> No
     import json
 
     from runlm.models.config import ModelConfig
-    from runlm.store.metadata import inspect_model
+    from runlm.store.inspect import inspect_model
 
     path = tiny_model(recipe)
     assert ModelConfig.from_hf(json.loads((path / "config.json").read_text())).num_params == \
@@ -238,7 +238,7 @@ def test_sliding_window_blocks_are_given_back_and_outputs_stay_transformers(tiny
     it runs, and greedy decoding still equals transformers' with chunked prefill, six sequences sharing a
     small cache, and a prefix-cache hit on blocks given back. (Preemption gives a table back whole, holes skipped:
     tests/engine/test_kv_cache.py.)"""
-    from runlm.engine.kv_cache import BlockManager
+    from runlm.engine.core.kv_cache import BlockManager
 
     path = _windowed_mistral(tiny_model, tmp_path, 16)
     ref = _reference(path)
@@ -275,8 +275,8 @@ def test_window_layers_give_blocks_back_beside_global_ones_and_outputs_stay_tran
     """Gemma's local layers (window 16, blocks of 4) keep their own blocks: they hold ~window/block_size of them
     however long a sequence runs while the global layers hold the whole context, and greedy decoding still
     equals transformers' with chunked prefill, six sequences sharing a small cache, and prefix-cache hits."""
-    from runlm.engine.kv_cache import BlockManager
-    from runlm.engine.kv_groups import HybridBlockManager
+    from runlm.engine.core.kv_cache import BlockManager
+    from runlm.engine.core.kv_groups import HybridBlockManager
     from tests.models.test_llama import _reference_greedy
 
     path = tiny_model(recipe)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from runlm.engine.llm import LLM
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.sampling_params import SamplingParams
 from runlm.kernels import ggml
 from runlm.models.evaluate import all_logits, english_text, mean_kl
 from runlm.models.linear import Linear
@@ -101,7 +101,7 @@ def test_half_precision_safetensors_stay_half_size(tiny_model, tmp_path: Path) -
 _HOLD_MODEL = """
 import sys
 from runlm.engine.llm import LLM
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.sampling_params import SamplingParams
 llm = LLM(sys.argv[1], max_num_seqs=1, kv_cache_memory="32MiB")
 llm.generate(["Hello"], SamplingParams(max_tokens=2))  # every weight page read once
 print("ready", flush=True)

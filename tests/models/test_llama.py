@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from runlm.engine.llm import LLM
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.sampling_params import SamplingParams
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.load import load_decoder
 from tests.fixtures.models import FAMILY_RECIPES, RECIPES

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from runlm.engine.llm import LLM
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.sampling_params import SamplingParams
 from runlm.native import kernels
 from tests.fixtures.gguf_convert import converted_gguf
 
@@ -53,13 +53,13 @@ def test_generation_never_imports_torch(smollm2_gguf) -> None:
     code = textwrap.dedent(f"""
         import json, sys
         from runlm.engine.llm import LLM
-        from runlm.engine.sampling_params import SamplingParams
+        from runlm.engine.types.sampling_params import SamplingParams
         llm = LLM({str(smollm2_gguf)!r}, max_model_len=256, kv_cache_memory="32MiB")
         outs = llm.generate(["Hello", "The sky is"], [SamplingParams(temperature=0, max_tokens=8),
                             SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=1, max_tokens=8, logprobs=2)],
                             use_tqdm=False)
         json_schema = {{"type": "object", "properties": {{"a": {{"type": "integer"}}}}, "required": ["a"]}}
-        from runlm.engine.sampling_params import StructuredOutputsParams
+        from runlm.engine.types.sampling_params import StructuredOutputsParams
         llm.generate(["JSON:"], SamplingParams(max_tokens=12, structured_outputs=StructuredOutputsParams(
             json=json_schema)), use_tqdm=False)
         print(json.dumps({{"native": llm.engine.native, "torch": "torch" in sys.modules,

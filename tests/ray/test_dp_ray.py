@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'runlm[ray]' (make test-slow does)")
-pytest.importorskip("runlm.engine.dp_client", reason="needs the data-parallel front end (runlm/engine/dp_client.py)")
+pytest.importorskip("runlm.engine.parallel.client", reason="needs the data-parallel front end (runlm/engine/parallel/client.py)")
 
 from runlm.engine.async_llm import AsyncLLM  # noqa: E402
 
@@ -51,7 +51,7 @@ def test_front_end_on_ray_scales_1_2_1_without_losing_a_request(ray_cluster) -> 
 def test_front_end_on_ray_keeps_serving_when_ray_restarts_a_killed_actor(ray_cluster) -> None:
     import ray
 
-    from runlm.engine.replica import ReplicaDeadError
+    from runlm.engine.parallel.replica import ReplicaDeadError
 
     llm = AsyncLLM("tinycoder", data_parallel_size=2, distributed_executor_backend="ray",
                    ray_address=ray_cluster.address, threads=2, max_model_len=512)

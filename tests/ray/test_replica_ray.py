@@ -7,16 +7,16 @@ import asyncio
 
 import pytest
 
-from runlm.engine.core import EngineStats
-from runlm.engine.errors import PromptTooLongError
-from runlm.engine.replica import ReplicaDeadError, ReplicaSpec
-from runlm.engine.sampling_params import SamplingParams
-from runlm.store.builtin import UnknownModelError
+from runlm.catalog import UnknownModelError
+from runlm.engine.engine_core import EngineStats
+from runlm.engine.parallel.replica import ReplicaDeadError, ReplicaSpec
+from runlm.engine.types.errors import PromptTooLongError
+from runlm.engine.types.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'runlm[ray]' (make test-slow does)")
 
-from runlm.engine.replica_ray import RayReplica  # noqa: E402  (needs Ray)
+from runlm.engine.parallel.ray_replica import RayReplica  # noqa: E402  (needs Ray)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 LONG = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from runlm.engine.llm import LLM
-from runlm.engine.lora_request import LoRARequest
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.lora_request import LoRARequest
+from runlm.engine.types.sampling_params import SamplingParams
 from runlm.store import ModelStore
 from tests.fixtures.lora import peft_adapter
 from tests.runner.daemon import Daemon, runlm

@@ -8,8 +8,8 @@ import openai
 import pytest
 
 from runlm.engine.llm import LLM
-from runlm.engine.lora_request import LoRARequest
-from runlm.engine.sampling_params import SamplingParams
+from runlm.engine.types.lora_request import LoRARequest
+from runlm.engine.types.sampling_params import SamplingParams
 from tests.fixtures.lora import peft_adapter
 from tests.fixtures.models import build_model
 from tests.server.process import ServerProcess

@@ -10,7 +10,7 @@ import pytest
 
 from runlm.formats import ModelFormatError
 from runlm.store import ModelStore
-from runlm.store.metadata import inspect_model
+from runlm.store.inspect import inspect_model
 from runlm.store.sources import DIFFUSERS_PATTERNS, HF_PATTERNS, hf_patterns, resolve_source
 
 

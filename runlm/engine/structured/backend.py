@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import llguidance
 import numpy as np
 
-from runlm.engine.sampling_params import SamplingParams
-from runlm.engine.sequence import Sequence
+from runlm.engine.core.sequence import Sequence
 from runlm.engine.structured.compiler import GrammarCompiler
-from runlm.engine.structured.params import coerce_structured_outputs
+from runlm.engine.types.sampling_params import SamplingParams
+from runlm.engine.types.structured_params import coerce_structured_outputs
 from runlm.formats.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

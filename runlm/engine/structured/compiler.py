@@ -14,7 +14,7 @@ from typing import Any
 
 import llguidance
 
-from runlm.engine.structured.params import StructuredOutputsError, StructuredOutputsParams
+from runlm.engine.types.structured_params import StructuredOutputsError, StructuredOutputsParams
 
 # JSON whitespace between tokens when the request does not say: at most one newline plus
 # indentation. Unbounded whitespace lets a small model pad forever and never finish.

@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from runlm.store.store import default_home
+from runlm.store.refs import default_home
 
 AUTH_FILE = "registry-auth.json"
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from runlm.store.blobs import BlobDigestError
 from runlm.store.download import discard, download
-from runlm.store.metadata import ModelInfo, inspect_model
+from runlm.store.inspect import inspect_model
+from runlm.store.metadata import ModelInfo
 from runlm.store.names import ModelName
 from runlm.store.oci import artifact, media
 from runlm.store.oci.artifact import ArtifactError, Layer
@@ -25,14 +26,14 @@ from runlm.store.oci.client import RegistryClient, RegistryError
 from runlm.store.oci.credentials import lookup
 from runlm.store.oci.reference import Reference, parse_reference
 from runlm.store.progress import ProgressCallback, PullProgress
-from runlm.store.store import ModelStore, StoredModel, model_manifest
+from runlm.store.refs import RefStore, StoredModel, model_manifest
 
 
 def _short(digest: str) -> str:
     return digest.removeprefix("sha256:")[:12]
 
 
-def client_for(store: ModelStore, ref: Reference, insecure: bool, chunk_size: int | None = None) -> RegistryClient:
+def client_for(store: RefStore, ref: Reference, insecure: bool, chunk_size: int | None = None) -> RegistryClient:
     creds = lookup(ref.registry, store.home)
     kwargs = {"chunk_size": chunk_size} if chunk_size else {}
     return RegistryClient(ref.registry, creds, insecure=insecure,
@@ -41,7 +42,7 @@ def client_for(store: ModelStore, ref: Reference, insecure: bool, chunk_size: in
 
 # --- package ---------------------------------------------------------------------------------------
 
-def with_oci(store: ModelStore, manifest: dict, context_size: int | None = None) -> dict:
+def with_oci(store: RefStore, manifest: dict, context_size: int | None = None) -> dict:
     """``manifest`` with an OCI artifact (Model Runner's config and manifest, stored as blobs) attached."""
     created = artifact.now()
     layers = artifact.model_layers(manifest["files"], created)
@@ -62,7 +63,7 @@ def with_oci(store: ModelStore, manifest: dict, context_size: int | None = None)
     return {**manifest, "oci": oci}
 
 
-def package(store: ModelStore, path: Path, name: str, licenses: tuple[Path, ...] = (), context_size: int | None = None,
+def package(store: RefStore, path: Path, name: str, licenses: tuple[Path, ...] = (), context_size: int | None = None,
             progress: ProgressCallback | None = None) -> StoredModel:
     """Store a GGUF file or a model folder under ``name`` as an OCI artifact Model Runner can read."""
     if context_size is not None and context_size <= 0:
@@ -84,7 +85,7 @@ def package(store: ModelStore, path: Path, name: str, licenses: tuple[Path, ...]
 
 # --- push ------------------------------------------------------------------------------------------
 
-def push(store: ModelStore, name: str, target: str | None = None, insecure: bool = False,
+def push(store: RefStore, name: str, target: str | None = None, insecure: bool = False,
          progress: ProgressCallback | None = None, chunk_size: int | None = None) -> tuple[Reference, str]:
     """Push a stored model; returns the reference and the manifest digest the registry holds."""
     report = progress or (lambda p: None)
@@ -117,7 +118,7 @@ def push(store: ModelStore, name: str, target: str | None = None, insecure: bool
     return ref, oci["manifest"]
 
 
-def push_reference(store: ModelStore, reference: str, insecure: bool = False,
+def push_reference(store: RefStore, reference: str, insecure: bool = False,
                    progress: ProgressCallback | None = None) -> tuple[Reference, str]:
     """Ollama's push: the model named by its registry reference (the one pulled from or pushed to it, else the
     stored ``repository:tag``) goes to that reference."""
@@ -139,7 +140,7 @@ def _mount_source(known: str | None, ref: Reference) -> str | None:
     return None
 
 
-def _push_blob(store: ModelStore, client: RegistryClient, ref: Reference, blob: dict, mount_from: str | None,
+def _push_blob(store: RefStore, client: RegistryClient, ref: Reference, blob: dict, mount_from: str | None,
                report: ProgressCallback) -> None:
     digest, size = blob["digest"], int(blob["size"])
     status = f"pushing {_short(digest)}"
@@ -167,7 +168,7 @@ def default_name(ref: Reference) -> ModelName:
     return ModelName.parse(f"{ref.repository}:{ref.tag or _short(ref.digest or '')}")
 
 
-def pull(store: ModelStore, reference: str, name: str | None = None, insecure: bool = False,
+def pull(store: RefStore, reference: str, name: str | None = None, insecure: bool = False,
          progress: ProgressCallback | None = None) -> StoredModel:
     report = progress or (lambda p: None)
     ref = parse_reference(reference)
@@ -204,7 +205,7 @@ def pull(store: ModelStore, reference: str, name: str | None = None, insecure: b
     return model
 
 
-def inspect_remote(store: ModelStore, reference: str, insecure: bool = False) -> dict:
+def inspect_remote(store: RefStore, reference: str, insecure: bool = False) -> dict:
     """The registry's manifest and config for ``reference``, and what runlm would store; no layer is fetched."""
     ref = parse_reference(reference)
     with client_for(store, ref, insecure) as client:
@@ -225,7 +226,7 @@ def inspect_remote(store: ModelStore, reference: str, insecure: bool = False) ->
     return out
 
 
-def _pull_blob(store: ModelStore, client: RegistryClient, ref: Reference, layer: Layer,
+def _pull_blob(store: RefStore, client: RegistryClient, ref: Reference, layer: Layer,
                report: ProgressCallback) -> None:
     status = f"pulling {_short(layer.digest)}"
     if store.blobs.has(layer.digest):
@@ -248,7 +249,7 @@ def _pull_blob(store: ModelStore, client: RegistryClient, ref: Reference, layer:
     store.blobs.adopt(partial, digest)
 
 
-def _context_size(store: ModelStore, config: dict) -> int | None:
+def _context_size(store: RefStore, config: dict) -> int | None:
     """Model Runner's config may set the context size the model is meant to run with."""
     digest = config.get("digest")
     if not digest or config.get("mediaType") not in (media.DMR_CONFIG_V01, media.DMR_CONFIG_V02):
@@ -259,7 +260,7 @@ def _context_size(store: ModelStore, config: dict) -> int | None:
     return None
 
 
-def _inspect(store: ModelStore, plan: artifact.Plan) -> ModelInfo:
+def _inspect(store: RefStore, plan: artifact.Plan) -> ModelInfo:
     """Read the model's headers from its blobs (a folder of links for a folder model)."""
     if plan.layout == "file":
         return inspect_model(store.blobs.path(plan.layers[0].digest))
@@ -268,7 +269,7 @@ def _inspect(store: ModelStore, plan: artifact.Plan) -> ModelInfo:
 
 
 @contextlib.contextmanager
-def _linked_folder(store: ModelStore, layers: list[Layer]) -> Iterator[Path]:
+def _linked_folder(store: RefStore, layers: list[Layer]) -> Iterator[Path]:
     (store.home / "tmp").mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(dir=store.home / "tmp", prefix="oci-"))
     try:

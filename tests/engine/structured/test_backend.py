@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from runlm.engine.llm import LLM
-from runlm.engine.sampling_params import SamplingParams
 from runlm.engine.structured.backend import bitmask_bias
+from runlm.engine.types.sampling_params import SamplingParams
 from tests.engine.conftest import prompt_ids
 
 DIGITS = {"regex": r"[0-9]{20}"}  # SmolLM2's vocabulary spells digits one token each: exactly 20 tokens

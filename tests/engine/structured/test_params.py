@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from runlm.engine.sampling_params import SamplingParams, SamplingParamsError
 from runlm.engine.structured.backend import StructuredOutputManager
-from runlm.engine.structured.params import StructuredOutputsError, StructuredOutputsParams
+from runlm.engine.types.sampling_params import SamplingParams, SamplingParamsError
+from runlm.engine.types.structured_params import StructuredOutputsError, StructuredOutputsParams
 from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
 

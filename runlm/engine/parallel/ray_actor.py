@@ -1,0 +1,143 @@
+"""What a Ray actor replica runs: an ``AsyncLLM`` in an async actor (vLLM's DP engine core on a Ray node).
+
+This module does not import Ray: ``runlm/engine/parallel/ray_replica.py`` makes the class below a Ray actor
+(``ray.remote(EngineActor)``), so the logic here is plain Python. The model is resolved on the node
+the actor lands on, from the same store name the front end was given (``AsyncLLM(name)`` goes
+through the store's normal resolution), so every node needs the model in its own store.
+
+Errors cross the boundary in a ``RemoteError`` envelope rather than as pickled exceptions: an
+exception whose ``__init__`` takes other arguments than its ``args`` (SamplingParamsError,
+PromptTooLongError) cannot be unpickled the ordinary way, and Ray would hand back an
+``UnserializableException`` instead of the engine's typed error.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from runlm.engine.types.lora_request import LoRARequest
+from runlm.engine.types.pooling_params import PoolingParams
+from runlm.engine.types.sampling_params import SamplingParams
+
+__all__ = ["ACCEPTED", "EngineActor", "RemoteError"]
+
+ACCEPTED = "accepted"  # the first item of a request's stream: the engine took it (its checks passed)
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    """An exception as data: its class (pickled by reference), its ``args`` and its attributes. Rebuilt
+    without calling ``__init__``, so any exception class comes back as itself with its fields."""
+    cls: type[BaseException]
+    args: tuple
+    state: dict[str, Any]
+
+    @classmethod
+    def of(cls, exc: BaseException) -> RemoteError:
+        state = {k: v for k, v in vars(exc).items() if not k.startswith("__")}
+        try:
+            pickle.dumps((type(exc), exc.args, state))
+        except Exception:  # a field that cannot travel: keep the type and the message
+            return cls(type(exc) if _picklable(type(exc)) else RuntimeError, (str(exc),), {})
+        return cls(type(exc), exc.args, state)
+
+    def rebuild(self) -> BaseException:
+        exc = self.cls.__new__(self.cls)
+        exc.args = self.args
+        exc.__dict__.update(self.state)
+        return exc
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+    except Exception:
+        return False
+    return True
+
+
+class EngineActor:
+    """One replica's engine, hosted by a Ray actor. Every method is async (Ray runs them on the actor's
+    event loop, so many requests stream at once); the engine computes on AsyncLLM's own thread."""
+
+    def __init__(self, model: str, engine_args: dict[str, Any]) -> None:
+        from runlm.engine.async_inproc import AsyncLLM
+
+        # a model that does not load is kept as an answer rather than raised: Ray would report only that
+        # the constructor failed, and the front end should get the engine's own error (UnknownModelError...)
+        self.load_error: RemoteError | None = None
+        try:
+            self.llm = AsyncLLM(model, **engine_args)
+        except Exception as exc:
+            self.load_error = RemoteError.of(exc)
+
+    async def where(self) -> dict[str, Any]:
+        """Where this actor runs (its Ray node and process), whether its model failed to load, and what a
+        front end needs to stand in for the engine (``AsyncLLM.replica_info`` where it has one)."""
+        import ray
+
+        info_of = getattr(self.llm, "replica_info", None) if self.load_error is None else None
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "load_error": self.load_error, "info": info_of() if info_of else {}}
+
+    async def heartbeat(self) -> Any:
+        """The engine's EngineStats, or (a RemoteError) why this actor cannot serve: its model did not
+        load, or its engine thread died."""
+        if self.load_error is not None:
+            return self.load_error
+        try:
+            self.llm.check_health_now()
+        except Exception as exc:
+            return RemoteError.of(exc)
+        return self.llm.stats()
+
+    async def generate(self, request_id: str, prompt: Any, params: SamplingParams | PoolingParams | None,
+                       priority: int, output_kind: str, lora_request: LoRARequest | None
+                       ) -> AsyncIterator[Any]:
+        """A request's stream (a Ray streaming generator): ``ACCEPTED`` or a RemoteError first (the engine's
+        up-front checks), then its outputs; a failure mid-stream ends it with a RemoteError. The request is
+        aborted when the caller cancels the stream or the actor method is torn down."""
+        if self.load_error is not None:
+            yield self.load_error
+            return
+        try:
+            stream = await self.llm.add_request(request_id, prompt, params, priority, output_kind, lora_request)
+        except Exception as exc:
+            yield RemoteError.of(exc)
+            return
+        try:
+            yield ACCEPTED
+            async for out in stream:
+                yield out
+        except Exception as exc:
+            yield RemoteError.of(exc)
+        finally:
+            stream.close()
+
+    async def abort(self, request_ids: list[str]) -> None:
+        if self.load_error is None:
+            await self.llm.abort(request_ids)
+
+    async def call(self, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Run a public AsyncLLM method by name; its result, or a RemoteError for what it raised."""
+        if not method.isidentifier() or method.startswith("_"):
+            return RemoteError.of(ValueError(f"a replica runs public AsyncLLM methods, not {method!r}"))
+        if self.load_error is not None:
+            return self.load_error
+        fn = getattr(self.llm, method, None)
+        if not callable(fn):
+            return RemoteError.of(ValueError(f"AsyncLLM has no method {method!r}"))
+        try:
+            result = fn(*args, **kwargs)
+            if hasattr(result, "__await__"):
+                result = await result
+        except Exception as exc:
+            return RemoteError.of(exc)
+        return result
+
+    async def shutdown(self) -> None:
+        if self.load_error is None:
+            self.llm.shutdown()

@@ -1,0 +1,100 @@
+"""The model runner for NativeModel: the KV cache and activations are numpy arrays, one native call
+computes a step's layers, and the numpy sampler picks the tokens. Nothing here imports torch.
+
+The same phases as runlm.engine.runners.torch_runner (prepare -> forward -> prompt logprobs -> logits ->
+sample), over the same plan (runlm.engine.core.batch_plan) and sampler, so the two runners differ only
+in what computes the forward pass.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from runlm.engine.core.batch_plan import BatchPlan, plan_batch
+from runlm.engine.core.kv_groups import AnyBlockManager
+from runlm.engine.core.scheduler import SchedulerOutput
+from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sample_batch
+from runlm.engine.structured.backend import StructuredOutputManager
+from runlm.engine.types.config import EngineConfig
+from runlm.models.native import NativeLoaded, load_native
+
+log = logging.getLogger("runlm.native")
+
+
+def why_not_native(config: EngineConfig) -> str | None:
+    """What the engine asks for that the native runner does not do (None: nothing); the model file's own
+    reasons are runlm.models.native.why_not_native's."""
+    if os.environ.get("RUNLM_NATIVE_RUNNER", "1") == "0":
+        return "RUNLM_NATIVE_RUNNER=0"
+    reasons = [(config.exact_numerics, "exact numerics"), (config.device != "cpu", "a device other than cpu"),
+               (str(config.dtype).removeprefix("torch.") != "float32", "a dtype other than float32"),
+               (config.enable_lora, "LoRA adapters"),
+               (config.speculative_config is not None, "speculative decoding")]
+    return next((what for bad, what in reasons if bad), None)
+
+
+def native_model(path: Path, config: EngineConfig) -> NativeLoaded | None:
+    """The model at ``path`` on the native runner, or None (logged, with the reason) where it needs torch."""
+    reason = why_not_native(config)
+    if reason is not None:
+        if path.is_file():
+            log.info("native runner not used for %s: %s", path.name, reason)
+        return None
+    return load_native(path, config.max_model_len)
+
+
+class NativeRunner:
+    def __init__(self, config: EngineConfig, loaded: NativeLoaded, blocks: AnyBlockManager,
+                 structured: StructuredOutputManager | None = None) -> None:
+        self.loaded, self.blocks, self.structured = loaded, blocks, structured
+        self.kv_caches: list[tuple[np.ndarray, np.ndarray]] = []
+        self._hidden = np.empty((0, loaded.config.hidden_size), dtype=np.float32)
+        self.allocate_kv_cache()
+
+    def allocate_kv_cache(self) -> None:
+        c = self.loaded.config
+        # empty, not zeros: attention reads only slots already written, and untouched pages cost no RAM
+        self.kv_caches = [tuple(np.empty((self.blocks.layer_blocks(i) * self.blocks.block_size, c.num_kv_heads,
+                                          c.head_dim), dtype=np.float32) for _ in range(2))  # type: ignore[misc]
+                          for i in range(c.num_layers)]
+        self._bind()
+
+    def _bind(self) -> None:
+        decoder = self.loaded.model.decoder
+        if decoder is not None and self.kv_caches:
+            decoder.set_kv_caches(self.kv_caches)
+
+    def free_kv_cache(self) -> None:
+        self.kv_caches = []
+
+    def rebind(self) -> None:
+        """After the weights were loaded again (wake from sleep level 2): point the new decoder at the cache."""
+        self._bind()
+
+    def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
+        """Compute the scheduled tokens; sample for every sequence whose known tokens are now all computed."""
+        plan = plan_batch(sched, self.blocks)
+        assert not plan.spec_seqs and plan.group_slots is None, "the native runner neither speculates nor windows"
+        hidden = self.run_model(plan)
+        model = self.loaded.model
+        for rows in plan.prompt_logprob_rows:
+            add_prompt_logprobs(rows.seq, model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count]),
+                                rows.first_pos)
+        if not plan.sample_seqs:
+            return []
+        raw = model.compute_logits(hidden[plan.sample_rows])
+        return sample_batch(raw, plan.sample_seqs, self.structured)
+
+    def run_model(self, plan: BatchPlan) -> np.ndarray:
+        decoder = self.loaded.model.decoder
+        assert decoder is not None, "the model's weights were released (sleep level 2)"
+        t = plan.ids.shape[0]
+        if self._hidden.shape[0] < t:
+            self._hidden = np.empty((t, self._hidden.shape[1]), dtype=np.float32)
+        flat = np.concatenate(plan.context_slots) if len(plan.context_slots) > 1 else plan.context_slots[0]
+        return decoder.forward(plan.ids, plan.positions, plan.slot_mapping,
+                               np.asarray(plan.query_lens, dtype=np.int64),
+                               np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t])

@@ -1,0 +1,109 @@
+"""Runs one scheduled batch through the model, in named phases (nano-vllm's and mini-sglang's order):
+
+    prepare (flatten the batch into ids, positions and KV slots) -> run_model (the forward pass)
+    -> prompt logprobs -> compute_logits -> sample (penalties, grammar masks, the draw, logprobs)
+
+A speculating sequence brings its draft tokens after its last known token; its 1 + k rows are
+verified (spec_decode_verify) instead of sampled, in the same forward pass as everything else.
+
+Owns the KV cache tensors (one K and one V tensor per layer, addressed by flat slot =
+block * block_size + offset) and turns a SchedulerOutput into the model's forward context.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from runlm.dtypes import torch_dtype
+from runlm.engine.core.batch_plan import PromptLogprobRows, plan_batch
+from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
+from runlm.engine.core.scheduler import SchedulerOutput
+from runlm.engine.core.sequence import Sequence
+from runlm.engine.sample.rejection import verify_draft
+from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sample_batch
+from runlm.engine.structured.backend import StructuredOutputManager
+from runlm.engine.types.config import EngineConfig
+from runlm.models.attention import ForwardContext, GroupSlots, forward_context
+from runlm.models.load import LoadedModel
+
+
+@dataclass(slots=True)
+class PreparedBatch:
+    """A step's tokens flattened for one forward pass, and which rows to sample from."""
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    context: ForwardContext
+    sample_rows: list[int] = field(default_factory=list)
+    sample_seqs: list[Sequence] = field(default_factory=list)
+    # speculating sequences: the first of their 1 + k rows (the last known token, then the draft tokens)
+    spec_rows: list[int] = field(default_factory=list)
+    spec_seqs: list[Sequence] = field(default_factory=list)
+    prompt_logprob_rows: list[PromptLogprobRows] = field(default_factory=list)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
+                 structured: StructuredOutputManager | None = None) -> None:
+        self.loaded, self.blocks, self.structured = loaded, blocks, structured
+        self.dtype, self.device = torch_dtype(config.dtype), torch.device(config.device)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.allocate_kv_cache()
+
+    def allocate_kv_cache(self) -> None:
+        c = self.loaded.config
+        # empty, not zeros: attention reads only slots already written, and untouched pages cost no RAM
+        self.kv_caches = []
+        for layer in range(c.num_layers):
+            shape = (self.blocks.layer_blocks(layer) * self.blocks.block_size, c.num_kv_heads, c.head_dim)
+            self.kv_caches.append((torch.empty(shape, dtype=self.dtype, device=self.device),
+                                   torch.empty(shape, dtype=self.dtype, device=self.device)))
+
+    def free_kv_cache(self) -> None:
+        self.kv_caches = []
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
+        """Compute the scheduled tokens; sample for every sequence whose known tokens are now all computed."""
+        batch = self.prepare(sched)
+        hidden = self.run_model(batch)
+        for rows in batch.prompt_logprob_rows:
+            self._prompt_logprobs(rows, hidden)
+        spec_rows = [r + j for r, s in zip(batch.spec_rows, batch.spec_seqs) for j in range(len(s.spec.tokens) + 1)]
+        if not batch.sample_seqs and not spec_rows:
+            return []
+        raw = self.loaded.model.compute_logits(hidden[batch.sample_rows + spec_rows]).float().cpu().numpy()
+        plain = len(batch.sample_rows)
+        results = sample_batch(raw[:plain], batch.sample_seqs, self.structured) if batch.sample_seqs else []
+        for seq in batch.spec_seqs:
+            k = len(seq.spec.tokens)
+            results += [SampledToken(seq, t, lp) for t, lp in verify_draft(raw[plain:plain + k + 1], seq,
+                                                                           self.structured)]
+            plain += k + 1
+        return results
+
+    def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
+        """The step's plan (runlm.engine.core.batch_plan) as tensors: shared, not copied, and moved to the device."""
+        plan, t = plan_batch(sched, self.blocks), self.slot_tensor
+        ctx = ForwardContext(plan.query_lens, plan.context_lens, t(plan.slot_mapping),
+                             [t(c) for c in plan.context_slots], self.kv_caches)
+        if plan.group_slots is not None:
+            assert isinstance(self.blocks, HybridBlockManager)
+            ctx.layer_group = self.blocks.layer_group
+            ctx.groups = [GroupSlots(torch.cat([t(new) for new, _ in group]), [t(c) for _, c in group])
+                          for group in plan.group_slots]
+        return PreparedBatch(t(plan.ids), t(plan.positions), ctx, plan.sample_rows, plan.sample_seqs,
+                             plan.spec_rows, plan.spec_seqs, plan.prompt_logprob_rows)
+
+    def slot_tensor(self, slots: np.ndarray) -> torch.Tensor:
+        """An int64 array (ids, positions, cache slots) as a tensor on the device: shared, not copied, on the CPU."""
+        return torch.from_numpy(slots).to(self.device)
+
+    def run_model(self, batch: PreparedBatch) -> torch.Tensor:
+        with forward_context(batch.context):
+            return self.loaded.model(batch.input_ids, batch.positions)
+
+    def _prompt_logprobs(self, rows: PromptLogprobRows, hidden: torch.Tensor) -> None:
+        logits = self.loaded.model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count]).float().cpu()
+        add_prompt_logprobs(rows.seq, logits.numpy(), rows.first_pos)

@@ -1,0 +1,168 @@
+"""From next-token logits to chosen tokens: per-request logits processing, sampling, logprobs.
+
+numpy, not torch, so every runner shares it (the torch runner hands its float32 CPU logits over
+without a copy; the native runner never imports torch). Every row has its own SamplingParams and,
+when seeded, its own numpy Generator, so a request samples the same tokens whatever else is in the
+batch. Greedy rows and rows without penalties cost no copy of the logits.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from runlm.engine.types.outputs import Logprob
+from runlm.engine.types.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from runlm.engine.core.sequence import Sequence
+    from runlm.engine.structured.backend import StructuredOutputManager
+
+_UNSEEDED = np.random.default_rng()  # draws for requests without a seed
+
+
+@dataclass(slots=True)
+class SampledToken:
+    seq: Sequence
+    token: int
+    logprobs: dict[int, Logprob] | None
+
+
+def make_generator(seed: int | None) -> np.random.Generator | None:
+    return None if seed is None else np.random.Generator(np.random.PCG64(seed % 2**64))
+
+
+def _changes_logits(p: SamplingParams, num_output: int, stops: frozenset[int] | set[int]) -> bool:
+    return bool(p.logit_bias) or p.allowed_token_ids is not None or (num_output < p.min_tokens and bool(stops)) \
+        or p.repetition_penalty != 1.0 or bool((p.presence_penalty or p.frequency_penalty) and num_output)
+
+
+def process_logits(logits: np.ndarray, params: Seq[SamplingParams], prompt_ids: Seq[list[int]],
+                   output_ids: Seq[list[int]], stop_ids: Seq[frozenset[int] | set[int]]) -> np.ndarray:
+    """Logit bias, allowed tokens, min_tokens and the three penalties, row by row (in place on a copy).
+    Rows that need none of them (plain greedy, top-k/top-p sampling) cost no copy: ``logits`` itself
+    comes back."""
+    if not any(_changes_logits(p, len(o), s) for p, o, s in zip(params, output_ids, stop_ids)):
+        return logits
+    logits = np.array(logits, dtype=np.float32)
+    vocab = logits.shape[-1]
+    for i, p in enumerate(params):
+        row = logits[i]
+        if p.logit_bias:
+            np.add.at(row, np.fromiter(p.logit_bias, np.int64), np.fromiter(p.logit_bias.values(), np.float32))
+        if p.allowed_token_ids is not None:
+            keep = np.full(vocab, -np.inf, dtype=np.float32)
+            keep[np.asarray(p.allowed_token_ids, dtype=np.int64)] = 0.0
+            row += keep
+        if len(output_ids[i]) < p.min_tokens and stop_ids[i]:
+            row[np.fromiter(stop_ids[i], np.int64)] = -np.inf
+        if p.repetition_penalty != 1.0:
+            seen = np.fromiter(set(prompt_ids[i]) | set(output_ids[i]), np.int64)
+            vals = row[seen]
+            row[seen] = np.where(vals > 0, vals / np.float32(p.repetition_penalty),
+                                 vals * np.float32(p.repetition_penalty))
+        if (p.presence_penalty or p.frequency_penalty) and output_ids[i]:
+            counts = np.bincount(np.asarray(output_ids[i], dtype=np.int64), minlength=vocab)[:vocab]
+            row -= (np.float32(p.frequency_penalty) * counts + np.float32(p.presence_penalty) * (counts > 0)
+                    ).astype(np.float32)
+    return logits
+
+
+def softmax(row: np.ndarray) -> np.ndarray:
+    e = np.exp(row - row.max())
+    return e / e.sum()
+
+
+def log_softmax(rows: np.ndarray) -> np.ndarray:
+    """Row-wise log softmax in float32."""
+    shifted = rows - rows.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def probabilities(row: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """Temperature, top-k, min-p and top-p on one row -> a probability vector (float32)."""
+    row = np.asarray(row, dtype=np.float32) / np.float32(p.temperature)
+    if p.top_k and p.top_k < row.shape[-1]:
+        kth = np.partition(row, -p.top_k)[-p.top_k]
+        row = np.where(row < kth, np.float32(-np.inf), row)
+    probs = softmax(row)
+    if p.min_p > 0.0:
+        probs = np.where(probs < np.float32(p.min_p) * probs.max(), np.float32(0.0), probs)
+    if p.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        sorted_probs = probs[order]
+        drop = np.cumsum(sorted_probs) - sorted_probs > p.top_p  # smallest prefix reaching top_p
+        probs = np.zeros_like(probs)
+        probs[order] = np.where(drop, np.float32(0.0), sorted_probs)
+    return probs
+
+
+def draw(probs: np.ndarray, generator: np.random.Generator | None) -> int:
+    """One token from an unnormalized probability vector (zero entries are never drawn)."""
+    cdf = np.cumsum(probs, dtype=np.float64)
+    u = (generator or _UNSEEDED).random() * cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))
+
+
+def uniform(generator: np.random.Generator | None) -> float:
+    return float((generator or _UNSEEDED).random())
+
+
+def sample(logits: np.ndarray, params: Seq[SamplingParams],
+           generators: Seq[np.random.Generator | None]) -> list[int]:
+    """logits: [B, V], already processed. Returns B token ids."""
+    out = logits.argmax(axis=-1).tolist()
+    for i, p in enumerate(params):
+        if not p.greedy:
+            out[i] = draw(probabilities(logits[i], p), generators[i])
+    return out
+
+
+def token_logprobs(logprobs: np.ndarray, chosen: int, k: int) -> dict[int, Logprob]:
+    """The chosen token's logprob and rank, plus the top k (vLLM's per-position dict)."""
+    chosen_lp = float(logprobs[chosen])
+    entry = {chosen: Logprob(chosen_lp, int((logprobs > chosen_lp).sum()) + 1)}
+    if k:
+        top = np.argpartition(-logprobs, k - 1)[:k] if k < logprobs.shape[-1] else np.arange(logprobs.shape[-1])
+        top = top[np.argsort(-logprobs[top], kind="stable")]
+        for rank, tid in enumerate(top.tolist(), start=1):
+            entry.setdefault(tid, Logprob(float(logprobs[tid]), rank))
+    return entry
+
+
+def sample_batch(raw: np.ndarray, seqs: list[Sequence],
+                 structured: StructuredOutputManager | None) -> list[SampledToken]:
+    """Penalties and bias, grammar masks, the draw, then logprobs of the raw distribution (as vLLM).
+    raw: [B, V] float32 logits of the sequences' last rows (not written)."""
+    params = [s.params for s in seqs]
+    logits = process_logits(raw, params, [s.token_ids[:s.num_prompt_tokens] for s in seqs],
+                            [s.output_token_ids for s in seqs], [s.stop_ids for s in seqs])
+    if structured is not None and structured.seqs:
+        if logits is raw:  # the mask writes in place; logprobs are reported from the unmasked logits
+            logits = raw.copy()
+        structured.mask_logits(logits, seqs)
+    tokens = sample(logits, params, [s.generator for s in seqs])
+    if structured is not None:
+        structured.accept(seqs, tokens)
+    want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
+    lps = log_softmax(raw[want_lp]) if want_lp else None
+    results = []
+    for i, (seq, token) in enumerate(zip(seqs, tokens)):
+        entry = None
+        if lps is not None and seq.params.logprobs is not None:
+            entry = token_logprobs(lps[want_lp.index(i)], token, seq.params.logprobs)
+        results.append(SampledToken(seq, token, entry))
+    return results
+
+
+def add_prompt_logprobs(seq: Sequence, logits: np.ndarray, first_pos: int) -> None:
+    """Row j of ``logits`` predicts prompt position first_pos + j + 1; position 0 has no logprob."""
+    if seq.prompt_logprobs is None:
+        seq.prompt_logprobs = [None]
+    lps = log_softmax(np.asarray(logits, dtype=np.float32))
+    k = seq.params.prompt_logprobs
+    assert k is not None
+    for j in range(lps.shape[0]):
+        seq.prompt_logprobs.append(token_logprobs(lps[j], seq.token_ids[first_pos + j + 1], k))

@@ -1,0 +1,101 @@
+"""Engine settings and the KV-cache budget."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runlm.dtypes import DTYPE_BYTES, dtype_itemsize, torch_dtype
+from runlm.engine.types.spec_config import SpeculativeConfig
+from runlm.sizes import available_memory, parse_size
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DEFAULT_KV_CAP", "DEFAULT_KV_FRACTION", "EngineConfig", "available_memory", "dtype_itemsize",
+           "kv_cache_blocks", "parse_size", "physical_cores", "torch_dtype"]
+
+def physical_cores() -> int:
+    """Physical CPU cores (hyper-threads share one core's SIMD units, so kernels gain nothing from them)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cores = {(p, c) for p, c in re.findall(r"physical id\s*:\s*(\d+)[\s\S]*?core id\s*:\s*(\d+)", f.read())}
+        if cores:
+            return len(cores)
+    except OSError:
+        pass
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+@dataclass(slots=True, frozen=True)
+class EngineConfig:
+    """Built once (by the CLI or LLM/AsyncLLM) and passed down unchanged; ``model`` is a resolved path."""
+    model: str
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    # bytes ('2GiB', 1<<30) or a fraction of currently available memory (0 < x <= 1)
+    kv_cache_memory: int | float | str | None = None
+    enable_prefix_caching: bool = True
+    # a torch.dtype, or its name: the common names stay strings so a config needs no torch (see torch_dtype)
+    dtype: torch.dtype | str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    # what the model is run for: "auto" (from its files), "generate", "embed" or "score" (vLLM's runner/convert)
+    task: str = "auto"
+    # reference numerics (dequantized weights x fp32 activations) instead of GGUF blocks x 8-bit activations
+    exact_numerics: bool = False
+    # CPU threads for the kernels (None: one per physical core)
+    threads: int | None = None
+    # LoRA (vLLM's names): adapters in one step, their largest rank, adapters kept loaded (None: max_loras)
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    # speculative decoding (vLLM's speculative_config; a dict is accepted and checked here)
+    speculative_config: SpeculativeConfig | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
+        if not (isinstance(self.dtype, str) and self.dtype in DTYPE_BYTES):
+            object.__setattr__(self, "dtype", torch_dtype(self.dtype))  # a rarer name, checked by torch
+        if self.task not in ("auto", "generate", "embed", "score"):
+            raise ValueError(f"task must be auto, generate, embed or score, not {self.task!r}")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be at least 1")
+        if self.block_size < 1:
+            raise ValueError("block_size must be at least 1")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("threads must be at least 1")
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError("max_loras and max_lora_rank must be at least 1")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError("max_cpu_loras must be at least max_loras")
+
+
+DEFAULT_KV_FRACTION = 0.25
+DEFAULT_KV_CAP = 4 << 30
+
+
+def kv_cache_blocks(config: EngineConfig, bytes_per_token: int, max_model_len: int) -> int:
+    """How many blocks the budget buys. Default: a quarter of free memory, at most 4 GiB, and no more
+    than every sequence at full context would use."""
+    spec = config.kv_cache_memory
+    if spec is None:
+        budget = min(int(available_memory() * DEFAULT_KV_FRACTION), DEFAULT_KV_CAP)
+        budget = min(budget, bytes_per_token * max_model_len * config.max_num_seqs)
+    elif isinstance(spec, float) and 0 < spec <= 1:
+        budget = int(available_memory() * spec)
+    else:
+        budget = parse_size(spec)
+    blocks = budget // (bytes_per_token * config.block_size)
+    if blocks < 1:
+        raise ValueError(f"kv_cache_memory {spec!r} is too small for one block of {config.block_size} tokens "
+                         f"({bytes_per_token * config.block_size} bytes)")
+    return int(blocks)
+
+

@@ -1,0 +1,102 @@
+"""SamplingParams: how to pick each next token and when to stop (vLLM's names and meanings)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runlm.engine.types.errors import SamplingParamsError
+from runlm.engine.types.structured_params import StructuredOutputsParams, coerce_structured_outputs
+
+_MAX_INT = 2**31 - 1
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                     # 0 or -1: no limit
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | Mapping[str, Any] | None = None  # JSON schema, regex, choice...
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.structured_outputs is not None:
+            self.structured_outputs = coerce_structured_outputs(self.structured_outputs)
+        self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5 or self.top_k == 1
+
+    def validate(self) -> None:
+        def bad(param: str, message: str) -> None:
+            raise SamplingParamsError(param, message)
+
+        if not isinstance(self.n, int) or not 1 <= self.n <= 128:
+            bad("n", f"must be an integer from 1 to 128, got {self.n!r}")
+        if not 0.0 <= self.temperature <= 2.0:  # OpenAI's range; past 2 the distribution is noise
+            bad("temperature", f"must be between 0 and 2, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            bad("top_k", f"must be 0 or -1 (no limit) or a positive integer, got {self.top_k!r}")
+        if not 0.0 <= self.min_p <= 1.0:
+            bad("min_p", f"must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                bad(name, f"must be between -2 and 2, got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            bad("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty}")
+        if self.seed is not None and not (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64):
+            bad("seed", f"must be an integer, got {self.seed!r}")
+        if self.max_tokens is not None and not (isinstance(self.max_tokens, int) and 1 <= self.max_tokens <= _MAX_INT):
+            bad("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            bad("min_tokens", f"must be a non-negative integer, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, int) and 0 <= v <= 20):
+                bad(name, f"must be an integer from 0 to 20, got {v!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            bad("stop", "must be non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            bad("stop_token_ids", "must be non-negative token ids")
+        if self.logit_bias is not None:
+            for tok, bias in self.logit_bias.items():
+                if not isinstance(tok, int) or tok < 0 or not -100.0 <= float(bias) <= 100.0:
+                    bad("logit_bias", f"entries map token ids to values in [-100, 100], got {tok!r}: {bias!r}")
+        if self.allowed_token_ids is not None and (
+                not self.allowed_token_ids or any(not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):
+            bad("allowed_token_ids", "must be a non-empty list of token ids")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids must exist in the model's vocabulary."""
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("allowed_token_ids", self.allowed_token_ids or []),
+                          ("logit_bias", list(self.logit_bias or {}))):
+            out = [t for t in ids if t >= vocab_size]
+            if out:
+                raise SamplingParamsError(name, f"token id {out[0]} is outside the vocabulary (size {vocab_size})")

@@ -1,0 +1,148 @@
+"""A GGUF decoder computed by runlm's native library alone: no torch in the process.
+
+The fast path's numerics without torch's ~220 MiB: the weights are numpy views of the mapped file in
+their stored block types, the norms and RoPE tables small float32 arrays, and one native call
+(``kernels.Decoder.forward``) runs every layer of a step (the same kernels, in the same order, as
+the torch model's fused loop). Models that need anything else (exact numerics, LoRA, speculative
+decoding, Gemma's extra norms, mixtures of experts, sliding windows...) load as torch models.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from runlm.formats.architectures import gguf_rope_interleaved
+from runlm.formats.gguf import GGUFFile, ggml_type
+from runlm.formats.tokenizer import Tokenizer
+from runlm.models.config import ModelConfig
+from runlm.models.rope_freqs import inverse_frequencies, rope_kind, rope_tables
+from runlm.native import kernels
+
+log = logging.getLogger("runlm.native")
+
+# config families whose decoder is the plain Llama layer (Qwen3 adds per-head q/k norms, Qwen2 q/k/v biases)
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+
+
+def why_not_native(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
+    """Why this model file cannot run on the native runner (None: it can). What the engine asks of it
+    (exact numerics, a device, LoRA...) is the engine's to check (runlm/engine/runners/native.py)."""
+    model_reasons = [(cfg.family not in _FAMILIES, f"the {cfg.family} family"),
+                     (bool(cfg.num_experts), "a mixture of experts"),
+                     (cfg.sliding_window is not None or cfg.layer_types is not None, "sliding-window layers"),
+                     (cfg.qk_norm_whole or cfg.clip_qkv is not None, "whole-projection q/k norms or clipping"),
+                     (cfg.embed_scale is not None or cfg.norm_offset != 0.0, "scaled embeddings or offset norms"),
+                     (cfg.attn_logit_softcap is not None or cfg.final_logit_softcap is not None, "soft-capping"),
+                     (cfg.partial_rotary_factor != 1.0 or cfg.rope_local_theta is not None, "partial or local RoPE"),
+                     (rope_kind(cfg.rope_scaling) in ("longrope", "su"), "LongRoPE"),
+                     (cfg.hidden_act not in ("silu", "gelu_tanh"), f"the {cfg.hidden_act} activation")]
+    for bad, what in model_reasons:
+        if bad:
+            return what
+    if not kernels.available():
+        return "the native kernels are unavailable"
+    for name, info in gguf.tensors.items():
+        if len(info.shape) == 2 and name.endswith(".weight") and not kernels.supported(ggml_type(info.qtype)):
+            return f"tensor {name} of type {info.qtype}"
+    return None
+
+
+def _vector(gguf: GGUFFile, name: str) -> np.ndarray:
+    return np.ascontiguousarray(gguf.load_array(name).reshape(-1), dtype=np.float32)
+
+
+def _matrix(gguf: GGUFFile, name: str) -> tuple[np.ndarray, int]:
+    """(uint8 [rows, row_bytes] view of the mapped file, ggml type)."""
+    info = gguf.tensors[name]
+    raw = gguf.raw(name)
+    return raw.reshape(info.shape[0] if len(info.shape) == 2 else 1, -1), ggml_type(info.qtype)
+
+
+def _linear(gguf: GGUFFile, names: list[str], cols: int) -> kernels.LinearWeights:
+    """The named matrices stacked along their rows (fused projections), with their biases where the file has them."""
+    parts = [_matrix(gguf, f"{n}.weight") for n in names]
+    biases = [f"{n}.bias" for n in names]
+    bias = np.concatenate([_vector(gguf, b) for b in biases]) if all(b in gguf.tensors for b in biases) else None
+    return kernels.LinearWeights([p[0] for p in parts], [p[1] for p in parts], cols, bias)
+
+
+@dataclass
+class NativeModel:
+    """forward(...) -> final-normed hidden [T, H]; compute_logits(hidden) -> [N, vocab] (float32 numpy)."""
+    config: ModelConfig
+    decoder: kernels.Decoder | None
+    head: kernels.LinearWeights | None
+    gguf: GGUFFile | None  # keeps the mapping (the weights' memory) alive
+
+    @classmethod
+    def load(cls, gguf: GGUFFile, cfg: ModelConfig, max_positions: int) -> NativeModel:
+        h, d = cfg.hidden_size, cfg.head_dim
+        inv, attn = inverse_frequencies(d, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+        if "rope_freqs.weight" in gguf.tensors:  # GGUF llama3 models carry their scaling as a tensor
+            inv = (inv / _vector(gguf, "rope_freqs.weight")).astype(np.float32)
+        interleaved = gguf_rope_interleaved(gguf.architecture)
+        cos, sin = rope_tables(inv, attn, max_positions, interleaved)
+        fused_qkv, layers = "blk.0.attn_qkv.weight" in gguf.tensors, []
+        for i in range(cfg.num_layers):
+            b = f"blk.{i}"
+            qkv = [f"{b}.attn_qkv"] if fused_qkv else [f"{b}.attn_q", f"{b}.attn_k", f"{b}.attn_v"]
+            # Phi-3 stores gate and up as one ffn_up matrix, the gate's rows first
+            fused_gate_up = f"{b}.ffn_gate.weight" not in gguf.tensors
+            gate_up = [f"{b}.ffn_up"] if fused_gate_up else [f"{b}.ffn_gate", f"{b}.ffn_up"]
+            has_qk_norm = f"{b}.attn_q_norm.weight" in gguf.tensors
+            layers.append(kernels.DecoderLayer(
+                qkv=_linear(gguf, qkv, h), o=_linear(gguf, [f"{b}.attn_output"], cfg.num_heads * d),
+                gate_up=_linear(gguf, gate_up, h), down=_linear(gguf, [f"{b}.ffn_down"], cfg.intermediate_size),
+                input_norm=_vector(gguf, f"{b}.attn_norm.weight"), post_norm=_vector(gguf, f"{b}.ffn_norm.weight"),
+                q_norm=_vector(gguf, f"{b}.attn_q_norm.weight") if has_qk_norm else None,
+                k_norm=_vector(gguf, f"{b}.attn_k_norm.weight") if has_qk_norm else None,
+                cos=cos, sin=sin, scale=(cfg.query_pre_attn_scalar or d) ** -0.5, window=None, softcap=None,
+                act=cfg.hidden_act))
+        embed, embed_type = _matrix(gguf, "token_embd.weight")
+        decoder = kernels.Decoder(hidden=h, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=d,
+                                  eps=cfg.rms_norm_eps, interleaved=interleaved,
+                                  embed_table=embed, embed_qtype=embed_type,
+                                  final_norm=_vector(gguf, "output_norm.weight"), layers=layers)
+        head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], h)
+        return cls(cfg, decoder, head, gguf)
+
+    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
+        assert self.head is not None, "the model's weights were released (sleep level 2)"
+        out = np.empty((hidden.shape[0], self.head.rows), dtype=np.float32)
+        return kernels.linear(np.ascontiguousarray(hidden), self.head, out)
+
+    def release_weights(self) -> None:
+        """Drop every view of the file (sleep level 2); wake_up loads the model again."""
+        self.decoder = self.head = self.gguf = None
+
+
+@dataclass(slots=True)
+class NativeLoaded:
+    """What LLMEngine keeps of a model: the same fields as runlm.models.load.LoadedModel."""
+    model: NativeModel
+    config: ModelConfig
+    tokenizer: Tokenizer
+    path: Path
+
+
+def load_native(path: Path, max_model_len: int | None = None) -> NativeLoaded | None:
+    """The model at ``path`` on the native runner, or None (logged, with the reason) where it needs torch."""
+    if not path.is_file():
+        return None
+    gguf = GGUFFile(path)
+    try:
+        cfg = ModelConfig.from_gguf(gguf)
+    except Exception:  # not a decoder this runner knows: the torch loader reports it properly
+        return None
+    reason = why_not_native(gguf, cfg)
+    if reason is not None:
+        log.info("native runner not used for %s: %s", path.name, reason)
+        return None
+    tokenizer = Tokenizer.from_gguf(gguf)
+    if not cfg.eos_token_ids and tokenizer.eos_token_id is not None:
+        cfg.eos_token_ids = [tokenizer.eos_token_id]
+    limit = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    return NativeLoaded(NativeModel.load(gguf, cfg, limit), cfg, tokenizer, path)
