@@ -31,10 +31,12 @@ run: install
 test: $(VENV)/.test-installed
 	$(VENV)/bin/python -m pytest -q
 
-# ruff (rules and import order, pyproject's [tool.ruff]) and mypy over runlm/ ([tool.mypy])
+# ruff (rules and import order, pyproject's [tool.ruff]), mypy over runlm/ ([tool.mypy]) and the import
+# contracts (.importlinter: layers, no cycles)
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check runlm tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 # the slow tests include the Ray cluster tests (tests/ray), so Ray comes first
 $(VENV)/.ray-installed: $(VENV)/.test-installed
