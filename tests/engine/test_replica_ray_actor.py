@@ -10,7 +10,8 @@ import pytest
 
 from runlm.catalog import UnknownModelError
 from runlm.engine.engine_core import EngineStats
-from runlm.engine.parallel.ray_actor import ACCEPTED, EngineActor, RemoteError
+from runlm.engine.parallel.ray_actor import ACCEPTED, EngineActor
+from runlm.engine.parallel.replica import RemoteError
 from runlm.engine.types.errors import PromptTooLongError, SamplingParamsError
 from runlm.engine.types.sampling_params import SamplingParams
 

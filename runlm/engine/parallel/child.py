@@ -9,7 +9,6 @@ and ``("stats", EngineStats)`` when they change. The pipe closing (the front end
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import pickle
@@ -18,30 +17,13 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from runlm.engine.parallel.replica import ReplicaSpec
+from runlm.engine.parallel.replica import RemoteError, ReplicaSpec, call_method
 
-__all__ = ["CALLABLE", "child_main", "portable"]
+__all__ = ["child_main"]
 
 log = logging.getLogger("runlm.engine.parallel.replica")
 
 _STATS_PERIOD = 0.2  # seconds between checks of the engine's counters (sent only when they change)
-
-# the AsyncLLM methods a front end may call by name (the request path has its own messages)
-CALLABLE = frozenset({"sleep", "wake_up", "pause_generation", "resume_generation", "is_paused", "is_sleeping",
-                      "reset_prefix_cache", "add_lora", "remove_lora", "list_loras", "pin_lora", "start_profile",
-                      "stop_profile", "wait_for_requests_to_drain", "stats", "collective_rpc", "check_health",
-                      "get_supported_tasks", "replica_info", "set_num_threads"})
-
-
-def portable(exc: BaseException) -> BaseException:
-    """The error itself when it survives pickling (the engine's typed errors do), else a RuntimeError
-    that names it."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-
 
 def child_main(conn: Connection, spec: ReplicaSpec) -> None:
     """The child process's entry point (multiprocessing spawn)."""
@@ -78,7 +60,7 @@ class _ChildServer:
         try:
             self.llm = await asyncio.to_thread(AsyncLLM, self.spec.model, **self.spec.engine_args)
         except BaseException as exc:
-            self.send(("failed", portable(exc)))
+            self.send(("failed", RemoteError.of(exc)))
             return
         llm = self.llm
         llm._profiler.name = f"replica{self.spec.rank}"  # one trace per replica, named for it
@@ -132,7 +114,7 @@ class _ChildServer:
         try:
             stream = await self.llm.add_request(rid, prompt, params, priority, output_kind, lora)
         except BaseException as exc:
-            self.send(("added", rid, portable(exc)))
+            self.send(("added", rid, RemoteError.of(exc)))
             return
         finally:
             self.adding.discard(rid)
@@ -145,7 +127,7 @@ class _ChildServer:
             async for out in stream:
                 self._emit(rid, out)
         except Exception as exc:
-            self._emit(rid, portable(exc))
+            self._emit(rid, RemoteError.of(exc))
         finally:
             self.streams.pop(rid, None)
 
@@ -157,14 +139,11 @@ class _ChildServer:
 
     async def _call(self, call_id: int, method: str, args: tuple, kwargs: dict) -> None:
         try:
-            if method not in CALLABLE:
-                raise ValueError(f"a replica does not run {method!r}")
-            result = getattr(self.llm, method)(*args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-            self.send(("result", call_id, True, result))
+            result = await call_method(self.llm, method, args, kwargs)
         except Exception as exc:
-            self.send(("result", call_id, False, portable(exc)))
+            self.send(("result", call_id, False, RemoteError.of(exc)))
+            return
+        self.send(("result", call_id, True, result))
 
     async def _push_stats(self) -> None:
         last = b""

@@ -19,7 +19,7 @@ from typing import Any
 
 from runlm.engine.engine_core import EngineStats
 from runlm.engine.parallel.child import child_main
-from runlm.engine.parallel.replica import EngineReplica, ReplicaDeadError, ReplicaLoad, ReplicaSpec
+from runlm.engine.parallel.replica import EngineReplica, RemoteError, ReplicaDeadError, ReplicaLoad, ReplicaSpec
 from runlm.engine.types.lora_request import LoRARequest
 from runlm.engine.types.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.types.pooling_params import PoolingParams
@@ -178,7 +178,7 @@ class ProcessReplica(EngineReplica):
         kind = msg[0]
         if kind == "outs":
             for rid, item in msg[1]:
-                self._deliver(rid, item)
+                self._deliver(rid, item.rebuild() if isinstance(item, RemoteError) else item)
         elif kind == "stats":
             self.last_stats = msg[1]
         elif kind == "added":
@@ -187,17 +187,17 @@ class ProcessReplica(EngineReplica):
                 if msg[2] is not None:
                     self._streams.pop(msg[1], None)
             if fut is not None:
-                _settle(fut, error=msg[2])
+                _settle(fut, error=None if msg[2] is None else msg[2].rebuild())
         elif kind == "result":
             with self._lock:
                 fut = self._calls.pop(msg[1], None)
             if fut is not None:
-                _settle(fut, value=msg[3]) if msg[2] else _settle(fut, error=msg[3])
+                _settle(fut, value=msg[3]) if msg[2] else _settle(fut, error=msg[3].rebuild())
         elif kind == "ready":
             self.info = msg[1]
             _settle(self._ready, value=None)
         elif kind == "failed":
-            _settle(self._ready, error=msg[1])
+            _settle(self._ready, error=msg[1].rebuild())
 
     def _deliver(self, rid: str, item: Any) -> None:
         with self._lock:

@@ -13,50 +13,17 @@ PromptTooLongError) cannot be unpickled the ordinary way, and Ray would hand bac
 from __future__ import annotations
 
 import os
-import pickle
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
+from runlm.engine.parallel.replica import RemoteError, call_method
 from runlm.engine.types.lora_request import LoRARequest
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
 
-__all__ = ["ACCEPTED", "EngineActor", "RemoteError"]
+__all__ = ["ACCEPTED", "EngineActor"]
 
 ACCEPTED = "accepted"  # the first item of a request's stream: the engine took it (its checks passed)
-
-
-@dataclass(frozen=True)
-class RemoteError:
-    """An exception as data: its class (pickled by reference), its ``args`` and its attributes. Rebuilt
-    without calling ``__init__``, so any exception class comes back as itself with its fields."""
-    cls: type[BaseException]
-    args: tuple
-    state: dict[str, Any]
-
-    @classmethod
-    def of(cls, exc: BaseException) -> RemoteError:
-        state = {k: v for k, v in vars(exc).items() if not k.startswith("__")}
-        try:
-            pickle.dumps((type(exc), exc.args, state))
-        except Exception:  # a field that cannot travel: keep the type and the message
-            return cls(type(exc) if _picklable(type(exc)) else RuntimeError, (str(exc),), {})
-        return cls(type(exc), exc.args, state)
-
-    def rebuild(self) -> BaseException:
-        exc = self.cls.__new__(self.cls)
-        exc.args = self.args
-        exc.__dict__.update(self.state)
-        return exc
-
-
-def _picklable(obj: Any) -> bool:
-    try:
-        pickle.dumps(obj)
-    except Exception:
-        return False
-    return True
 
 
 class EngineActor:
@@ -122,21 +89,14 @@ class EngineActor:
             await self.llm.abort(request_ids)
 
     async def call(self, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
-        """Run a public AsyncLLM method by name; its result, or a RemoteError for what it raised."""
-        if not method.isidentifier() or method.startswith("_"):
-            return RemoteError.of(ValueError(f"a replica runs public AsyncLLM methods, not {method!r}"))
+        """Run an AsyncLLM method by name (runlm/engine/parallel/replica.py's CALLABLE); its result, or a
+        RemoteError for what it raised."""
         if self.load_error is not None:
             return self.load_error
-        fn = getattr(self.llm, method, None)
-        if not callable(fn):
-            return RemoteError.of(ValueError(f"AsyncLLM has no method {method!r}"))
         try:
-            result = fn(*args, **kwargs)
-            if hasattr(result, "__await__"):
-                result = await result
+            return await call_method(self.llm, method, args, kwargs)
         except Exception as exc:
             return RemoteError.of(exc)
-        return result
 
     async def shutdown(self) -> None:
         if self.load_error is None:

@@ -23,8 +23,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from runlm.engine.engine_core import EngineStats
-from runlm.engine.parallel.ray_actor import ACCEPTED, EngineActor, RemoteError
-from runlm.engine.parallel.replica import EngineReplica, ReplicaDeadError, ReplicaLoad, ReplicaSpec
+from runlm.engine.parallel.ray_actor import ACCEPTED, EngineActor
+from runlm.engine.parallel.replica import EngineReplica, RemoteError, ReplicaDeadError, ReplicaLoad, ReplicaSpec
 from runlm.engine.types.lora_request import LoRARequest
 from runlm.engine.types.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.types.pooling_params import PoolingParams

@@ -7,11 +7,14 @@ cluster (``"ray"``). Both kinds implement this interface, so the front end's rou
 restarting and fan-out (sleep, pause, profile, ``collective_rpc``) are written once.
 
 Everything crossing the boundary is picklable: prompts, SamplingParams/PoolingParams, LoRARequest,
-RequestOutput/PoolingRequestOutput, EngineStats, and the engine's typed errors (runlm/engine/types/errors.py),
-which a replica re-raises on the front end's side unchanged.
+RequestOutput/PoolingRequestOutput, EngineStats, and errors, which travel in one envelope (``RemoteError``)
+for both kinds, so the engine's typed errors (runlm/engine/types/errors.py) are raised on the front end's
+side as themselves. Both kinds run the same methods by name: ``CALLABLE``, through ``call_method``.
 """
 from __future__ import annotations
 
+import inspect
+import pickle
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,7 +25,57 @@ from runlm.engine.types.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
 
-__all__ = ["EngineReplica", "ReplicaDeadError", "ReplicaLoad", "ReplicaSpec"]
+__all__ = ["CALLABLE", "EngineReplica", "RemoteError", "ReplicaDeadError", "ReplicaLoad", "ReplicaSpec",
+           "call_method"]
+
+# the AsyncLLM methods a front end may run in a replica by name (requests have their own path)
+CALLABLE = frozenset({"sleep", "wake_up", "pause_generation", "resume_generation", "is_paused", "is_sleeping",
+                      "reset_prefix_cache", "add_lora", "remove_lora", "list_loras", "pin_lora", "start_profile",
+                      "stop_profile", "wait_for_requests_to_drain", "stats", "collective_rpc", "check_health",
+                      "get_supported_tasks", "replica_info", "set_num_threads"})
+
+
+async def call_method(llm: Any, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """Run ``llm.method(*args, **kwargs)`` in a replica (awaited where it is a coroutine), if CALLABLE has it."""
+    if method not in CALLABLE:
+        raise ValueError(f"a replica runs the public AsyncLLM methods a front end needs, not {method!r}")
+    result = getattr(llm, method)(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    """An exception as data, the one way errors cross from a replica to its front end: its class (pickled by
+    reference), its ``args`` and its attributes. Rebuilt without calling ``__init__``, so any exception class
+    comes back as itself with its fields."""
+    cls: type[BaseException]
+    args: tuple
+    state: dict[str, Any]
+
+    @classmethod
+    def of(cls, exc: BaseException) -> RemoteError:
+        state = {k: v for k, v in vars(exc).items() if not k.startswith("__")}
+        try:
+            pickle.dumps((type(exc), exc.args, state))
+        except Exception:  # a field that cannot travel: keep the type and the message
+            return cls(type(exc) if _picklable(type(exc)) else RuntimeError, (str(exc),), {})
+        return cls(type(exc), exc.args, state)
+
+    def rebuild(self) -> BaseException:
+        exc = self.cls.__new__(self.cls)
+        exc.args = self.args
+        exc.__dict__.update(self.state)
+        return exc
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+    except Exception:
+        return False
+    return True
 
 
 class ReplicaDeadError(RuntimeError):
@@ -84,9 +137,8 @@ class EngineReplica(ABC):
 
     @abstractmethod
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run a named ``AsyncLLM`` method in the replica and return its (picklable) result: sleep,
-        wake_up, pause_generation, resume_generation, reset_prefix_cache, add_lora, start_profile,
-        stop_profile, wait_for_requests_to_drain, stats, and ``collective_rpc``'s engine methods."""
+        """Run a named ``AsyncLLM`` method (one of ``CALLABLE``) in the replica and return its (picklable)
+        result, or raise what it raised."""
 
     @abstractmethod
     def load(self) -> ReplicaLoad:
