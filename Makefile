@@ -31,12 +31,14 @@ run: install
 test: $(VENV)/.test-installed
 	$(VENV)/bin/python -m pytest -q
 
-# ruff (rules and import order, pyproject's [tool.ruff]), mypy over runlm/ ([tool.mypy]) and the import
-# contracts (.importlinter: layers, no cycles)
+# ruff (rules and import order, pyproject's [tool.ruff]), mypy over runlm/ ([tool.mypy]), the import contracts
+# (.importlinter: layers, no cycles), then the docs site (mkdocs.yml), strict: a broken link or anchor, or a
+# page missing from nav, fails. No -q: it hides the warnings that --strict counts, and the build passes with them.
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check runlm tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir .cache/site
 
 # the slow tests include the Ray cluster tests (tests/ray), so Ray comes first
 $(VENV)/.ray-installed: $(VENV)/.test-installed
