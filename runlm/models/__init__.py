@@ -1,0 +1,1 @@
+"""Model architectures (decoders, encoders, poolers), weight loading and LoRA."""
