@@ -149,15 +149,15 @@ def kl_divergences(path: Path, positions: int) -> dict:
 
     import torch
 
+    from runlm.engine.runners.native import native_model
     from runlm.engine.types.config import EngineConfig
     from runlm.models.evaluate import all_logits, mean_kl, native_logits
     from runlm.models.load import load_decoder
-    from runlm.models.native import load_native
 
     ids = prompt_ids(path, positions)
     exact_model = load_decoder(path, exact_numerics=True).model
     # fast mode as it serves: the native runner where it runs the file, else the torch model's fused path
-    native = load_native(path, EngineConfig(model=str(path), max_model_len=WINDOW))
+    native = native_model(path, EngineConfig(model=str(path), max_model_len=WINDOW))
 
     def fast_logits(window: list[int]) -> torch.Tensor:
         return native_logits(native.model, window, WINDOW) if native is not None else all_logits(fast, window, WINDOW)
