@@ -34,6 +34,10 @@ class ChatTemplateError(ValueError):
     """The template failed to render (or raised on purpose through raise_exception)."""
 
 
+class ChatTemplateLimitError(ChatTemplateError):
+    """The template ran past a limit (size, time, memory, CPU): the template is at fault, not the messages."""
+
+
 def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
@@ -83,13 +87,20 @@ def render_chat(messages: Sequence[Mapping[str, Any]], template: str | None, *,
                 **extra: Any) -> str:
     """Render ``messages`` with ``template`` (ChatML when None) to the prompt text. ``tools`` reach the
     template as given (runlm.tools.prompt.render_tool_chat first fits tool turns to the template).
-    Time and size are bounded (runlm/formats/template_limits.py)."""
+    Time and size are bounded (runlm/formats/template_limits.py), and the render runs in a worker process
+    with a memory and CPU limit no template can escape (runlm/formats/template_process.py)."""
+    from runlm.formats.template_process import render_isolated
+
     source = template if template else CHATML_TEMPLATE
+    context = dict(messages=[_normalise(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                   bos_token=bos_token or "", eos_token=eos_token or "", tools=tools, **extra)
+    return render_isolated(source, context)
+
+
+def render_in_process(source: str, context: dict[str, Any]) -> str:
+    """The render itself, in this process: what a template worker runs."""
     try:
         compiled = _compile(source)
-        return bounded_output(compiled.generate(messages=[_normalise(m) for m in messages],
-                                                add_generation_prompt=add_generation_prompt,
-                                                bos_token=bos_token or "", eos_token=eos_token or "",
-                                                tools=tools, **extra), RENDER_SECONDS)
+        return bounded_output(compiled.generate(**context), RENDER_SECONDS)
     except jinja2.exceptions.TemplateError as exc:
         raise ChatTemplateError(f"chat template failed: {exc}") from exc
