@@ -11,16 +11,13 @@ for base models, where any format is a guess.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
-import jinja2
-import jinja2.ext
+from runlm.formats.template_process import render_isolated
+from runlm.formats.template_render import ChatTemplateError, ChatTemplateLimitError, render_in_process
 
-from runlm.formats.template_limits import RENDER_SECONDS, BoundedSandbox, bounded_output
+__all__ = ["CHATML_TEMPLATE", "ChatTemplateError", "ChatTemplateLimitError", "render_chat", "render_in_process"]
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -28,42 +25,6 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-class ChatTemplateError(ValueError):
-    """The template failed to render (or raised on purpose through raise_exception)."""
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-class _Namespace(jinja2.utils.Namespace):
-    """jinja's namespace(), refusing dunder names so templates cannot reach interpreter internals."""
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        if isinstance(name, str) and name.startswith("_"):
-            raise jinja2.exceptions.SecurityError(f"chat templates cannot set {name!r} on a namespace")
-        super().__setitem__(name, value)
-
-
-@lru_cache(maxsize=32)
-def _compile(source: str) -> jinja2.Template:
-    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["namespace"] = _Namespace
-    return env.from_string(source)
 
 
 def _normalise(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,13 +44,9 @@ def render_chat(messages: Sequence[Mapping[str, Any]], template: str | None, *,
                 **extra: Any) -> str:
     """Render ``messages`` with ``template`` (ChatML when None) to the prompt text. ``tools`` reach the
     template as given (runlm.tools.prompt.render_tool_chat first fits tool turns to the template).
-    Time and size are bounded (runlm/formats/template_limits.py)."""
+    Time and size are bounded (runlm/formats/template_limits.py), and the render runs in a worker process
+    with a memory and CPU limit no template can escape (runlm/formats/template_process.py)."""
     source = template if template else CHATML_TEMPLATE
-    try:
-        compiled = _compile(source)
-        return bounded_output(compiled.generate(messages=[_normalise(m) for m in messages],
-                                                add_generation_prompt=add_generation_prompt,
-                                                bos_token=bos_token or "", eos_token=eos_token or "",
-                                                tools=tools, **extra), RENDER_SECONDS)
-    except jinja2.exceptions.TemplateError as exc:
-        raise ChatTemplateError(f"chat template failed: {exc}") from exc
+    context = dict(messages=[_normalise(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                   bos_token=bos_token or "", eos_token=eos_token or "", tools=tools, **extra)
+    return render_isolated(source, context)

@@ -6,6 +6,7 @@ Numeric arrays (token types, scores) are read with one ``np.frombuffer`` each; s
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,71 +35,120 @@ class TensorInfo:
 _SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
             12: "<f8"}
 _BOOL = 7
+_MAX_DIMS = 4          # GGML_MAX_DIMS
+_MAX_NESTING = 4       # arrays of arrays of ...: real files use none; a deep chain is a RecursionError
+_MIN_KV = 8 + 4 + 1    # the smallest key/value pair: an empty key, its type, a one-byte value
+_MIN_TENSOR = 8 + 4 + 4 + 8  # the smallest tensor info: an empty name, no dims, its type and offset
+
+
+class GGUFHeaderError(ValueError):
+    """A header field that cannot be what it says (a count or length past the end of the file). The message
+    names the field, never a value read from the file."""
 
 
 class _Cursor:
     """Reads a GGUF header from the mapped bytes: numeric arrays (token types, scores) in one
-    ``np.frombuffer`` each; string arrays (tokens, merges) in one tight loop over their lengths."""
+    ``np.frombuffer`` each; string arrays (tokens, merges) in one tight loop over their lengths.
+    Every count and length is checked against the bytes that remain before anything is allocated."""
 
     def __init__(self, buf: np.ndarray) -> None:
         self.mem, self.pos = memoryview(buf), 0
+        self.size = len(self.mem)
 
-    def scalar(self, vtype: int) -> Any:
+    def need(self, n: int, field: str) -> None:
+        if n > self.size - self.pos:
+            raise GGUFHeaderError(f"GGUF header: {field} runs past the end of the file "
+                                  f"({self.size - self.pos} bytes remain at offset {self.pos})")
+
+    def scalar(self, vtype: int, field: str = "a value") -> Any:
         dt = np.dtype(_SCALARS[vtype])
+        self.need(dt.itemsize, field)
         value = np.frombuffer(self.mem, dt, 1, self.pos)[0].item()
         self.pos += dt.itemsize
         return bool(value) if vtype == _BOOL else value
 
-    def string(self) -> str:
-        n = self.scalar(10)
+    def count(self, field: str, item_size: int) -> int:
+        """A u64 count of items of at least ``item_size`` bytes each, which the rest of the file must hold."""
+        n = self.scalar(10, field)
+        if n * item_size > self.size - self.pos:
+            raise GGUFHeaderError(f"GGUF header: {field} declares more than the {self.size - self.pos} bytes "
+                                  f"left in the file can hold")
+        return n
+
+    def string(self, field: str = "a string") -> str:
+        n = self.count(f"the length of {field}", 1)
         text = bytes(self.mem[self.pos:self.pos + n]).decode("utf-8", errors="replace")
         self.pos += n
         return text
 
-    def value(self, vtype: int) -> Any:
+    def value_type(self, field: str) -> int:
+        vtype = self.scalar(4, f"the type of {field}")
+        if vtype not in _SCALARS and vtype not in (8, 9):
+            raise GGUFHeaderError(f"GGUF header: {field} has an unknown value type")
+        return vtype
+
+    def value(self, vtype: int, field: str, depth: int = 0) -> Any:
         if vtype == 8:
-            return self.string()
+            return self.string(field)
         if vtype != 9:
-            return self.scalar(vtype)
-        item, count = self.scalar(4), self.scalar(10)
+            return self.scalar(vtype, field)
+        if depth >= _MAX_NESTING:
+            raise GGUFHeaderError(f"GGUF header: {field} nests arrays more than {_MAX_NESTING} deep")
+        item = self.value_type(f"the items of {field}")
         if item in _SCALARS:
             dt = np.dtype(_SCALARS[item])
+            count = self.count(f"the array {field}", dt.itemsize)
             values = np.frombuffer(self.mem, dt, count, self.pos)
             self.pos += dt.itemsize * count
             return [bool(v) for v in values] if item == _BOOL else values.tolist()
         if item == 8:
-            mem, pos, out = self.mem, self.pos, [None] * count
+            count = self.count(f"the string array {field}", 8)  # each string has at least its u64 length
+            mem, pos, size, out = self.mem, self.pos, self.size, [None] * count
             for i in range(count):
+                if pos + 8 > size:
+                    raise GGUFHeaderError(f"GGUF header: string {i} of {field} runs past the end of the file")
                 n = int.from_bytes(mem[pos:pos + 8], "little")
+                if n > size - pos - 8:
+                    raise GGUFHeaderError(f"GGUF header: string {i} of {field} runs past the end of the file")
                 out[i] = str(mem[pos + 8:pos + 8 + n], "utf-8", "replace")
                 pos += 8 + n
             self.pos = pos
             return out
-        return [self.value(item) for _ in range(count)]  # arrays of arrays: rare and small
+        count = self.count(f"the array {field}", 12)  # an array item has at least its type and count
+        return [self.value(item, field, depth + 1) for _ in range(count)]
 
 
 def _parse(buf: np.ndarray) -> tuple[dict[str, object], list[tuple[str, tuple[int, ...], int, int]], int]:
     """(metadata, [(name, ggml dims, ggml type, offset in the data section)], start of the data section)."""
     cur = _Cursor(buf)
     if bytes(cur.mem[:4]) != b"GGUF":
-        raise ValueError("no GGUF magic")
+        raise GGUFHeaderError("no GGUF magic")
     cur.pos = 4
-    version = cur.scalar(4)
+    version = cur.scalar(4, "the version")
     if version & 0xFFFF == 0 and version >> 16 in (2, 3):
-        raise ValueError("big-endian GGUF files are not supported")
+        raise GGUFHeaderError("big-endian GGUF files are not supported")
     if version not in (2, 3):
-        raise ValueError(f"GGUF version {version} (runlm reads 2 and 3)")
-    n_tensors, n_kv = cur.scalar(10), cur.scalar(10)
+        raise GGUFHeaderError(f"GGUF version {version} (runlm reads 2 and 3)")
+    n_tensors = cur.scalar(10, "the tensor count")
+    n_kv = cur.count("the metadata count", _MIN_KV)
+    if n_tensors * _MIN_TENSOR > cur.size - cur.pos:
+        raise GGUFHeaderError("GGUF header: the tensor count declares more tensors than the file can hold")
     metadata: dict[str, object] = {}
-    for _ in range(n_kv):
-        key = cur.string()
-        metadata[key] = cur.value(cur.scalar(4))
+    for i in range(n_kv):
+        key = cur.string(f"metadata key {i}")
+        metadata[key] = cur.value(cur.value_type(repr(key)), repr(key))
     tensors = []
-    for _ in range(n_tensors):
-        name = cur.string()
-        dims = tuple(cur.scalar(10) for _ in range(cur.scalar(4)))
-        tensors.append((name, dims, cur.scalar(4), cur.scalar(10)))
-    align = int(metadata.get("general.alignment", 32))  # type: ignore[arg-type]
+    for i in range(n_tensors):
+        name = cur.string(f"the name of tensor {i}")
+        n_dims = cur.scalar(4, f"the dimension count of tensor {name!r}")
+        if n_dims > _MAX_DIMS:
+            raise GGUFHeaderError(f"GGUF header: tensor {name!r} has more than {_MAX_DIMS} dimensions")
+        dims = tuple(cur.scalar(10, f"the shape of tensor {name!r}") for _ in range(n_dims))
+        tensors.append((name, dims, cur.scalar(4, f"the type of tensor {name!r}"),
+                        cur.scalar(10, f"the offset of tensor {name!r}")))
+    align = metadata.get("general.alignment", 32)
+    if not isinstance(align, int) or isinstance(align, bool) or not 0 < align <= 1 << 20:
+        raise GGUFHeaderError("GGUF header: general.alignment is not a positive integer of at most 1 MiB")
     return metadata, tensors, (cur.pos + align - 1) // align * align
 
 
@@ -116,11 +166,15 @@ def read_header(path: str | os.PathLike) -> tuple[np.ndarray, dict[str, object],
             qtype = gguf.GGMLQuantizationType(type_id)
         except ValueError:
             raise ValueError(f"tensor {name!r} has an unknown ggml type {type_id}") from None
+        if qtype not in gguf.GGML_QUANT_SIZES:
+            raise GGUFHeaderError(f"tensor {name!r} has a ggml type runlm cannot size")
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        n_values = int(np.prod(dims, dtype=np.int64))
+        n_values = math.prod(dims)  # python ints: a shape cannot overflow into a small size
+        if n_values > data.nbytes * block or (dims and dims[0] % block):
+            raise GGUFHeaderError(f"tensor {name!r} has a shape that does not fit its type or the file")
         info = TensorInfo(name, tuple(reversed(dims)), qtype.name, n_values // block * type_size, data_start + offset)
         if info.offset + info.n_bytes > data.nbytes:
-            raise ValueError(f"tensor {name!r} runs past the end of the file (needs bytes {info.offset}.."
+            raise GGUFHeaderError(f"tensor {name!r} runs past the end of the file (needs bytes {info.offset}.."
                              f"{info.offset + info.n_bytes}, file has {data.nbytes}); truncated download?")
         tensors[name] = info
     return data, metadata, tensors

@@ -120,10 +120,22 @@ def _check_merges(vocab: Mapping[str, int], merges: Sequence[tuple[str, ...]], p
             raise ModelFormatError(f"{path}: merge {a!r} + {b!r} uses a token missing from the vocabulary")
 
 
+MAX_JSON_FILE = 64 << 20        # tokenizer_config.json, config.json and the like: real ones are far smaller
+MAX_TOKENIZER_FILE = 512 << 20  # tokenizer.json (the largest real ones are tens of MB)
+MAX_TEMPLATE_FILE = 4 << 20     # chat_template.jinja
+
+
+def _check_size(path: Path, limit: int) -> None:
+    size = path.stat().st_size
+    if size > limit:
+        raise ModelFormatError(f"{path}: {size} bytes, more than the {limit} runlm reads from such a file")
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
+        _check_size(path, MAX_JSON_FILE)
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelFormatError(f"{path}: cannot read JSON: {exc}") from None
@@ -264,6 +276,7 @@ class Tokenizer:
         if not file.is_file():
             raise ModelFormatError(f"{path}: no tokenizer.json (runlm needs a fast tokenizer)")
         try:
+            _check_size(file, MAX_TOKENIZER_FILE)
             hf = HFTokenizer.from_file(str(file))
         except Exception as exc:
             raise ModelFormatError(f"{file}: cannot read the tokenizer: {exc}") from None
@@ -279,6 +292,7 @@ class Tokenizer:
             template = next((t.get("template") for t in template if isinstance(t, dict)
                              and t.get("name") == "default"), None)
         if (path / "chat_template.jinja").is_file():  # transformers: the file wins over the config entry
+            _check_size(path / "chat_template.jinja", MAX_TEMPLATE_FILE)
             template = (path / "chat_template.jinja").read_text(encoding="utf-8")
         stops = [*_id_list(_read_json(path / "generation_config.json").get("eos_token_id")),
                  *_id_list(_read_json(path / "config.json").get("eos_token_id"))]

@@ -11,9 +11,9 @@ from typing import Any
 from runlm.engine.async_inproc import AsyncLLM
 from runlm.engine.llm import encode_chat
 from runlm.engine.types.sampling_params import SamplingParams
-from runlm.formats.chat_template import ChatTemplateError
+from runlm.formats.chat_template import ChatTemplateError, ChatTemplateLimitError
 from runlm.formats.template_limits import RenderLimitError
-from runlm.server.errors import bad_request
+from runlm.server.errors import APIError, bad_request
 from runlm.server.render import render_off_loop
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -72,10 +72,15 @@ async def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]
         return await render_off_loop(lambda: encode_chat(engine.tokenizer, msgs, template,
                                                          add_generation_prompt=add_generation_prompt,
                                                          tools=tools, **extra))
+    except (ChatTemplateLimitError, RenderLimitError) as exc:
+        # a template past its limits is the template's fault: the client's (400) or the model's (500)
+        text = str(exc) if isinstance(exc, ChatTemplateLimitError) else f"chat template failed: {exc}"
+        if template is not None:
+            raise bad_request(f"the request's {text}", "chat_template_kwargs.chat_template",
+                              code="chat_template_limit") from None
+        raise APIError(500, f"the model's {text}", code="chat_template_limit") from None
     except ChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None
-    except RenderLimitError as exc:
-        raise bad_request(f"chat template failed: {exc}", "messages") from None
     except TypeError as exc:  # e.g. a message of the wrong shape for the template
         raise bad_request(f"the messages do not fit the model's chat template: {exc}", "messages") from None
 

@@ -1,9 +1,9 @@
 """Chat templates rendered off the event loop, so a slow one never stalls other requests or health checks.
 
-Each render runs in a thread of its own. The template checks its deadline itself at every call,
-filter and range step (runlm/formats/template_limits.py); a loop it cannot see is stopped from here,
-by raising an exception in the thread once the deadline has passed. Threads still running (stuck in
-one C call) are counted, and past MAX_RENDERS a request is turned away instead of adding another.
+Each render runs in a thread of its own, which hands the template to a worker process with a memory and CPU
+limit (runlm/formats/template_process.py) and waits without the GIL; the worker is killed past its deadline.
+As a second line, a thread still waiting past HARD_STOP_SECONDS gets an exception raised in it from here.
+Threads still running are counted, and past MAX_RENDERS a request is turned away instead of adding another.
 """
 from __future__ import annotations
 

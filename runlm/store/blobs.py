@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 CHUNK = 1 << 20
@@ -53,13 +54,18 @@ class BlobStore:
 
     def put_file(self, src: Path, on_bytes: Callable[[int], None] | None = None) -> tuple[str, int]:
         """Copy ``src`` in, hashing as it goes; returns (digest, size). A blob that exists is not copied twice."""
+        with open(src, "rb") as fin:
+            return self.put_open_file(fin, on_bytes)
+
+    def put_open_file(self, fin: BinaryIO, on_bytes: Callable[[int], None] | None = None) -> tuple[str, int]:
+        """``put_file`` from a file already open (read from where it stands to its end)."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
         h = hashlib.sha256()
         fd, tmp_name = tempfile.mkstemp(dir=self.tmp, prefix="blob-")
         tmp = Path(tmp_name)
         try:
-            with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
+            with os.fdopen(fd, "wb") as fout:
                 while chunk := fin.read(CHUNK):
                     h.update(chunk)
                     fout.write(chunk)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -108,12 +109,52 @@ def inspect_gguf(path: Path) -> ModelInfo:
         sampling=from_gguf_metadata(metadata))
 
 
+MAX_SAFETENSORS_HEADER = 100 << 20
+
+
 def _safetensors_header(path: Path) -> dict[str, Any]:
+    """The header of a safetensors file, every length and offset in it checked against the file's size.
+    Errors name the field at fault, never a value read from the file."""
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise ModelFormatError(f"{path.name}: too short for a safetensors header ({size} bytes)")
         (n,) = struct.unpack("<Q", f.read(8))
-        if n > 100 << 20:
-            raise ModelFormatError(f"{path.name}: safetensors header of {n} bytes is not plausible")
-        return json.loads(f.read(n))
+        if n > min(size - 8, MAX_SAFETENSORS_HEADER):
+            raise ModelFormatError(f"{path.name}: the safetensors header length runs past the end of the file "
+                                   f"({size} bytes) or past {MAX_SAFETENSORS_HEADER} bytes")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise ModelFormatError(f"{path.name}: the safetensors header is not UTF-8 JSON") from None
+    if not isinstance(header, dict):
+        raise ModelFormatError(f"{path.name}: the safetensors header is not a JSON object")
+    data_size = size - 8 - n
+    for name, t in header.items():
+        if name == "__metadata__":
+            if not isinstance(t, dict):
+                raise ModelFormatError(f"{path.name}: the safetensors __metadata__ is not a JSON object")
+            continue
+        _check_tensor_entry(path, name, t, data_size)
+    return header
+
+
+def _check_tensor_entry(path: Path, name: str, t: Any, data_size: int) -> None:
+    where = f"{path.name}: tensor {name[:200]!r}"
+    if not isinstance(t, dict) or not isinstance(t.get("dtype"), str):
+        raise ModelFormatError(f"{where}: the safetensors entry has no dtype")
+    shape, offsets = t.get("shape"), t.get("data_offsets")
+    if not isinstance(shape, list) or len(shape) > 8 or \
+            not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= data_size for d in shape):
+        raise ModelFormatError(f"{where}: the safetensors shape is not a list of at most 8 sizes that fit the file")
+    if not isinstance(offsets, list) or len(offsets) != 2 or \
+            not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets) or \
+            not 0 <= offsets[0] <= offsets[1] <= data_size:
+        raise ModelFormatError(f"{where}: the safetensors data_offsets run outside the file's data")
+    n_values = math.prod(shape)
+    if n_values > 0 and offsets[1] - offsets[0] < n_values // 8:  # no dtype is smaller than a bit
+        raise ModelFormatError(f"{where}: the safetensors shape needs more bytes than its data_offsets give")
 
 
 def count_parameters(files: list[Path]) -> tuple[int, dict[str, int]]:
@@ -128,11 +169,23 @@ def count_parameters(files: list[Path]) -> tuple[int, dict[str, int]]:
     return params, dtypes
 
 
+MAX_SIDE_FILE = 64 << 20  # config.json, tokenizer_config.json, chat_template.jinja: real ones are far smaller
+
+
+def _read_capped(path: Path) -> str:
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size > MAX_SIDE_FILE:
+            raise ModelFormatError(f"{path.name}: larger than the {MAX_SIDE_FILE} bytes runlm reads from such a file")
+        return f.read(MAX_SIDE_FILE).decode("utf-8")
+
+
 def inspect_safetensors_dir(directory: Path) -> ModelInfo:
     try:
-        cfg = json.loads((directory / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelFormatError(f"{directory.name}: no readable config.json ({exc})") from exc
+        cfg = json.loads(_read_capped(directory / "config.json"))
+    except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError, a file too large
+        raise ModelFormatError(f"{directory.name}: no readable config.json ({type(exc).__name__})") from None
+    if not isinstance(cfg, dict):
+        raise ModelFormatError(f"{directory.name}: config.json is not a JSON object")
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ModelFormatError(f"{directory.name}: no *.safetensors weights next to config.json")
@@ -145,9 +198,10 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
         caps = ["embedding"]
     template = None
     if (directory / "chat_template.jinja").exists():
-        template = (directory / "chat_template.jinja").read_text()
+        template = _read_capped(directory / "chat_template.jinja")
     elif (directory / "tokenizer_config.json").exists():
-        template = json.loads((directory / "tokenizer_config.json").read_text()).get("chat_template")
+        tok_cfg = json.loads(_read_capped(directory / "tokenizer_config.json"))
+        template = tok_cfg.get("chat_template") if isinstance(tok_cfg, dict) else None
     heads = int(cfg.get("num_attention_heads", 1))
     hidden = int(cfg.get("hidden_size", 0))
     return ModelInfo(

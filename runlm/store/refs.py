@@ -196,6 +196,8 @@ class RefStore:
             size = self.blobs.adopt(partial, digest)
             files = [{"path": SINGLE_FILE_NAME, "digest": digest, "size": size}]
             return self._manifest(files, "file", info, source)
+        if source.kind == "local" and not source.access.any and source.access.root is not None:
+            return self._ingest_under(source, source.access.root, report)
         path = fetch_hf(source.location, source.tag) if source.kind == "hf" else Path(source.location)
         info = inspect_model(path)  # refuse what is not a model before copying anything
         # a single file's name is not part of its identity: the same bytes are the same model
@@ -220,6 +222,31 @@ class RefStore:
             report(PullProgress(status, digest, size, size))
             files.append({"path": rel, "digest": digest, "size": size})
         return self._manifest(files, "file" if path.is_file() else "dir", info, source)
+
+    def _ingest_under(self, source: Source, root: Path, report: ProgressCallback) -> dict:
+        """A local import for a daemon's --allow-local-import DIR: each file opened once under DIR, its headers
+        read and its bytes hashed and copied through that one handle (runlm/store/local_import.py)."""
+        from runlm.store.local_import import open_model
+
+        with open_model(root, Path(source.location), SINGLE_FILE_NAME) as (opened, model):
+            info = inspect_model(model)  # refuse what is not a model before copying anything
+            files = []
+            for f in opened:
+                status = f"pulling {f.rel[:40]}"
+                done = 0
+
+                def on_bytes(n: int, status: str = status, size: int = f.size) -> None:
+                    nonlocal done
+                    done += n
+                    report(PullProgress(status, None, size, done))
+
+                os.lseek(f.fd, 0, os.SEEK_SET)  # inspecting read through the same open file
+                with os.fdopen(os.dup(f.fd), "rb") as fin:
+                    digest, size = self.blobs.put_open_file(fin, on_bytes)
+                report(PullProgress(status, digest, size, size))
+                files.append({"path": f.rel, "digest": digest, "size": size})
+            layout = "dir" if model.is_dir() and not model.is_symlink() else "file"
+        return self._manifest(files, layout, info, source)
 
     def _drop_stale_partials(self) -> None:
         """Interrupted downloads nobody resumed within PARTIAL_MAX_AGE are deleted, not kept for ever."""

@@ -13,6 +13,7 @@ digest-checked, time-limited download (runlm/store/download.py).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from urllib.parse import urljoin
 
 import httpx
 
+from runlm.store.download import DownloadError, follow_redirect
 from runlm.store.oci import media
 from runlm.store.oci.credentials import Credentials
 from runlm.store.oci.reference import Reference
@@ -28,6 +30,8 @@ from runlm.store.oci.reference import Reference
 CHUNK_SIZE = 64 << 20   # blobs larger than this go up in PATCH chunks of this size
 READ_SIZE = 1 << 20
 MAX_MANIFEST = 4 << 20  # the spec lets registries refuse manifests over 4 MiB; so do we, on the way in
+MAX_REPLY = 64 << 10    # error bodies and token replies: what is read of them
+MAX_REDIRECTS = 5
 
 
 class RegistryError(RuntimeError):
@@ -61,8 +65,9 @@ class RegistryClient:
         self.chunk_size = chunk_size
         self._auth: str | None = None       # the Authorization header that last worked
         self._tokens: dict[str, str] = {}   # scope -> bearer token
+        # redirects are followed here (``_send``), so none carries credentials elsewhere or reads a body
         self.http = httpx.Client(timeout=httpx.Timeout(connect_timeout, read=idle_timeout, write=idle_timeout),
-                                 follow_redirects=True)
+                                 follow_redirects=False, headers={"Accept-Encoding": "identity"})
 
     def close(self) -> None:
         self.http.close()
@@ -77,17 +82,36 @@ class RegistryClient:
     def url(self, ref: Reference, path: str) -> str:
         return f"{self.scheme}://{ref.api_host}/v2/{ref.repository}/{path}"
 
+    def _send(self, method: str, url: str, headers: dict[str, str],
+              body: Callable[[], bytes | Iterator[bytes]] | None) -> httpx.Response:
+        """One request, its body unread, following redirects as downloads do (runlm/store/download.py)."""
+        for _ in range(MAX_REDIRECTS + 1):
+            req = self.http.build_request(method, url, headers=headers, content=body() if body else None)
+            resp = self.http.send(req, stream=True)
+            if not resp.is_redirect:
+                return resp
+            resp.close()
+            try:
+                url, headers = follow_redirect(resp, url, headers)
+            except DownloadError as exc:
+                raise RegistryError(str(exc)) from None
+            if resp.status_code == 303 or (resp.status_code in (301, 302) and method not in ("GET", "HEAD")):
+                method, body = "GET", None  # as browsers and httpx do
+                headers = {k: v for k, v in headers.items() if k.lower() not in ("content-length", "content-type")}
+        raise RegistryError(f"{method} {url}: more than {MAX_REDIRECTS} redirects")
+
     def request(self, method: str, url: str, scope: str, headers: dict[str, str] | None = None,
                 body: Callable[[], bytes | Iterator[bytes]] | None = None, stream: bool = False) -> httpx.Response:
-        """One request, answering an auth challenge once. ``body`` makes the content afresh for a retry."""
+        """One request, answering an auth challenge once. ``body`` makes the content afresh for a retry.
+        The answer's body is never read here (``stream`` is kept for callers; every answer streams): read it
+        with ``read_capped``."""
         for attempt in range(2):
             hdrs = dict(headers or {})
             auth = self._tokens.get(scope) and f"Bearer {self._tokens[scope]}" or self._auth
             if auth:
                 hdrs["Authorization"] = auth
             try:
-                req = self.http.build_request(method, url, headers=hdrs, content=body() if body else None)
-                resp = self.http.send(req, stream=stream)
+                resp = self._send(method, url, hdrs, body)
             except httpx.ConnectError as exc:
                 raise RegistryError(f"cannot reach the registry {self.registry} ({self.scheme}): {exc}") from None
             except httpx.TimeoutException as exc:
@@ -133,11 +157,21 @@ class RegistryClient:
             [("service", params["service"])] if params.get("service") else []
         query += [("scope", s) for s in scope.split(" ") if s]
         headers = {"Authorization": self.creds.basic()} if self.creds else {}
+        realm = httpx.URL(params["realm"])
+        if realm.scheme not in ("http", "https") or (self.scheme == "https" and realm.scheme != "https"):
+            raise RegistryAuthError(f"the registry {self.registry} sends for tokens to a {realm.scheme} realm; "
+                                    f"refused (credentials never go over plain http from an https registry)")
         try:
-            resp = self.http.get(params["realm"], params=query, headers=headers)
+            resp = self._send("GET", str(realm.copy_merge_params(query)), headers, None)
+            try:
+                reply = read_capped(resp, MAX_REPLY) if resp.status_code == 200 else b""
+            finally:
+                resp.close()
         except httpx.HTTPError as exc:
             raise RegistryError(f"cannot reach the token service of {self.registry} ({params['realm']}): "
                                 f"{type(exc).__name__}: {exc}") from None
+        except ReplyTooLarge:
+            raise RegistryError(f"the token service of {self.registry} answered more than {MAX_REPLY} bytes") from None
         if resp.status_code in (401, 403):
             raise RegistryAuthError(self._refused() if self.creds else
                                     f"the registry {self.registry} gives no anonymous access to {scope}: "
@@ -145,7 +179,7 @@ class RegistryClient:
         if resp.status_code != 200:
             raise RegistryError(f"the token service of {self.registry} answered HTTP {resp.status_code}")
         try:
-            data = resp.json()
+            data = json.loads(reply)
             return str(data.get("token") or data["access_token"])
         except (ValueError, KeyError, AttributeError):
             raise RegistryError(f"the token service of {self.registry} answered without a token") from None
@@ -153,10 +187,9 @@ class RegistryClient:
     def _fail(self, resp: httpx.Response, what: str) -> RegistryError:
         detail = ""
         try:
-            resp.read()  # a streamed answer may not have been read yet
-            errors = resp.json().get("errors") or []
+            errors = json.loads(read_capped(resp, MAX_REPLY)).get("errors") or []
             detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors if isinstance(e, dict))
-        except (ValueError, AttributeError, httpx.HTTPError, httpx.StreamError):
+        except (ValueError, AttributeError, httpx.HTTPError, httpx.StreamError, ReplyTooLarge):
             pass  # no error body in the spec's shape: the status says it
         resp.close()
         return RegistryError(f"{what}: the registry {self.registry} answered HTTP {resp.status_code}"
@@ -285,6 +318,24 @@ class RegistryClient:
             location = urljoin(location, resp.headers["location"])
             offset += n
         return location
+
+
+class ReplyTooLarge(RegistryError):
+    """A registry's answer ran past what runlm reads of such an answer."""
+
+
+def read_capped(resp: httpx.Response, limit: int) -> bytes:
+    """A streamed answer's body, at most ``limit`` bytes: more raises ReplyTooLarge (a Content-Length over the
+    limit before anything is read)."""
+    length = resp.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise ReplyTooLarge(f"{resp.request.url}: an answer of {length} bytes (the limit is {limit})")
+    body = bytearray()
+    for chunk in resp.iter_raw():
+        body += chunk
+        if len(body) > limit:
+            raise ReplyTooLarge(f"{resp.request.url}: an answer of more than {limit} bytes")
+    return bytes(body)
 
 
 def _read(path: Path, start: int, n: int, on_bytes: Callable[[int], None] | None) -> Iterator[bytes]:

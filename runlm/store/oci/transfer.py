@@ -22,7 +22,7 @@ from runlm.store.metadata import ModelInfo
 from runlm.store.names import ModelName
 from runlm.store.oci import artifact, media
 from runlm.store.oci.artifact import ArtifactError, Layer
-from runlm.store.oci.client import RegistryClient, RegistryError
+from runlm.store.oci.client import RegistryClient, RegistryError, ReplyTooLarge, read_capped
 from runlm.store.oci.credentials import lookup
 from runlm.store.oci.reference import Reference, parse_reference
 from runlm.store.progress import ProgressCallback, PullProgress
@@ -213,12 +213,18 @@ def inspect_remote(store: RefStore, reference: str, insecure: bool = False) -> d
         manifest = json.loads(got.body)
         out = {"reference": str(ref), "digest": got.digest, "mediaType": got.media_type, "manifest": manifest}
         config = manifest.get("config") or {}
-        if config.get("digest") and 0 < int(config.get("size", 0)) <= 1 << 20:
+        size = config.get("size")
+        if config.get("digest") and isinstance(size, int) and 0 < size <= 1 << 20:
             resp = client.request("GET", client.blob_url(ref, config["digest"]), client.scope(ref))
-            if resp.status_code == 200 and "sha256:" + hashlib.sha256(resp.content).hexdigest() == config["digest"]:
+            try:  # read at its declared size, no more
+                body = read_capped(resp, size) if resp.status_code == 200 else b""
+            except ReplyTooLarge:
+                body = b""
+            finally:
+                resp.close()
+            if body and "sha256:" + hashlib.sha256(body).hexdigest() == config["digest"]:
                 with contextlib.suppress(ValueError):
-                    out["config"] = json.loads(resp.content)
-            resp.close()
+                    out["config"] = json.loads(body)
     with contextlib.suppress(ArtifactError):
         plan = artifact.plan(manifest)
         out["files"] = [{"path": la.path, "digest": la.digest, "size": la.size} for la in plan.layers]
@@ -238,7 +244,7 @@ def _pull_blob(store: RefStore, client: RegistryClient, ref: Reference, layer: L
     store._drop_stale_partials()
     try:
         digest = download(client.blob_url(ref, layer.digest), partial, layer.digest, report,
-                          store.download_limits, headers=client.auth_headers(ref), status=status)
+                          store.download_limits, headers=client.auth_headers(ref), status=status, size=layer.size)
     except BlobDigestError as exc:
         raise BlobDigestError(f"{ref}: refused a blob whose bytes do not match its digest, nothing stored "
                               f"(the registry's copy is damaged or was tampered with): {exc}") from None

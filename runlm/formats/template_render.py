@@ -1,0 +1,63 @@
+"""A chat template rendered in this process, in jinja's sandbox with every string-growing operation bounded
+(runlm/formats/template_limits.py): what a template worker (runlm/formats/template_process.py) runs. The
+variables and helpers are transformers' ``apply_chat_template``'s."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import jinja2.ext
+
+from runlm.formats.template_limits import RENDER_SECONDS, BoundedSandbox, bounded_output
+
+
+class ChatTemplateError(ValueError):
+    """The template failed to render (or raised on purpose through raise_exception)."""
+
+
+class ChatTemplateLimitError(ChatTemplateError):
+    """The template ran past a limit (size, time, memory, CPU): the template is at fault, not the messages."""
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """jinja's namespace(), refusing dunder names so templates cannot reach interpreter internals."""
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"chat templates cannot set {name!r} on a namespace")
+        super().__setitem__(name, value)
+
+
+@lru_cache(maxsize=32)
+def _compile(source: str) -> jinja2.Template:
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["namespace"] = _Namespace
+    return env.from_string(source)
+
+
+def render_in_process(source: str, context: dict[str, Any]) -> str:
+    """The render itself, in this process: what a template worker runs."""
+    try:
+        compiled = _compile(source)
+        return bounded_output(compiled.generate(**context), RENDER_SECONDS)
+    except jinja2.exceptions.TemplateError as exc:
+        raise ChatTemplateError(f"chat template failed: {exc}") from exc
