@@ -41,7 +41,7 @@ class _Cursor:
     ``np.frombuffer`` each; string arrays (tokens, merges) in one tight loop over their lengths."""
 
     def __init__(self, buf: np.ndarray) -> None:
-        self.mem, self.pos = memoryview(buf), 0
+        self.mem, self.pos = buf.data, 0
 
     def scalar(self, vtype: int) -> Any:
         dt = np.dtype(_SCALARS[vtype])
@@ -67,7 +67,7 @@ class _Cursor:
             self.pos += dt.itemsize * count
             return [bool(v) for v in values] if item == _BOOL else values.tolist()
         if item == 8:
-            mem, pos, out = self.mem, self.pos, [None] * count
+            mem, pos, out = self.mem, self.pos, [""] * count
             for i in range(count):
                 n = int.from_bytes(mem[pos:pos + 8], "little")
                 out[i] = str(mem[pos + 8:pos + 8 + n], "utf-8", "replace")
@@ -98,7 +98,9 @@ def _parse(buf: np.ndarray) -> tuple[dict[str, object], list[tuple[str, tuple[in
         name = cur.string()
         dims = tuple(cur.scalar(10) for _ in range(cur.scalar(4)))
         tensors.append((name, dims, cur.scalar(4), cur.scalar(10)))
-    align = int(metadata.get("general.alignment", 32))  # type: ignore[arg-type]
+    align = metadata.get("general.alignment", 32)
+    if not isinstance(align, int):
+        raise ValueError(f"general.alignment {align!r} is not an integer")
     return metadata, tensors, (cur.pos + align - 1) // align * align
 
 
