@@ -123,7 +123,9 @@ def lora_targets(model: torch.nn.Module) -> dict[str, _Target]:
     from runlm.models.llama import MLP
 
     targets: dict[str, _Target] = {}
-    for i, layer in enumerate(model.model.layers):  # type: ignore[union-attr]
+    layers = model.get_submodule("model.layers")
+    assert isinstance(layers, torch.nn.ModuleList)
+    for i, layer in enumerate(layers):
         prefix = f"model.layers.{i}"
         attn = getattr(layer, "self_attn", None)
         if attn is not None and hasattr(attn, "qkv_proj"):
@@ -161,7 +163,7 @@ def _interleave(w: torch.Tensor, heads: int) -> torch.Tensor:
 def attach(model: torch.nn.Module, key: int, weights: LoRAWeights, max_rank: int | None = None) -> None:
     """Check every module of ``weights`` against the model, then attach them all under ``key`` (all or nothing)."""
     targets = lora_targets(model)
-    interleaved = bool(getattr(model.model.rope, "interleaved", False))  # type: ignore[union-attr]
+    interleaved = bool(getattr(model.get_submodule("model.rope"), "interleaved", False))
     per_layer: dict[int, tuple[Linear, list[tuple[int, int, torch.Tensor, torch.Tensor]]]] = {}
     for name, m in weights.modules.items():
         t = targets.get(name)
