@@ -52,7 +52,7 @@ class _Cursor:
     Every count and length is checked against the bytes that remain before anything is allocated."""
 
     def __init__(self, buf: np.ndarray) -> None:
-        self.mem, self.pos = memoryview(buf), 0
+        self.mem, self.pos = buf.data, 0
         self.size = len(self.mem)
 
     def need(self, n: int, field: str) -> None:
@@ -103,7 +103,7 @@ class _Cursor:
             return [bool(v) for v in values] if item == _BOOL else values.tolist()
         if item == 8:
             count = self.count(f"the string array {field}", 8)  # each string has at least its u64 length
-            mem, pos, size, out = self.mem, self.pos, self.size, [None] * count
+            mem, pos, size, out = self.mem, self.pos, self.size, [""] * count
             for i in range(count):
                 if pos + 8 > size:
                     raise GGUFHeaderError(f"GGUF header: string {i} of {field} runs past the end of the file")

@@ -96,10 +96,11 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         check_deadline()
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
-                if _sized(seq) is not None and isinstance(times, int):
-                    _check_size(_sized(seq) * times)  # type: ignore[operator]  # _sized is not None here
-        elif operator == "+" and _sized(left) is not None and _sized(right) is not None:
-            _check_size(_sized(left) + _sized(right))  # type: ignore[operator]
+                size = _sized(seq)
+                if size is not None and isinstance(times, int):
+                    _check_size(size * times)
+        elif operator == "+" and (a := _sized(left)) is not None and (b := _sized(right)) is not None:
+            _check_size(a + b)
         elif operator == "**" and isinstance(right, int) and abs(right) > MAX_EXPONENT:
             raise RenderLimitError(f"the chat template raises to the power {right} (the limit is {MAX_EXPONENT})")
         elif operator == "%" and isinstance(left, str):

@@ -71,7 +71,7 @@ def generate_merges(vocab: Mapping[str, int], scores: Mapping[str, float]) -> li
     return [(a, b) for a, b, _ in merges]
 
 
-def _sentencepiece(tokens: list[str], scores: Sequence[float] | None, merges: list[tuple[str, ...]] | None,
+def _sentencepiece(tokens: Sequence[str], scores: Sequence[float] | None, merges: list[tuple[str, str]] | None,
                    arch: str | None, unk: int | None, path: Any) -> HFTokenizer:
     """A SentencePiece ("llama") vocabulary as transformers builds it from a GGUF, by architecture: Llama's
     (Metaspace, a prefix space on the first word); Gemma's (no prefix space, spaces spelled "\u2581" by a
@@ -107,13 +107,13 @@ def _template(bos: str | None, bos_id: int | None, eos: str | None, eos_id: int 
               add_bos: bool, add_eos: bool) -> processors.TemplateProcessing:
     """The post-processor transformers builds for add_bos_token / add_eos_token."""
     add_bos, add_eos = add_bos and bos is not None, add_eos and eos is not None
-    single = f"{bos + ':0 ' if add_bos else ''}$A:0{' ' + eos + ':0' if add_eos else ''}"
-    pair = f"{single}{' ' + bos + ':1' if add_bos else ''} $B:1{' ' + eos + ':1' if add_eos else ''}"
+    single = (f"{bos}:0 " if add_bos else "") + "$A:0" + (f" {eos}:0" if add_eos else "")
+    pair = single + (f" {bos}:1" if add_bos else "") + " $B:1" + (f" {eos}:1" if add_eos else "")
     special = ([(bos, bos_id)] if add_bos else []) + ([(eos, eos_id)] if add_eos else [])
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
 
 
-def _check_merges(vocab: Mapping[str, int], merges: Sequence[tuple[str, ...]], path: Any) -> None:
+def _check_merges(vocab: Mapping[str, int], merges: Sequence[tuple[str, str]], path: Any) -> None:
     """tokenizers panics (not raises) on some bad merges, so check them first."""
     for a, b in merges:
         if a not in vocab or b not in vocab or a + b not in vocab:
@@ -181,7 +181,7 @@ class Tokenizer:
             self.eos_token_id, self.eos_token = extra_stop_ids[0], hf.id_to_token(extra_stop_ids[0])
         self.chat_template = chat_template
         self.special_ids: frozenset[int] = frozenset(i for i, t in hf.get_added_tokens_decoder().items() if t.special)
-        eot = {self._id(t) for t in END_OF_TURN} & self.special_ids
+        eot = self.special_ids & {self._id(t) for t in END_OF_TURN}
         self.stop_token_ids: frozenset[int] = frozenset(
             {i for i in (self.eos_token_id, *extra_stop_ids) if i is not None} | eot)
         empty = hf.encode("", add_special_tokens=True).ids
@@ -212,11 +212,12 @@ class Tokenizer:
         merges_raw = md.get("tokenizer.ggml.merges")
         if len(types) != len(tokens) or (scores is not None and len(scores) != len(tokens)):
             raise ModelFormatError(f"{path}: tokenizer.ggml.token_type/scores do not match the {len(tokens)} tokens")
-        merges = None
+        merges: list[tuple[str, str]] | None = None
         if merges_raw is not None:
-            merges = [tuple(m.split(" ")) for m in merges_raw]
-            if any(len(m) != 2 for m in merges):
-                raise ModelFormatError(f"{path}: malformed entry in tokenizer.ggml.merges")
+            try:
+                merges = [(a, b) for a, b in (m.split(" ") for m in merges_raw)]
+            except ValueError:  # not two tokens
+                raise ModelFormatError(f"{path}: malformed entry in tokenizer.ggml.merges") from None
         if kind not in ("gpt2", "llama"):
             raise ModelFormatError(f"{path}: tokenizer {kind!r} (architecture {arch!r}) is not supported; "
                                    f"runlm reads 'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies")
@@ -246,7 +247,7 @@ class Tokenizer:
         vocab_now = hf.get_vocab()
         hf.add_tokens([AddedToken(t, normalized=False, special=False) for t, k in zip(tokens, types)
                        if k == 4 and t in vocab_now])
-        split = PRE_TOKENIZER_SPLITS.get(md.get("tokenizer.ggml.pre"))
+        split = PRE_TOKENIZER_SPLITS.get(md.get("tokenizer.ggml.pre", ""))
         if split is not None:
             hf.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
                                                         pre_tokenizers.ByteLevel(add_prefix_space=False,

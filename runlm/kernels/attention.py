@@ -26,5 +26,5 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     pass through softcap * tanh(s / softcap) first. -> [T, H, D], or None when the kernel does not apply."""
     if not available():
         return None
-    return _kernel.module.paged_attention(q, k_cache, v_cache, slots, query_lens, context_lens, scale, window or 0,
-                                          softcap or 0.0)
+    return _kernel.loaded().paged_attention(q, k_cache, v_cache, slots, query_lens, context_lens, scale,
+                                            window or 0, softcap or 0.0)

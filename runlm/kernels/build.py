@@ -70,6 +70,8 @@ def _import_built(name: str) -> ModuleType | None:
         return None
     try:
         spec = importlib.util.spec_from_file_location(name, so)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"no loader for {so}")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
@@ -133,3 +135,8 @@ class LazyKernel:
             self.module = load_kernel(self.name, self.source, self.cflags, self.ldflags)
             self._tried = True
         return self.module is not None
+
+    def loaded(self) -> ModuleType:
+        """The module; call available() first."""
+        assert self.module is not None, f"runlm.kernels: {self.name} is unavailable"
+        return self.module

@@ -52,14 +52,14 @@ def available() -> bool:
         if _KERNEL is None:
             logger.info("runlm.kernels: libggml-python is not installed; quantized weights are dequantized")
         elif ok:
-            logger.info("runlm.kernels: ggml dot products on %s", _KERNEL.module.cpu_features() or "no SIMD")
+            logger.info("runlm.kernels: ggml dot products on %s", _KERNEL.loaded().cpu_features() or "no SIMD")
     return ok
 
 
 def module() -> ModuleType:
-    if not available():
+    if not available() or _KERNEL is None:
         raise RuntimeError("runlm's ggml kernels are unavailable (see the log for why)")
-    return _KERNEL.module
+    return _KERNEL.loaded()
 
 
 def supported(qtype: int) -> bool:

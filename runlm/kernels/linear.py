@@ -28,7 +28,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     weight should be contiguous (a strided one is copied on every call)."""
     if available():
-        y = _kernel.module.linear(x, weight, bias)  # None: not fp32/CPU, or autograd wants a graph
+        y = _kernel.loaded().linear(x, weight, bias)  # None: not fp32/CPU, or autograd wants a graph
         if y is not None:
             return y
     return F.linear(x, weight, bias)
@@ -46,7 +46,7 @@ def linear_q8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offs
     """``linear`` with block-quantized weights (w = q * scale + offset per 32 values along K), dequantized in
     registers: bitwise the fp32 kernel's result on the dequantized weights, reading a quarter of the bytes."""
     if available():
-        y = _kernel.module.linear_q8(x, qweight, scales, offsets, bias)
+        y = _kernel.loaded().linear_q8(x, qweight, scales, offsets, bias)
         if y is not None:
             return y
     return F.linear(x, dequantize_blocks(qweight, scales, offsets).to(x.dtype), bias)

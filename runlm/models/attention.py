@@ -47,7 +47,8 @@ class ForwardContext:
         g = 0 if self.layer_group is None else self.layer_group[layer]
         if g == 0:
             if self.flat_context_slots is None:
-                self.flat_context_slots = torch.cat(self.context_slots)  # type: ignore[arg-type]
+                assert self.context_slots is not None, "slots of a step without a cache"
+                self.flat_context_slots = torch.cat(self.context_slots)
             return self.slot_mapping, self.flat_context_slots, self.context_slots
         assert self.groups is not None
         group = self.groups[g - 1]
@@ -110,6 +111,7 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
     if ctx.kv_caches is not None:
         k_cache, v_cache = ctx.kv_caches[layer]
         slot_mapping, flat_slots, context_slots = ctx.slots_of(layer)
+        assert slot_mapping is not None  # a step with a cache gives every new token a slot
         k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
         out = kernels.paged_attention(q, k_cache, v_cache, flat_slots, ctx.query_lens, ctx.context_lens, scale,
@@ -121,7 +123,8 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
     for i, (q_len, kv_len) in enumerate(zip(ctx.query_lens, ctx.context_lens)):
         end = start + q_len
         if ctx.kv_caches is not None:
-            slots = context_slots[i]  # type: ignore[index]
+            assert context_slots is not None  # and every sequence its context's slots
+            slots = context_slots[i]
             ks, vs = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
         else:
             ks, vs = k[start:end], v[start:end]

@@ -107,7 +107,7 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
         arch = (cfg.get("architectures") or [None])[0]
-        model_type = cfg.get("model_type")
+        model_type = cfg.get("model_type", "")
         family = DECODER_HF_ARCHS.get(arch) or DECODER_HF_MODEL_TYPES.get(model_type) \
             or (model_type if model_type in DECODER_FAMILIES else None)
         if family is None:

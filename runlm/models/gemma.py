@@ -16,24 +16,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
-from torch import nn
 
 from runlm.models.attention import get_forward_context
 from runlm.models.config import ModelConfig
 from runlm.models.linear import Weight
-from runlm.models.llama import MLP, Attention, LlamaForCausalLM, LlamaModel, RMSNorm
+from runlm.models.llama import DecoderLayer, LlamaForCausalLM, LlamaModel, RMSNorm
 from runlm.models.rope import RotaryEmbedding
 
 
-class GemmaDecoderLayer(nn.Module):
+class GemmaDecoderLayer(DecoderLayer):
     fusable = True  # LlamaModel._forward_fused computes it, sandwich norms included
 
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
-        super().__init__()
-        self.self_attn = Attention(cfg, layer, rope)
-        self.mlp = MLP(cfg)
+        super().__init__(cfg, layer, rope)  # attention, MLP, input and post-attention norms
         eps, h = cfg.rms_norm_eps, cfg.hidden_size
-        self.input_layernorm, self.post_attention_layernorm = RMSNorm(h, eps), RMSNorm(h, eps)
         self.pre_feedforward_layernorm, self.post_feedforward_layernorm = RMSNorm(h, eps), RMSNorm(h, eps)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

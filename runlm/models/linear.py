@@ -69,6 +69,11 @@ Weight = torch.Tensor | BlockQuantized | GGMLWeight
 
 
 class Linear(nn.Linear):
+    # int8 blocks, buffers set together by keep_quantized (None until then)
+    qweight: torch.Tensor | None
+    scales: torch.Tensor | None
+    offsets: torch.Tensor | None
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         for name in ("qweight", "scales", "offsets"):  # set by keep_quantized
@@ -84,14 +89,14 @@ class Linear(nn.Linear):
         self.register_buffer("qweight", q.qweight.contiguous())
         self.register_buffer("scales", q.scales.contiguous())
         self.register_buffer("offsets", q.offsets.contiguous())
-        self.weight = None
+        self.register_parameter("weight", None)
 
     def keep_ggml(self, segments: list[GGMLWeight]) -> None:
         """Serve this layer from GGUF blocks as stored; outputs are the segments' rows in order."""
         self.ggml = segments
         self._ggml_raw = [s.raw for s in segments]
         self._ggml_types = [s.qtype for s in segments]
-        self.weight = None
+        self.register_parameter("weight", None)
 
     def direct_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """``forward`` with this layer's weights bound once: for loops that call it thousands of times."""
@@ -110,6 +115,7 @@ class Linear(nn.Linear):
         if self.ggml:
             return ggml.linear(x, self._ggml_raw, self._ggml_types, self.bias)
         if self.qweight is not None:
+            assert self.scales is not None and self.offsets is not None
             return linear_q8(x, self.qweight, self.scales, self.offsets, self.bias)
         return linear(x, self.weight, self.bias)
 
@@ -126,7 +132,7 @@ class Embedding(nn.Embedding):
 
     def keep_ggml(self, table: GGMLWeight) -> None:
         self.ggml = table
-        self.weight = None
+        self.register_parameter("weight", None)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.ggml is not None:

@@ -95,7 +95,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, layer, rope)
-        self.mlp = MLP(cfg)
+        self.mlp: nn.Module = MLP(cfg)  # a mixture of experts in some layers (runlm.models.moe)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -105,7 +105,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    layer_cls: type[nn.Module] = DecoderLayer
+    layer_cls: type[DecoderLayer] = DecoderLayer
 
     def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -117,16 +117,22 @@ class LlamaModel(nn.Module):
             local = RotaryEmbedding(cfg.head_dim, cfg.rope_local_theta, None, length) if cfg.rope_local_theta else rope
         self.rope = rope
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(self.layer_cls(cfg, i, local if cfg.layer_window(i) else rope)
-                                    for i in range(cfg.num_layers))
+        layers = [self.layer_cls(cfg, i, local if cfg.layer_window(i) else rope) for i in range(cfg.num_layers)]
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # whether _forward_fused computes this model's layers (whole-head RoPE tables, a layer class it knows)
         self.supports_fused = (getattr(self.layer_cls, "fusable", False) and rope.fusable and local.fusable
                                and not any(layer.self_attn.qk_norm_whole or layer.self_attn.clip
-                                           for layer in self.layers))  # (OLMoE's norms, OLMo's clip: torch)
+                                           for layer in layers))  # (OLMoE's norms, OLMo's clip: torch)
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
         self._plan: list[_FusedLayer] | None = None  # built at the first fused forward
         self._ropes: list[RotaryEmbedding] = []  # the plan's distinct RoPE tables
+
+    def layer(self, i: int) -> DecoderLayer:
+        """Layer i, typed (an nn.ModuleList's items are plain Modules to a type checker)."""
+        layer = self.layers[i]
+        assert isinstance(layer, DecoderLayer)
+        return layer
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
@@ -141,21 +147,24 @@ class LlamaModel(nn.Module):
         place, each RMSNorm is fused with the add before it, and one call splits QKV, normalizes and
         rotates q and k and writes K/V to the cache."""
         ops, ctx = fused.ops(), get_forward_context()
+        assert ctx.kv_caches is not None  # forward() takes this path only with a cache
         if self._plan is None:
             self._plan = [_FusedLayer.of(self, i, ops) for i in range(len(self.layers))]
             self._ropes = list({id(p.rope): p.rope for p in self._plan}.values())
         for rope in self._ropes:
             rope.ensure_positions(int(positions.max()) + 1)
         t, residual = x.shape[0], x
-        first = self.layers[0].input_layernorm
+        first = self.layer(0).input_layernorm
         h = ops.rms_norm(x, first.weight, first.eps)
         for i, (p, (k_cache, v_cache)) in enumerate(zip(self._plan, ctx.kv_caches)):
             slot_mapping, flat_slots, _ = ctx.slots_of(i)
             rope = p.rope
             q = ops.qkv_rope_store(p.qkv(h), positions, rope.cos, rope.sin, k_cache, v_cache, slot_mapping,
                                    p.heads, p.kv_heads, p.head_dim, rope.interleaved, p.q_norm, p.k_norm, p.eps)
-            o = p.o(kernels.paged_attention(q, k_cache, v_cache, flat_slots, ctx.query_lens,
-                                            ctx.context_lens, p.scale, p.window, p.softcap).view(t, -1))
+            a = kernels.paged_attention(q, k_cache, v_cache, flat_slots, ctx.query_lens, ctx.context_lens, p.scale,
+                                        p.window, p.softcap)
+            assert a is not None  # fused mode is only set where the attention kernel is available
+            o = p.o(a.view(t, -1))
             if p.attn_out_norm is not None:  # Gemma's sandwich norms
                 o = ops.rms_norm(o, p.attn_out_norm, p.eps)
             h = ops.add_rms_norm(o, residual, p.mlp_norm, p.eps)
@@ -189,15 +198,18 @@ class _FusedLayer(NamedTuple):
 
     @classmethod
     def of(cls, model: LlamaModel, i: int, ops: Any) -> _FusedLayer:
-        layer = model.layers[i]
+        layer = model.layer(i)
         attn, mlp = layer.self_attn, layer.mlp
-        following = model.layers[i + 1].input_layernorm if i + 1 < len(model.layers) else model.norm
+        following = model.layer(i + 1).input_layernorm if i + 1 < len(model.layers) else model.norm
         qn, kn = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
-        sandwich = hasattr(layer, "pre_feedforward_layernorm")
+        pre_ff, post_ff = (getattr(layer, name, None) for name in ("pre_feedforward_layernorm",
+                                                                    "post_feedforward_layernorm"))
+        if isinstance(pre_ff, RMSNorm) and isinstance(post_ff, RMSNorm):  # Gemma's sandwich norms
+            attn_out, mlp_norm, mlp_out = layer.post_attention_layernorm.weight, pre_ff.weight, post_ff.weight
+        else:
+            attn_out, mlp_norm, mlp_out = None, layer.post_attention_layernorm.weight, None
         return cls(attn.qkv_proj.direct_call(), attn.o_proj.direct_call(), _fused_mlp(mlp, ops), qn, kn,
-                   layer.post_attention_layernorm.weight if sandwich else None,
-                   (layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm).weight,
-                   layer.post_feedforward_layernorm.weight if sandwich else None, following.weight,
+                   attn_out, mlp_norm, mlp_out, following.weight,
                    layer.input_layernorm.eps, attn.heads, attn.kv_heads, attn.head_dim, attn.scale, attn.window,
                    attn.softcap, attn.rope)
 
@@ -300,19 +312,22 @@ class LlamaForCausalLM(nn.Module):
         module_name, attr = name.rsplit(".", 1)
         module = self.get_submodule(module_name)
         shape = getattr(module, attr).shape
-        if attr == "weight" and all(isinstance(v, GGMLWeight) for v in values):
-            if sum(v.rows for v in values) != shape[0] or any(v.cols != shape[1] for v in values):
-                raise RuntimeError(f"{name}: stored as {[(v.rows, v.cols) for v in values]}, expected {tuple(shape)}")
+        blocks = [v for v in values if isinstance(v, GGMLWeight)]
+        if attr == "weight" and len(blocks) == len(values):
+            if sum(v.rows for v in blocks) != shape[0] or any(v.cols != shape[1] for v in blocks):
+                raise RuntimeError(f"{name}: stored as {[(v.rows, v.cols) for v in blocks]}, expected {tuple(shape)}")
             if isinstance(module, Embedding):
-                module.keep_ggml(values[0])
+                module.keep_ggml(blocks[0])
                 if self.lm_head is None:  # tied: the logits read the same blocks
                     self.tied_head = Linear(shape[1], shape[0], bias=False, device="meta")
-                    self.tied_head.keep_ggml(values)
+                    self.tied_head.keep_ggml(blocks)
             else:
-                module.keep_ggml(values)
+                assert isinstance(module, Linear), name  # only embeddings and linear layers are stored as blocks
+                module.keep_ggml(blocks)
             return
-        if all(isinstance(v, BlockQuantized) for v in values):
-            parts = Int8Parts.cat([v.int8_parts() for v in values])
+        int8 = [v for v in values if isinstance(v, BlockQuantized)]
+        if len(int8) == len(values):
+            parts = Int8Parts.cat([v.int8_parts() for v in int8])
             if isinstance(module, Linear):
                 module.keep_quantized(parts)
                 return

@@ -123,7 +123,9 @@ def lora_targets(model: torch.nn.Module) -> dict[str, _Target]:
     from runlm.models.llama import MLP
 
     targets: dict[str, _Target] = {}
-    for i, layer in enumerate(model.model.layers):  # type: ignore[union-attr]
+    layers = model.get_submodule("model.layers")
+    assert isinstance(layers, torch.nn.ModuleList)
+    for i, layer in enumerate(layers):
         prefix = f"model.layers.{i}"
         attn = getattr(layer, "self_attn", None)
         if attn is not None and hasattr(attn, "qkv_proj"):
@@ -161,7 +163,7 @@ def _interleave(w: torch.Tensor, heads: int) -> torch.Tensor:
 def attach(model: torch.nn.Module, key: int, weights: LoRAWeights, max_rank: int | None = None) -> None:
     """Check every module of ``weights`` against the model, then attach them all under ``key`` (all or nothing)."""
     targets = lora_targets(model)
-    interleaved = bool(getattr(model.model.rope, "interleaved", False))  # type: ignore[union-attr]
+    interleaved = bool(getattr(model.get_submodule("model.rope"), "interleaved", False))
     per_layer: dict[int, tuple[Linear, list[tuple[int, int, torch.Tensor, torch.Tensor]]]] = {}
     for name, m in weights.modules.items():
         t = targets.get(name)
@@ -185,7 +187,7 @@ def attach(model: torch.nn.Module, key: int, weights: LoRAWeights, max_rank: int
             shards.append(_Shard(lo, hi, r, r + a.shape[0], b.to(device).contiguous()))
             r += a.shape[0]
         stacked = torch.cat([p[2] for p in parts]).to(device).contiguous()
-        if layer.lora is None:
+        if not isinstance(layer.lora, LoRALayer):
             raise RuntimeError("LoRA is not enabled on this model (call runlm.models.lora.enable first)")
         layer.lora.updates[key] = _Update(stacked, shards)
 
@@ -199,5 +201,5 @@ def _device(layer: Linear) -> torch.device:
 
 def detach(model: torch.nn.Module, key: int) -> None:
     for target in lora_targets(model).values():
-        if target.layer.lora is not None:
+        if isinstance(target.layer.lora, LoRALayer):
             target.layer.lora.updates.pop(key, None)

@@ -141,7 +141,9 @@ def _read_gguf(path: Path, cfg: ModelConfig) -> LoRAWeights:
     if gguf.metadata.get("general.type") != "adapter" or gguf.metadata.get("adapter.type") != "lora":
         raise LoRAError(f"{path}: not a GGUF LoRA adapter (general.type {gguf.metadata.get('general.type')!r}, "
                         f"adapter.type {gguf.metadata.get('adapter.type')!r})")
-    alpha = float(gguf.metadata.get("adapter.lora.alpha") or 0.0)  # type: ignore[arg-type]
+    alpha = gguf.metadata.get("adapter.lora.alpha") or 0.0
+    if not isinstance(alpha, (int, float)):
+        raise LoRAError(f"{path}: adapter.lora.alpha is {alpha!r}, not a number")
     pairs: dict[str, dict[str, str]] = {}
     for name in gguf.tensors:
         m = re.fullmatch(r"(.+)\.lora_([ab])", name)

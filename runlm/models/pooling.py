@@ -62,7 +62,10 @@ def read_pooler_config(directory: Path | None, default_mode: str, hf_config: dic
     cfg.normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules if isinstance(m, dict))
     for m in modules:
         if isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling"):
-            pooling = _read(directory / str(m.get("path", "")) / "config.json") or {}
+            pooling_file = directory / str(m.get("path", "")) / "config.json"
+            pooling = _read(pooling_file) or {}
+            if not isinstance(pooling, dict):
+                raise ModelFormatError(f"{pooling_file}: not a JSON object")
             if any(pooling.get(k) for k in _ST_UNSUPPORTED):
                 raise ModelFormatError(f"{directory}: pooling mode {pooling} is not supported "
                                        f"(runlm pools by mean, CLS or last token)")

@@ -3,7 +3,7 @@
 ``score`` head on the last token, as transformers' decoder rerankers)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -136,15 +136,16 @@ def load_pooling_model(path: str | Path, task: str = "auto", dtype: torch.dtype 
 
 
 def _token_ids(tokenizer: Tokenizer, tokens: object, source: str) -> list[int]:
-    ids = [tokenizer.hf.token_to_id(t) for t in tokens] if isinstance(tokens, list) else []
-    if len(ids) not in (1, 2) or None in ids:
+    found = [tokenizer.hf.token_to_id(t) for t in tokens] if isinstance(tokens, list) else []
+    ids = [i for i in found if i is not None]
+    if len(ids) not in (1, 2) or len(ids) != len(found):
         raise ModelFormatError(f"{source}: classifier_from_token must name one or two tokens of the vocabulary "
                                f"(such as [\"no\", \"yes\"]), not {tokens!r}")
     return ids
 
 
 def _score_from_token_logits(weights: Iterable[tuple[str, torch.Tensor]], ids: list[int],
-                             tied: bool) -> Iterable[tuple[str, torch.Tensor]]:
+                             tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
     """A one-label head from LM-head rows: logit(yes) - logit(no), whose sigmoid is P(yes) of the two."""
     head = "embed_tokens.weight" if tied else "lm_head.weight"
     for name, tensor in weights:

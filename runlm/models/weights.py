@@ -8,7 +8,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import torch
 
@@ -123,6 +123,12 @@ def read_hf_config(directory: Path) -> dict:
 
 # half-precision safetensors dtypes -> the ggml type that computes on them as stored
 _HALF_TYPES = {"BF16": "BF16", "F16": "F16"}
+
+
+@overload
+def safetensors_weights(directory: Path, mode: Literal["dense"] = ...) -> Iterator[tuple[str, torch.Tensor]]: ...
+@overload
+def safetensors_weights(directory: Path, mode: str) -> Iterator[tuple[str, Weight]]: ...
 
 
 def safetensors_weights(directory: Path, mode: str = "dense") -> Iterator[tuple[str, Weight]]:
