@@ -109,3 +109,45 @@ def test_without_a_budget_the_thinking_runs_to_max_tokens(client: openai.OpenAI)
 def test_continue_final_message_needs_a_final_assistant_message(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="continue_final_message"):
         client.chat.completions.create(model="qwen3", messages=ASK, extra_body={"continue_final_message": True})
+
+
+def test_anthropic_messages_give_thinking_blocks_whole_and_streamed(server) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=300)
+    body = dict(model="qwen3", max_tokens=20, extra_body={"temperature": 0}, thinking={"type": "enabled", "budget_tokens": 6},
+                messages=[{"role": "user", "content": ASK[0]["content"]},
+                          {"role": "assistant", "content": PREFILL[-1]["content"]}])
+    whole = client.messages.create(**body)
+    kinds = [b.type for b in whole.content]
+    assert kinds == ["thinking", "text"], kinds
+    assert whole.content[0].thinking and "think>" not in whole.content[0].thinking
+    assert "think>" not in whole.content[1].text
+    thinking_deltas = []
+    with client.messages.stream(**body) as stream:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "thinking_delta":
+                thinking_deltas.append(event.delta.thinking)
+        final = stream.get_final_message()
+    assert len(thinking_deltas) > 1  # streamed as it is written
+    assert [b.type for b in final.content] == kinds
+    assert final.content[0].thinking == "".join(thinking_deltas) == whole.content[0].thinking
+    assert final.content[1].text == whole.content[1].text
+
+
+def test_responses_give_a_reasoning_item_whole_and_streamed(client: openai.OpenAI) -> None:
+    body = dict(model="qwen3", input=PREFILL, temperature=0, max_output_tokens=20, extra_body=THINK)
+    whole = client.responses.create(**body)
+    kinds = [item.type for item in whole.output]
+    assert kinds == ["reasoning", "message"], kinds
+    thinking = whole.output[0].content[0].text
+    assert thinking and "think>" not in thinking and "think>" not in whole.output_text
+    deltas, final = [], None
+    for event in client.responses.create(stream=True, **body):
+        if event.type == "response.reasoning_text.delta":
+            deltas.append(event.delta)
+        elif event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+    assert len(deltas) > 1 and "".join(deltas) == thinking
+    assert final is not None and [item.type for item in final.output] == kinds
+    assert final.output[0].content[0].text == thinking and final.output_text == whole.output_text
