@@ -70,6 +70,8 @@ def whole_message(chat: dict[str, Any], model: str, stop_sequences: list[str]) -
     choice = chat["choices"][0]
     message = choice["message"]
     content: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        content.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
@@ -86,7 +88,7 @@ class MessageEvents(ChunkTranslator):
     stop_sequences: list[str]
     msg_id: str = field(default_factory=lambda: new_id("msg"))
     block: int = -1                # the open content block's index (-1: none)
-    block_kind: str | None = None  # "text" or the chat tool-call index of the open tool_use block
+    block_kind: str | None = None  # "thinking", "text" or the chat tool-call index of the open tool_use block
     calls: set[int] = field(default_factory=set)
     finish_reason: str | None = None
     matched: Any = None
@@ -102,8 +104,10 @@ class MessageEvents(ChunkTranslator):
     def _close(self) -> list[dict[str, Any]]:
         if self.block_kind is None:
             return []
+        events = [{"type": "content_block_delta", "index": self.block,  # runlm's thinking is not signed
+                   "delta": {"type": "signature_delta", "signature": ""}}] if self.block_kind == "thinking" else []
         self.block_kind = None
-        return [{"type": "content_block_stop", "index": self.block}]
+        return events + [{"type": "content_block_stop", "index": self.block}]
 
     def _open(self, kind: str, block: dict[str, Any]) -> list[dict[str, Any]]:
         events = self._close()
@@ -115,6 +119,12 @@ class MessageEvents(ChunkTranslator):
         events = self._open("text", {"type": "text", "text": ""}) if self.block_kind != "text" else []
         return events + [{"type": "content_block_delta", "index": self.block,
                           "delta": {"type": "text_delta", "text": text}}]
+
+    def on_reasoning(self, text: str) -> list[dict[str, Any]]:
+        events = [] if self.block_kind == "thinking" else \
+            self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+        return events + [{"type": "content_block_delta", "index": self.block,
+                          "delta": {"type": "thinking_delta", "thinking": text}}]
 
     def on_call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
         index, fn = delta.get("index", 0), delta.get("function") or {}

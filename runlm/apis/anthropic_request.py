@@ -50,6 +50,7 @@ def _message(i: int, msg: Any) -> list[dict[str, Any]]:
         raise bad_request(f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
     role = msg["role"]
     texts: list[str] = []
+    thinking: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(_blocks(msg.get("content"), f"{where}.content")):
@@ -66,6 +67,8 @@ def _message(i: int, msg: Any) -> list[dict[str, Any]]:
                 raise bad_request(f"{at}.tool_use_id must be a string", f"{at}.tool_use_id")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                             "content": _tool_result_text(block, at)})
+        elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
+            thinking.append(block["thinking"])  # the template may show it again (Qwen3's reasoning_content)
         elif kind in ("thinking", "redacted_thinking"):
             continue
         elif kind in ("image", "document", "search_result"):
@@ -74,7 +77,8 @@ def _message(i: int, msg: Any) -> list[dict[str, Any]]:
             raise bad_request(f"{at}: {kind!r} blocks are not supported in {role} messages", f"{at}.type")
     out: list[dict[str, Any]] = results
     if role == "assistant":
-        out.append({"role": "assistant", "content": "".join(texts) or None, **({"tool_calls": calls} if calls else {})})
+        out.append({"role": "assistant", "content": "".join(texts) or None, **({"tool_calls": calls} if calls else {}),
+                    **({"reasoning_content": "".join(thinking)} if thinking else {})})
     elif texts or not results:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out
@@ -129,6 +133,22 @@ def _output_format(config: Any) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
+def _thinking(config: Any) -> dict[str, Any]:
+    """``thinking`` ({"type": "enabled", "budget_tokens": N}, or "disabled") as chat's reasoning fields."""
+    if config is None:
+        return {}
+    kind = config.get("type") if isinstance(config, dict) else None
+    if kind == "disabled":
+        return {"chat_template_kwargs": {"enable_thinking": False}, "include_reasoning": False}
+    if kind == "adaptive":
+        return {}
+    budget = config.get("budget_tokens") if kind == "enabled" else None
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+        raise bad_request("thinking must be {'type': 'enabled', 'budget_tokens': N}, {'type': 'adaptive'} or "
+                          "{'type': 'disabled'}", "thinking")
+    return {"chat_template_kwargs": {"enable_thinking": True}, "thinking_token_budget": budget}
+
+
 def chat_request(body: dict[str, Any], stream: bool = False, counting: bool = False) -> dict[str, Any]:
     """The chat-completion request for ``body`` (``counting``: for count_tokens, which needs no max_tokens)."""
     messages = body.get("messages")
@@ -153,6 +173,9 @@ def chat_request(body: dict[str, Any], stream: bool = False, counting: bool = Fa
     for key, chat_key in _PASSED.items():
         if body.get(key) is not None:
             chat[chat_key] = body[key]
+    chat.update(_thinking(body.get("thinking")))
+    if chat_messages[-1]["role"] == "assistant":  # a prefilled answer: the model goes on from it
+        chat.update(add_generation_prompt=False, continue_final_message=True)
     if body.get("tool_choice") is not None:
         choice, parallel = _tool_choice(body["tool_choice"])
         if "tools" in chat:

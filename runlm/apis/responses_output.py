@@ -29,6 +29,11 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if status != "in_progress" else []
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
     return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
             "status": status}
@@ -67,6 +72,8 @@ def whole_response(shell: ResponseShell, chat: dict[str, Any]) -> dict[str, Any]
     choice = chat["choices"][0]
     message = choice["message"]
     output: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        output.append(reasoning_item(new_id("rs"), message["reasoning_content"]))
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
         output.append(message_item(new_id("msg"), message.get("content") or ""))
@@ -90,6 +97,7 @@ class ResponseEvents(ChunkTranslator):
         self.seq = 0
         self.output: list[dict[str, Any]] = []
         self.message: _OpenItem | None = None
+        self.reasoning: _OpenItem | None = None
         self.calls: dict[int, _OpenItem] = {}   # the chat delta's tool-call index -> its open item
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
@@ -122,6 +130,30 @@ class ResponseEvents(ChunkTranslator):
                 self._event("response.content_part.done", content_index=0, part=part, **where),
                 self._event("response.output_item.done", output_index=m.index, item=done)]
 
+    def _close_reasoning(self) -> list[dict[str, Any]]:
+        r = self.reasoning
+        if r is None:
+            return []
+        self.reasoning = None
+        done = reasoning_item(r.item["id"], r.text)
+        self.output[r.index] = done
+        where = {"item_id": r.item["id"], "output_index": r.index}
+        return [self._event("response.reasoning_text.done", content_index=0, text=r.text, **where),
+                self._event("response.content_part.done", content_index=0, part=done["content"][0], **where),
+                self._event("response.output_item.done", output_index=r.index, item=done)]
+
+    def on_reasoning(self, text: str) -> list[dict[str, Any]]:
+        events = []
+        if self.reasoning is None:
+            self.reasoning, added = self._open(reasoning_item(new_id("rs"), "", "in_progress"))
+            events += [added, self._event("response.content_part.added", item_id=self.reasoning.item["id"],
+                                          output_index=self.reasoning.index, content_index=0,
+                                          part={"type": "reasoning_text", "text": ""})]
+        self.reasoning.text += text
+        events.append(self._event("response.reasoning_text.delta", item_id=self.reasoning.item["id"],
+                                  output_index=self.reasoning.index, content_index=0, delta=text))
+        return events
+
     def _close_calls(self) -> list[dict[str, Any]]:
         events = []
         for c in self.calls.values():
@@ -134,7 +166,7 @@ class ResponseEvents(ChunkTranslator):
         return events
 
     def on_text(self, text: str) -> list[dict[str, Any]]:
-        events = []
+        events = self._close_reasoning()
         if self.message is None:
             self.message, added = self._open(message_item(new_id("msg"), "", "in_progress"))
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
@@ -150,7 +182,7 @@ class ResponseEvents(ChunkTranslator):
         index = delta.get("index", 0)
         fn = delta.get("function") or {}
         if index not in self.calls:
-            events += self._close_message()
+            events += self._close_reasoning() + self._close_message()
             item = call_item(new_id("fc"), delta.get("id") or new_id("call"), fn.get("name") or "", "",
                              "in_progress")
             self.calls[index], added = self._open(item)
@@ -166,8 +198,9 @@ class ResponseEvents(ChunkTranslator):
         self.finish_reason = reason
 
     def finish(self) -> list[dict[str, Any]]:
-        events = self._close_message() + self._close_calls()
-        if not self.output:  # an empty answer is still one (empty) message, as the whole answer has
+        events = self._close_reasoning() + self._close_message() + self._close_calls()
+        # an empty answer is still one (empty) message, as the whole answer has
+        if not any(item["type"] != "reasoning" for item in self.output):
             self.message, added = self._open(message_item(new_id("msg"), "", "in_progress"))
             events += [added] + self._close_message()
         final = self.shell.build("completed", self.output, _usage(self.usage), self.finish_reason)

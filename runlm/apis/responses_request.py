@@ -16,7 +16,10 @@ PARAM_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens"
                "response_format.json_schema.schema": "text.format.schema", "tools": "tools",
                "tool_choice": "tool_choice"}
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "top_k", "min_p", "seed", "presence_penalty",
-           "frequency_penalty", "repetition_penalty", "stop", "priority")
+           "frequency_penalty", "repetition_penalty", "stop", "priority",
+           # vLLM's extras for reasoning models and prompts
+           "thinking_token_budget", "include_reasoning", "chat_template_kwargs", "continue_final_message",
+           "add_generation_prompt", "ignore_eos")
 
 
 def _text_of(content: Any, where: str) -> str | list[dict[str, Any]]:
@@ -133,6 +136,12 @@ def chat_request(body: dict[str, Any], history: list[dict[str, Any]], stream: bo
     for key in _PASSED:
         if body.get(key) is not None:
             chat[key] = body[key]
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict):
+            raise bad_request("reasoning must be an object like {'effort': 'low'}", "reasoning")
+        if reasoning.get("effort") is not None:
+            chat["reasoning_effort"] = reasoning["effort"]
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
     tools = _tools(body.get("tools"))

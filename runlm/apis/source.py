@@ -55,6 +55,10 @@ class ChunkTranslator:
     def on_text(self, text: str) -> list[dict[str, Any]]:
         raise NotImplementedError
 
+    def on_reasoning(self, text: str) -> list[dict[str, Any]]:
+        """A reasoning model's thinking (the chunk's ``reasoning_content``); it comes before the answer."""
+        return []
+
     def on_call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
         raise NotImplementedError
 
@@ -67,6 +71,8 @@ class ChunkTranslator:
         events: list[dict[str, Any]] = []
         for choice in choices:
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content") or delta.get("reasoning"):
+                events += self.on_reasoning(delta.get("reasoning_content") or delta["reasoning"])
             if delta.get("content"):
                 events += self.on_text(delta["content"])
             for call in delta.get("tool_calls") or []:

@@ -91,6 +91,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profiler-dir", default=os.environ.get("RUNLM_TORCH_PROFILER_DIR"), metavar="DIR",
                    help="where POST /start_profile and /stop_profile write torch.profiler traces "
                         "(default: $RUNLM_TORCH_PROFILER_DIR; none: profiling is off)")
+    p.add_argument("--reasoning-parser", default="auto", choices=("auto", "none", "qwen3", "deepseek_r1"),
+                   help="where a reasoning model's thinking is in its output, moved to the answer's 'reasoning' "
+                        "(vLLM's names; default 'auto': read from the chat template; 'none': all is content)")
     add_numerics_arguments(p)
     p.set_defaults(func=run_serve_engine)
 
@@ -207,7 +210,8 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                                   max_waiting=args.max_waiting,
                                   trust_request_chat_template=args.trust_request_chat_template,
                                   enable_lora=args.enable_lora or bool(args.lora_modules),
-                                  lora_modules=parse_lora_modules(args.lora_modules))
+                                  lora_modules=parse_lora_modules(args.lora_modules),
+                                  reasoning_parser=args.reasoning_parser)
         settings.sampling_defaults = sampling_defaults(args, model_path)
         if settings.sampling_defaults:
             logging.getLogger("runlm.serve").info("sampling defaults for what requests leave out: %s",

@@ -19,6 +19,7 @@ from runlm.engine.types.lora_request import LoRARequest
 from runlm.engine.types.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
+from runlm.formats.chat_template import ChatTemplateError
 from runlm.formats.tokenizer import Tokenizer
 from runlm.tools.prompt import render_tool_chat
 
@@ -184,13 +185,28 @@ def _per_prompt(lora: LoRARequest | Sequence[LoRARequest | None] | None, n: int)
 
 def encode_chat(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
                 add_generation_prompt: bool = True, tools: list[dict] | None = None,
-                **template_kwargs: Any) -> list[int]:
-    """A conversation -> prompt token ids, through the model's chat template (LLM.chat and the server)."""
+                continue_final_message: bool = False, **template_kwargs: Any) -> list[int]:
+    """A conversation -> prompt token ids, through the model's chat template (LLM.chat and the server).
+    ``continue_final_message``: the last message (the assistant's) is left open for the model to go on with,
+    as transformers' and vLLM's flag of that name."""
     text = render_tool_chat(messages, chat_template or tok.chat_template, add_generation_prompt=add_generation_prompt,
                             bos_token=tok.bos_token, eos_token=tok.eos_token, tools=tools, **template_kwargs)
+    if continue_final_message:
+        text = open_final_message(text, messages[-1].get("content") if messages else None)
     return tok.encode(text, add_special_tokens=not (tok.bos_token and text.startswith(tok.bos_token)))
 
 
 def _copy(p: SamplingParams) -> SamplingParams:
     """Each request gets its own params (the engine fills in max_tokens when it is None)."""
     return replace(p)
+
+
+def open_final_message(text: str, content: Any) -> str:
+    """The rendered conversation cut just after the final message's text (what closes it is dropped)."""
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    final = (content or "").strip()
+    at = text.rfind(final) if final else -1
+    if at < 0:
+        raise ChatTemplateError("continue_final_message: the final message's text is not in the rendered prompt")
+    return text[:at + len(final)]

@@ -17,6 +17,7 @@ from runlm.engine.core.kv_groups import block_manager
 from runlm.engine.core.lora_manager import LoRAManager, LoRARequest, lora_salt
 from runlm.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from runlm.engine.core.sequence import Sequence
+from runlm.engine.core.thinking import ThinkingTracker
 from runlm.engine.engine_core import EngineCore, log, set_native_threads, set_torch_threads
 from runlm.engine.runners.native import NativeRunner, native_model
 from runlm.engine.sample.sampler import SampledToken, make_generator
@@ -168,6 +169,8 @@ class LLMEngine(EngineCore):
                            generator=make_generator(seed), logprobs=[] if params.logprobs is not None else None,
                            stop_ids=stop_ids, lora_key=lora_key)
             seq.table.salt = lora_salt(lora_key)
+            if params.thinking is not None:
+                seq.thinking = ThinkingTracker(params.thinking)
             self.structured.add(seq, grammar)
             seqs.append(seq)
         self.requests[request_id] = new_request_state(request_id, text, ids, seqs, self.tokenizer, output_kind)

@@ -24,6 +24,7 @@ from runlm.runner.ollama_convert import (
     ollama_tool_calls,
     sampling_fields,
     tag_entry,
+    thinking_fields,
     timings,
 )
 from runlm.runner.ollama_images import generate_image
@@ -178,7 +179,7 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
 
 
 async def _generate(request: Request, body: dict, route: str, payload: dict,
-                    shape: Callable[[str, list | None], dict]) -> Response:
+                    shape: Callable[[str, str, list | None], dict]) -> Response:
     """Run one generation on the backend, answering as Ollama does (NDJSON stream or one object)."""
     name = require_model(body)
     keep_alive = pop_keep_alive(body)
@@ -200,12 +201,14 @@ async def _generate(request: Request, body: dict, route: str, payload: dict,
                 for choice in ev.get("choices") or []:
                     delta = choice.get("delta") or {}
                     text = delta.get("content") if route == "chat/completions" else choice.get("text")
+                    thinking = delta.get("reasoning_content") or delta.get("reasoning") or ""
                     tools += delta.get("tool_calls") or []
                     finish = choice.get("finish_reason") or finish
-                    if text:
+                    if text or thinking:
                         t_first = t_first or time.monotonic()
-                        yield {"model": name, "created_at": now_iso(), **shape(text, None), "done": False}
-        final = {"model": name, "created_at": now_iso(), **shape("", ollama_tool_calls(tools)),
+                        yield {"model": name, "created_at": now_iso(), **shape(text or "", thinking, None),
+                               "done": False}
+        final = {"model": name, "created_at": now_iso(), **shape("", "", ollama_tool_calls(tools)),
                  "done": True, "done_reason": finish}
         yield final | timings(t0, t_loaded, t_first, time.monotonic(), usage)
 
@@ -215,6 +218,7 @@ async def _generate(request: Request, body: dict, route: str, payload: dict,
 async def _whole(chunks: AsyncGenerator[dict, None]) -> Response:
     """A non-streamed Ollama answer: the chunks joined into the final object."""
     parts: list[str] = []
+    thinking: list[str] = []
     final: dict = {}
     try:
         async for c in chunks:
@@ -222,6 +226,7 @@ async def _whole(chunks: AsyncGenerator[dict, None]) -> Response:
                 return JSONResponse({"error": c["error"]}, status_code=503)
             if not c["done"]:
                 parts.append(c.get("response") or c.get("message", {}).get("content", ""))
+                thinking.append(c.get("thinking") or c.get("message", {}).get("thinking", ""))
             else:
                 final = c
     finally:
@@ -229,13 +234,19 @@ async def _whole(chunks: AsyncGenerator[dict, None]) -> Response:
     key = "message" if "message" in final else "response"
     if key == "message":
         final["message"]["content"] = "".join(parts)
+        if any(thinking):
+            final["message"]["thinking"] = "".join(thinking)
     else:
         final["response"] = "".join(parts)
+        if any(thinking):
+            final["thinking"] = "".join(thinking)
     return JSONResponse(final)
 
 
-def _chat_shape(text: str, tool_calls: list | None) -> dict:
+def _chat_shape(text: str, thinking: str, tool_calls: list | None) -> dict:
     msg: dict[str, Any] = {"role": "assistant", "content": text}
+    if thinking:
+        msg["thinking"] = thinking
     if tool_calls:
         msg["tool_calls"] = tool_calls
     return {"message": msg}
@@ -247,7 +258,8 @@ async def chat(request: Request) -> Response:
     name = require_model(body)
     if not body.get("messages"):
         return await _load_or_unload(request, name, pop_keep_alive(body), chat=True)
-    payload: dict[str, Any] = {"messages": chat_messages(body["messages"]), **sampling_fields(body)}
+    messages = chat_messages(body["messages"])
+    payload: dict[str, Any] = {"messages": messages, **sampling_fields(body), **thinking_fields(body, messages)}
     if body.get("tools"):
         payload["tools"] = body["tools"]
     return await _generate(request, body, "chat/completions", payload, _chat_shape)
@@ -272,9 +284,14 @@ async def generate(request: Request) -> Response:
         route = "completions"
     else:
         messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
-        payload = {"messages": messages + [{"role": "user", "content": prompt}], **fields}
+        payload = {"messages": messages + [{"role": "user", "content": prompt}], **fields,
+                   **thinking_fields(body, [])}
         route = "chat/completions"
-    return await _generate(request, body, route, payload, lambda text, _: {"response": text})
+    return await _generate(request, body, route, payload, _generate_shape)
+
+
+def _generate_shape(text: str, thinking: str, _: list | None) -> dict:
+    return {"response": text, **({"thinking": thinking} if thinking else {})}
 
 
 async def _embed(request: Request, body: dict, inputs: Any) -> tuple[list, dict, float]:

@@ -54,10 +54,33 @@ def chat_messages(messages: Any) -> list[dict]:
         if m.get("images"):
             raise BadRequest(f"messages[{i}] has images, which runlm's models cannot see", param="messages")
         msg: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
+        if m["role"] == "assistant" and isinstance(m.get("thinking"), str) and m["thinking"]:
+            msg["reasoning_content"] = m["thinking"]  # the template may show it again (Qwen3's)
         if m.get("tool_calls"):
             msg["tool_calls"] = [_tool_call(c, f"messages[{i}].tool_calls[{j}]", f"call_{i}_{j}")
                                  for j, c in enumerate(_as_list(m["tool_calls"], f"messages[{i}].tool_calls"))]
         out.append(msg)
+    return out
+
+
+THINK_LEVELS = ("low", "medium", "high")
+
+
+def thinking_fields(body: dict, messages: list[dict]) -> dict[str, Any]:
+    """Ollama's ``think`` (true, false, or a level) as chat's reasoning fields; a final assistant message is
+    continued, as Ollama continues it."""
+    out: dict[str, Any] = {}
+    think = body.get("think")
+    if think is False:
+        out.update(chat_template_kwargs={"enable_thinking": False}, include_reasoning=False)
+    elif think is True:
+        out["chat_template_kwargs"] = {"enable_thinking": True}
+    elif think in THINK_LEVELS:
+        out.update(chat_template_kwargs={"enable_thinking": True}, reasoning_effort=think)
+    elif think is not None:
+        raise BadRequest("'think' must be true, false, \"low\", \"medium\" or \"high\"", param="think")
+    if messages and messages[-1]["role"] == "assistant":
+        out.update(add_generation_prompt=False, continue_final_message=True)
     return out
 
 

@@ -73,6 +73,7 @@ class GenerateRequest(_Ollama):
     system: StrictStr | None = None
     raw: StrictBool | None = None
     format: StrictStr | dict[str, Any] | None = None
+    think: StrictBool | StrictStr | None = None
     images: list[Any] | None = None
     width: StrictInt | None = None   # image generation models
     height: StrictInt | None = None
@@ -83,6 +84,7 @@ class ChatRequest(_Ollama):
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     format: StrictStr | dict[str, Any] | None = None
+    think: StrictBool | StrictStr | None = None  # a reasoning model's thinking: on, off, or low/medium/high
 
 
 class EmbedRequest(_Ollama):

@@ -16,6 +16,7 @@ from runlm.server.generation import Generation, Ticket, TicketedStreamingRespons
 from runlm.server.logprobs import TokenTexts, chat_logprobs
 from runlm.server.prompts import chat_prompt_ids, check_room_for_completion
 from runlm.server.protocol import ChatCompletionRequest
+from runlm.server.reasoning import ReasoningPlan, reasoning_plan, template_kwargs, thinking_params
 from runlm.server.sampling import to_sampling_params
 from runlm.server.sse import DONE, HEADERS, error_event, event, usage
 from runlm.server.state import ServerState
@@ -37,15 +38,16 @@ class ChatRun:
     model: str
     texts: TokenTexts | None
     plan: ToolPlan
+    reasoning: ReasoningPlan | None = None
 
     async def whole(self) -> dict[str, Any]:
         try:
-            return await _whole(self.gen, self.model, self.texts, self.plan)
+            return await _whole(self.gen, self.model, self.texts, self.plan, self.reasoning)
         finally:
             self.close()
 
     def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        return _chunks(self.gen, self.req, self.model, self.texts, self.plan)
+        return _chunks(self.gen, self.req, self.model, self.texts, self.plan, self.reasoning)
 
     def close(self) -> None:
         self.gen.close()
@@ -63,13 +65,16 @@ async def start_chat(request: Request, req: ChatCompletionRequest) -> ChatRun:
     if plan.parser is not None and plan.parser.needs_special_tokens:
         params.skip_special_tokens = False  # the call markers are special tokens
     prompt = await chat_prompt_ids(engine, req.messages, req.add_generation_prompt, plan.template_tools,
-                                   req.chat_template_kwargs, state.settings.trust_request_chat_template)
+                                   template_kwargs(req), state.settings.trust_request_chat_template,
+                                   req.continue_final_message)
+    reasoning = reasoning_plan(req, state, engine, prompt)
+    params.thinking = thinking_params(reasoning, req, engine, params.structured_outputs is not None)
     check_room_for_completion(engine, [prompt], params, "messages")
     gen, ticket = await start_generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority,
                                          "messages", constraint_source(req, plan.structured_outputs), lora)
     texts = TokenTexts(engine.tokenizer) if params.logprobs is not None else None
     model_name = lora.lora_name if lora else state.model_name  # answers name the adapter asked for, as vLLM's
-    return ChatRun(gen, ticket, req, model_name, texts, plan)
+    return ChatRun(gen, ticket, req, model_name, texts, plan, reasoning)
 
 
 @router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
@@ -94,7 +99,8 @@ async def _sse(run: ChatRun) -> AsyncIterator[str]:
     yield DONE
 
 
-async def _whole(gen: Generation, model: str, texts: TokenTexts | None, plan: ToolPlan) -> dict[str, Any]:
+async def _whole(gen: Generation, model: str, texts: TokenTexts | None, plan: ToolPlan,
+                 reasoning: ReasoningPlan | None) -> dict[str, Any]:
     n = gen.params.n
     content = [""] * n
     finish: list[str | None] = [None] * n
@@ -116,7 +122,12 @@ async def _whole(gen: Generation, model: str, texts: TokenTexts | None, plan: To
     choices = []
     for i in range(n):
         logprobs = chat_logprobs(texts, ids[i], lps[i], gen.params.logprobs or 0) if texts is not None else None
+        thinking: str | None = None
+        if reasoning is not None:  # the thinking first; tool calls are read from the answer after it
+            thinking, content[i] = reasoning.split(content[i])
         message, reason = whole_message(plan, content[i], finish[i])
+        if reasoning is not None:
+            message.update(reasoning.fields(thinking))
         choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason,
                         "stop_reason": stop_reason[i]})
     return {"id": gen.request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
@@ -124,7 +135,8 @@ async def _whole(gen: Generation, model: str, texts: TokenTexts | None, plan: To
 
 
 async def _chunks(gen: Generation, req: ChatCompletionRequest, model: str,
-                  texts: TokenTexts | None, plan: ToolPlan) -> AsyncIterator[dict[str, Any]]:
+                  texts: TokenTexts | None, plan: ToolPlan,
+                  reasoning: ReasoningPlan | None) -> AsyncIterator[dict[str, Any]]:
     """The stream's chunks as dicts (an APIError raised on a failure mid-way); the usage chunk last when asked."""
     created = int(time.time())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -143,13 +155,21 @@ async def _chunks(gen: Generation, req: ChatCompletionRequest, model: str,
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None}])
     builders = [DeltaBuilder(plan) for _ in range(gen.params.n)]
+    splitters = [reasoning.splitter() for _ in range(gen.params.n)] if reasoning is not None else None
     async for _, out in gen.stream():
         prompt_tokens, cached = len(out.prompt_token_ids), out.num_cached_tokens
         for c in out.outputs:
             completion_tokens += len(c.token_ids)
             if not c.text and not c.token_ids and c.finish_reason is None:
                 continue
-            delta, reason = builders[c.index].delta(c.text, c.finish_reason)
+            text, thinking = c.text, ""
+            if splitters is not None and reasoning is not None:  # the thinking first, then the answer's text
+                thinking, text = splitters[c.index].push(text, final=c.finish_reason is not None)
+            delta, reason = builders[c.index].delta(text, c.finish_reason)
+            if reasoning is not None:  # no empty content while the model thinks
+                delta = {k: v for k, v in delta.items() if v != ""}
+                if thinking and reasoning.include:
+                    delta = {**reasoning.fields(thinking), **delta}
             logprobs = (chat_logprobs(texts, c.token_ids, c.logprobs or [], gen.params.logprobs or 0)
                         if texts is not None and c.token_ids else None)
             if not delta and reason is None and logprobs is None:

@@ -56,7 +56,7 @@ def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 
 async def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
                           tools: list[dict] | None, template_kwargs: Mapping[str, Any] | None,
-                          trust_request_template: bool) -> list[int]:
+                          trust_request_template: bool, continue_final_message: bool = False) -> list[int]:
     """The prompt's token ids, rendered off the event loop within the template limits. A template given in
     the request (``chat_template_kwargs.chat_template``) replaces the model's only on a server started
     with --trust-request-chat-template."""
@@ -68,10 +68,14 @@ async def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]
     if template is not None and not isinstance(template, str):
         raise bad_request("chat_template must be a string", "chat_template_kwargs.chat_template")
     msgs = normalise_messages(messages)
+    if continue_final_message and (add_generation_prompt or msgs[-1]["role"] != "assistant"):
+        raise bad_request("continue_final_message continues a final assistant message, and takes "
+                          "add_generation_prompt: false", "continue_final_message")
     try:
         return await render_off_loop(lambda: encode_chat(engine.tokenizer, msgs, template,
                                                          add_generation_prompt=add_generation_prompt,
-                                                         tools=tools, **extra))
+                                                         tools=tools,
+                                                         continue_final_message=continue_final_message, **extra))
     except (ChatTemplateLimitError, RenderLimitError) as exc:
         # a template past its limits is the template's fault: the client's (400) or the model's (500)
         text = str(exc) if isinstance(exc, ChatTemplateLimitError) else f"chat template failed: {exc}"

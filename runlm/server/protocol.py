@@ -71,7 +71,12 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Any = None
     parallel_tool_calls: StrictBool | None = None
     add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # reasoning models (vLLM's fields; runlm/server/reasoning.py)
+    include_reasoning: StrictBool = True
+    reasoning_effort: StrictStr | None = None
+    thinking_token_budget: Int | None = None
 
 
 class CompletionRequest(_Sampling):

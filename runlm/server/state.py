@@ -32,6 +32,8 @@ class ServerSettings:
     # what a request leaves out: the model's recommended sampling settings under --override-generation-config
     # (SamplingParams field -> value; runlm.server.defaults builds it, runlm.server.sampling applies it)
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
+    # --reasoning-parser: "auto" (from the chat template), "none", or a parser's name (runlm.tools.reasoning)
+    reasoning_parser: str = "auto"
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ import numpy as np
 
 from runlm.engine.core.kv_cache import BlockTable
 from runlm.engine.core.spec_state import SpecState
+from runlm.engine.core.thinking import ThinkingTracker
 from runlm.engine.types.outputs import PromptLogprobs, SampleLogprobs
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
@@ -52,6 +53,12 @@ class Sequence:
     pooling_params: PoolingParams | None = None  # set for embedding/scoring: the whole prompt runs in one step
     lora_key: int = 0  # the loaded LoRA adapter it runs with (runlm.engine.core.lora_manager); 0: none
     spec: SpecState = field(default_factory=SpecState)  # speculative decoding: the pending draft and its record
+    thinking: ThinkingTracker | None = None  # a reasoning model's thinking, when a budget or a grammar needs it
+
+    def sync_thinking(self) -> ThinkingTracker | None:
+        if self.thinking is not None:
+            self.thinking.sync(self.output_token_ids)
+        return self.thinking
 
     @property
     def num_tokens(self) -> int:

@@ -137,6 +137,7 @@ def sample_batch(raw: np.ndarray, seqs: list[Sequence],
     """Penalties and bias, grammar masks, the draw, then logprobs of the raw distribution (as vLLM).
     raw: [B, V] float32 logits of the sequences' last rows (not written)."""
     params = [s.params for s in seqs]
+    trackers = [s.sync_thinking() for s in seqs]
     logits = process_logits(raw, params, [s.token_ids[:s.num_prompt_tokens] for s in seqs],
                             [s.output_token_ids for s in seqs], [s.stop_ids for s in seqs])
     if structured is not None and structured.seqs:
@@ -144,6 +145,10 @@ def sample_batch(raw: np.ndarray, seqs: list[Sequence],
             logits = raw.copy()
         structured.mask_logits(logits, seqs)
     tokens = sample(logits, params, [s.generator for s in seqs])
+    for i, tracker in enumerate(trackers):  # a spent thinking budget: the closing tag, a token a step
+        forced = tracker.forced_token() if tracker is not None else None
+        if forced is not None:
+            tokens[i] = forced
     if structured is not None:
         structured.accept(seqs, tokens)
     want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]

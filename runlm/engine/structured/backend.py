@@ -6,7 +6,11 @@ token is set to -inf before sampling; the sampled token then advances the matche
 unconstrained sequences are never touched, and an engine that has no constrained sequence in
 flight does no work at all (the llguidance tokenizer is only built on first use).
 
-Invariant: a matcher has consumed exactly the sequence's output tokens. Recompute preemption
+A reasoning model's thinking is not constrained: the grammar starts with the answer after it (a sequence's
+``thinking`` tracker says where), and while the answer may still open with the thinking's start tag, that
+tag's token is allowed beside the grammar's.
+
+Invariant: a matcher has consumed exactly the sequence's output tokens of the answer. Recompute preemption
 keeps the tokens, so it keeps the matcher; anything that drops tokens (a rejected draft, say)
 is caught by ``_sync``, which rolls the matcher back to match.
 """
@@ -85,7 +89,8 @@ class StructuredOutputManager:
 
     # ---- each step --------------------------------------------------------------------------
     def _sync(self, seq: Sequence, g: SeqGrammar) -> None:
-        extra = g.num_consumed - seq.num_output_tokens
+        start = seq.thinking.answer_start if seq.thinking is not None else 0
+        extra = g.num_consumed - (seq.num_output_tokens - start if start is not None else 0)
         if extra > 0:
             g.matcher.rollback(extra)
             g.num_consumed -= extra
@@ -94,7 +99,8 @@ class StructuredOutputManager:
         """Set to -inf, in place, every token the grammar of a constrained row does not allow (float32 [B, V])."""
         if not self.seqs:
             return
-        rows = [(i, self.seqs[s.seq_id]) for i, s in enumerate(seqs) if s.seq_id in self.seqs]
+        rows = [(i, self.seqs[s.seq_id]) for i, s in enumerate(seqs)
+                if s.seq_id in self.seqs and (s.thinking is None or s.thinking.phase != "inside")]
         if not rows:
             return
         for (i, g) in rows:
@@ -115,7 +121,12 @@ class StructuredOutputManager:
         width = min(view.shape[-1], bias.shape[1])
         for k, (i, _) in enumerate(rows):
             row = view[i]
+            tracker = seqs[i].thinking
+            opener = tracker.may_open if tracker is not None else None
+            keep = row[opener] if opener is not None else None
             row[:width] += bias[k, :width]
+            if opener is not None:
+                row[opener] = keep
             row[width:] = -np.inf  # model rows past the tokenizer's vocabulary are padding
             p = seqs[i].params
             if (p.allowed_token_ids is not None or p.min_tokens > seqs[i].num_output_tokens) \
@@ -131,7 +142,7 @@ class StructuredOutputManager:
             return
         for seq, token in zip(seqs, tokens):
             g = self.seqs.get(seq.seq_id)
-            if g is None:
+            if g is None or (seq.thinking is not None and not seq.thinking.in_answer(token)):
                 continue
             self._sync(seq, g)
             if g.matcher.consume_token(token):

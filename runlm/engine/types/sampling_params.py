@@ -7,6 +7,7 @@ from typing import Any
 
 from runlm.engine.types.errors import SamplingParamsError
 from runlm.engine.types.structured_params import StructuredOutputsParams, coerce_structured_outputs
+from runlm.engine.types.thinking_params import ThinkingParams
 
 _MAX_INT = 2**31 - 1
 
@@ -34,6 +35,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | Mapping[str, Any] | None = None  # JSON schema, regex, choice...
+    # a reasoning model's thinking tags: a budget closes the thinking, a grammar starts after it
+    thinking: ThinkingParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -95,8 +98,10 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids must exist in the model's vocabulary."""
+        th = self.thinking
+        thinking_ids = [*th.end_ids, *th.start_ids, *th.close_ids] if th is not None else []
         for name, ids in (("stop_token_ids", self.stop_token_ids), ("allowed_token_ids", self.allowed_token_ids or []),
-                          ("logit_bias", list(self.logit_bias or {}))):
+                          ("logit_bias", list(self.logit_bias or {})), ("thinking_token_budget", thinking_ids)):
             out = [t for t in ids if t >= vocab_size]
             if out:
                 raise SamplingParamsError(name, f"token id {out[0]} is outside the vocabulary (size {vocab_size})")

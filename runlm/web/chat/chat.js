@@ -92,10 +92,23 @@ async function ask(question) {
   if (!Number.isNaN(temperature)) body.temperature = temperature;
   controller = new AbortController();
   setBusy(true);
-  let text = "", tokens = 0, usage = null, first = null, pending = false, stopped = false;
+  let text = "", thinking = "", tokens = 0, usage = null, first = null, pending = false, stopped = false;
   const start = performance.now();
+  // a reasoning model's thinking, folded above the answer (open while it is all there is)
+  const thought = document.createElement("details");
+  thought.className = "thinking";
+  thought.open = true;
+  const summary = document.createElement("summary");
+  summary.textContent = "Thinking";
+  const thoughtBody = document.createElement("div");
+  thought.append(summary, thoughtBody);
   const paint = () => {
     pending = false;
+    if (thinking) {
+      if (!thought.isConnected) answer.msg.insertBefore(thought, answer.body);
+      thoughtBody.textContent = thinking;
+      if (text && summary.textContent === "Thinking") { thought.open = false; summary.textContent = "Thought"; }
+    }
     answer.body.replaceChildren(render(text));
     ui.messages.scrollTop = ui.messages.scrollHeight;
   };
@@ -106,11 +119,13 @@ async function ask(question) {
     for await (const chunk of sseData(resp)) {
       if (chunk.error) throw new Error(chunk.error.message ?? String(chunk.error));
       if (chunk.usage) usage = chunk.usage;
-      const delta = chunk.choices?.[0]?.delta?.content;
-      if (!delta) continue;
+      const d = chunk.choices?.[0]?.delta;
+      const delta = d?.content, reasoning = d?.reasoning_content ?? d?.reasoning;
+      if (!delta && !reasoning) continue;
       first ??= performance.now();
       tokens += 1;
-      text += delta;
+      text += delta ?? "";
+      thinking += reasoning ?? "";
       if (!pending) { pending = true; requestAnimationFrame(paint); }
     }
   } catch (err) {
