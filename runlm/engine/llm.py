@@ -184,10 +184,14 @@ def _per_prompt(lora: LoRARequest | Sequence[LoRARequest | None] | None, n: int)
 
 def encode_chat(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
                 add_generation_prompt: bool = True, tools: list[dict] | None = None,
-                **template_kwargs: Any) -> list[int]:
-    """A conversation -> prompt token ids, through the model's chat template (LLM.chat and the server)."""
+                continue_final_message: bool = False, **template_kwargs: Any) -> list[int]:
+    """A conversation -> prompt token ids, through the model's chat template (LLM.chat and the server).
+    ``continue_final_message`` (vLLM's): the prompt ends inside the last message, for the model to go on with it."""
     text = render_tool_chat(messages, chat_template or tok.chat_template, add_generation_prompt=add_generation_prompt,
                             bos_token=tok.bos_token, eos_token=tok.eos_token, tools=tools, **template_kwargs)
+    final = messages[-1].get("content") if messages and continue_final_message else None
+    if isinstance(final, str) and final and text.rfind(final) >= 0:
+        text = text[:text.rfind(final) + len(final)]
     return tok.encode(text, add_special_tokens=not (tok.bos_token and text.startswith(tok.bos_token)))
 
 

@@ -18,7 +18,7 @@ from runlm.server.render import render_off_loop
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # keys render_chat sets itself; chat_template_kwargs may not override them
-_RESERVED = {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"}
+_RESERVED = {"messages", "add_generation_prompt", "continue_final_message", "bos_token", "eos_token", "tools"}
 
 
 def _check_content(content: Any, where: str) -> None:
@@ -56,7 +56,7 @@ def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 
 async def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
                           tools: list[dict] | None, template_kwargs: Mapping[str, Any] | None,
-                          trust_request_template: bool) -> list[int]:
+                          trust_request_template: bool, continue_final_message: bool = False) -> list[int]:
     """The prompt's token ids, rendered off the event loop within the template limits. A template given in
     the request (``chat_template_kwargs.chat_template``) replaces the model's only on a server started
     with --trust-request-chat-template."""
@@ -71,7 +71,8 @@ async def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]
     try:
         return await render_off_loop(lambda: encode_chat(engine.tokenizer, msgs, template,
                                                          add_generation_prompt=add_generation_prompt,
-                                                         tools=tools, **extra))
+                                                         tools=tools, continue_final_message=continue_final_message,
+                                                         **extra))
     except ChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None
     except RenderLimitError as exc:
