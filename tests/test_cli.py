@@ -69,7 +69,7 @@ def test_show_prints_the_sampling_parameters_the_model_recommends() -> None:
     show = runlm("show", "smollm2")
     assert show.returncode == 0, show.stderr
     params = show.stdout.split("Parameters")[1].split("Template")[0].split()
-    assert params == ["temperature", "0.2", "top_p", "0.9", "repetition_penalty", "1.1"]
+    assert params == ["temperature", "0.0", "top_p", "0.9", "dry_multiplier", "0.8"]
     assert runlm("rm", "smollm2").returncode == 0
 
 

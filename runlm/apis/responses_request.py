@@ -16,7 +16,8 @@ PARAM_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens"
                "response_format.json_schema.schema": "text.format.schema", "tools": "tools",
                "tool_choice": "tool_choice"}
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "top_k", "min_p", "seed", "presence_penalty",
-           "frequency_penalty", "repetition_penalty", "stop", "priority",
+           "frequency_penalty", "repetition_penalty", "dry_multiplier", "dry_base", "dry_allowed_length",
+           "dry_penalty_last_n", "stop", "priority",
            # vLLM's extras for reasoning models and prompts
            "thinking_token_budget", "include_reasoning", "chat_template_kwargs", "continue_final_message",
            "add_generation_prompt", "ignore_eos")

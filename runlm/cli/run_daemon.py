@@ -26,6 +26,8 @@ class DaemonChat:
         body = {"model": self.model, "messages": self.history, "stream": True, "temperature": p.temperature,
                 "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p, "repetition_penalty": p.repetition_penalty,
                 "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+                "dry_multiplier": p.dry_multiplier, "dry_base": p.dry_base, "dry_allowed_length": p.dry_allowed_length,
+                "dry_penalty_last_n": p.dry_penalty_last_n,
                 "max_tokens": p.max_tokens}
         if p.seed is not None:
             body["seed"] = p.seed

@@ -57,6 +57,7 @@ class EngineStats:
     prefix_cache_hits: int
     num_preemptions: int
     spec_decode: SpecDecodeStats | None = None  # with speculative decoding: drafts and acceptance
+    num_generation_tokens: int = 0  # tokens generated since start (each replica's own, under data parallel)
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -80,6 +81,7 @@ class EngineCore:
     requests: dict[str, Any]
     sleep_level: int = 0
     num_preemptions: int = 0
+    num_generation_tokens: int = 0
     lora: LoRAManager | None = None  # set where LoRA is enabled (generation engines only)
 
     def _set_threads(self) -> None:
@@ -209,7 +211,8 @@ class EngineCore:
         if not self.holds_kv_cache:
             return EngineStats(len(s.running), len(s.waiting), 0.0, 0, 0, 0)
         return EngineStats(len(s.running), len(s.waiting), self.blocks.usage, self.blocks.stats.queries,
-                           self.blocks.stats.hits, self.num_preemptions, self.spec_decode_stats())
+                           self.blocks.stats.hits, self.num_preemptions, self.spec_decode_stats(),
+                           self.num_generation_tokens)
 
     def spec_decode_stats(self) -> SpecDecodeStats | None:
         """Speculative decoding's counters, where the engine speculates."""

@@ -240,6 +240,7 @@ class LLMEngine(EngineCore):
                 seq.logprobs.append(s.logprobs)
                 seq.cumulative_logprob += s.logprobs[s.token].logprob
             reason = append_token(state, seq.index, s.token)
+            self.num_generation_tokens += 1
             if reason is None and seq.num_tokens >= self.max_seq_tokens:
                 reason = "length"
                 if seq.num_tokens < self.max_model_len:

@@ -86,8 +86,9 @@ class PoolingEngine(EngineCore):
             prompt = [int(t) for t in prompt["prompt_token_ids"]]
         elif isinstance(prompt, Mapping) and "prompt" in prompt:
             prompt = prompt["prompt"]
+        keep = self.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = prompt[-params.truncate_prompt_tokens:] if params.truncate_prompt_tokens else list(prompt)
+            ids = prompt[-keep:] if keep else list(prompt)
             if len(ids) > self.max_model_len:
                 raise PromptTooLongError(f"the input has {len(ids)} tokens, but this model takes at most "
                                          f"{self.max_model_len}; shorten it or set truncate_prompt_tokens",
@@ -105,10 +106,14 @@ class PoolingEngine(EngineCore):
         if not text and not pair:
             raise PromptError("the input is empty")
         full = self.tokenizer.hf.encode(text, pair)
+        if len(full.ids) > self.max_model_len and not (params.truncate or keep):
+            raise PromptTooLongError(f"the input has {len(full.ids)} tokens, but this model takes at most "
+                                     f"{self.max_model_len}; shorten it or set truncate_prompt_tokens",
+                                     len(full.ids), self.max_model_len)
         enc = self._truncating.encode(text, pair) if len(full.ids) > self.max_model_len else full
         ids = enc.ids
-        if params.truncate_prompt_tokens and len(ids) > params.truncate_prompt_tokens:
-            ids = ids[-params.truncate_prompt_tokens:]
+        if keep and len(ids) > keep:
+            ids = ids[-keep:]
         types = enc.type_ids[-len(ids):] if pair is not None else None
         return PooledPrompt(ids, types, len(full.ids) - len(ids))
 

@@ -20,6 +20,8 @@ FIELDS: dict[str, tuple[type, float, float]] = {
     "temperature": (float, 0.0, 2.0), "top_p": (float, 1e-9, 1.0), "top_k": (int, -1, 1 << 20),
     "min_p": (float, 0.0, 1.0), "repetition_penalty": (float, 1e-9, 10.0),
     "presence_penalty": (float, -2.0, 2.0), "frequency_penalty": (float, -2.0, 2.0),
+    "dry_multiplier": (float, 0.0, 100.0), "dry_base": (float, 1.0, 10.0), "dry_allowed_length": (int, 1, 1000),
+    "dry_penalty_last_n": (int, -1, 1 << 31),
     "max_tokens": (int, 1, 1 << 31)}
 # generation_config.json's names (transformers' GenerationConfig) for the fields vLLM takes from it
 _HF_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from runlm.runner.errors import BadRequest, Conflict, NotFound
-from runlm.runner.pulling import pull_events, transfer_events
+from runlm.runner.pulling import pull_events, refused_before_streaming, transfer_events
 from runlm.runner.requests import CreateRequest, PushRequest, TagRequest
 from runlm.runner.views import group_by_id, model_json
 from runlm.store import InvalidNameError, ModelNotFoundError, StoredModel
@@ -50,10 +50,11 @@ async def create(request: Request) -> Response:
     if not isinstance(source, str) or not source:
         raise BadRequest("'from' is required: a built-in name, a file, a URL or a Hugging Face repo id", param="from")
     store = request.app.state.store
+    events = await refused_before_streaming(pull_events(store, source, body.get("name"), request.app.state.local_access,
+                                                        insecure=bool(body.get("insecure"))))
 
     async def lines() -> AsyncIterator[bytes]:
-        async for item in pull_events(store, source, body.get("name"), request.app.state.local_access,
-                                      insecure=bool(body.get("insecure"))):
+        async for item in events:
             if isinstance(item, PullProgress):
                 msg = {"type": "progress", "message": item.status, "total": item.total, "pulled": item.completed}
             elif isinstance(item, Exception):
@@ -74,8 +75,11 @@ async def push(request: Request, name: str) -> Response:
     model = await get_model(request, name)
     store, target, insecure = request.app.state.store, body.get("target"), bool(body.get("insecure"))
 
+    events = await refused_before_streaming(
+        transfer_events(lambda put: push_model(store, str(model.name), target, insecure, put)))
+
     async def lines() -> AsyncIterator[bytes]:
-        async for item in transfer_events(lambda put: push_model(store, str(model.name), target, insecure, put)):
+        async for item in events:
             if isinstance(item, PullProgress):
                 msg = {"type": "progress", "message": item.status, "total": item.total, "pushed": item.completed}
             elif isinstance(item, Exception):

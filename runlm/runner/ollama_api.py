@@ -30,7 +30,7 @@ from runlm.runner.ollama_convert import (
 from runlm.runner.ollama_images import generate_image
 from runlm.runner.ollama_stream import answer, events, open_stream
 from runlm.runner.proxy import pop_keep_alive, require_model, send
-from runlm.runner.pulling import pull_error_status, pull_events, transfer_events
+from runlm.runner.pulling import pull_error_status, pull_events, refused_before_streaming, transfer_events
 from runlm.runner.requests import (
     ChatRequest,
     CopyRequest,
@@ -127,6 +127,8 @@ async def _progress_response(body: dict, events: AsyncIterator) -> Response:
             if isinstance(item, Exception):
                 return JSONResponse({"error": str(item)}, status_code=pull_error_status(item))
         return JSONResponse({"status": "success"})
+
+    events = await refused_before_streaming(events)
 
     async def lines() -> AsyncIterator[bytes]:
         async for item in events:
@@ -302,6 +304,8 @@ async def _embed(request: Request, body: dict, inputs: Any) -> tuple[list, dict,
     runner = await loader.acquire(name, None, BackendMode.EMBEDDING)
     try:
         payload: dict[str, Any] = {"model": runner.model_ref, "input": inputs}
+        if body.get("truncate", True) is not False:  # Ollama cuts what is too long unless truncate is false
+            payload["truncate_prompt_tokens"] = -1
         if body.get("dimensions"):
             payload["dimensions"] = body["dimensions"]
         resp = await send(runner, "POST", "/v1/embeddings", payload)

@@ -86,3 +86,26 @@ def pull_error_status(exc: Exception) -> int:
     if isinstance(exc, ModelNotFoundError):
         return 404
     return 400 if isinstance(exc, (InvalidNameError, SourceError, ValueError)) else 502
+
+
+async def refused_before_streaming(events: AsyncIterator[T]) -> AsyncIterator[T]:
+    """``events`` with its first item read already: a transfer that fails at once (an invalid name, a source this
+    daemon does not read from, too many pulls) raises it as a RunnerError with its own status, so the client gets
+    a 4xx before any stream starts, as Ollama answers; later failures stay in the stream."""
+    it = aiter(events)
+    try:
+        first = await anext(it)
+    except StopAsyncIteration:
+        first = None
+    if isinstance(first, RunnerError):
+        raise first
+    if isinstance(first, Exception):
+        raise RunnerError(str(first), status=pull_error_status(first),
+                          type="invalid_request_error" if pull_error_status(first) < 500 else "internal_error")
+
+    async def chained() -> AsyncIterator[T]:
+        if first is not None:
+            yield first
+        async for item in it:
+            yield item
+    return chained()

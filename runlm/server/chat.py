@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from runlm.server.body import parse_body
-from runlm.server.errors import APIError
+from runlm.server.errors import APIError, bad_request
 from runlm.server.generation import Generation, Ticket, TicketedStreamingResponse, new_id, start_generation
 from runlm.server.logprobs import TokenTexts, chat_logprobs
 from runlm.server.prompts import chat_prompt_ids, check_room_for_completion
@@ -60,6 +60,9 @@ async def start_chat(request: Request, req: ChatCompletionRequest) -> ChatRun:
     state: ServerState = request.app.state.server
     lora = state.check_model(req.model)
     engine = state.require_task("generate", "chat completions")
+    if req.continue_final_message and req.add_generation_prompt:  # vLLM refuses the pair the same way
+        raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                          "continue_final_message")
     plan = tool_plan(req, engine)
     params = to_sampling_params(req, plan.structured_outputs, state.settings.sampling_defaults)
     if plan.parser is not None and plan.parser.needs_special_tokens:
@@ -174,6 +177,9 @@ async def _chunks(gen: Generation, req: ChatCompletionRequest, model: str,
                         if texts is not None and c.token_ids else None)
             if not delta and reason is None and logprobs is None:
                 continue  # text held back (it may be the start of a tool call)
+            if reason is not None and (delta or logprobs is not None):  # OpenAI: the finish comes with an empty delta
+                yield chunk([{"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}])
+                delta, logprobs = {}, None
             choice = {"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             if reason is not None:
                 choice["stop_reason"] = c.stop_reason  # vLLM's extra: the stop string or token id that matched

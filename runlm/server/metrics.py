@@ -70,7 +70,8 @@ class _EngineCollector:
 
 
 def _replica_families(model_name: str, per_replica: list[tuple[int, EngineStats]]) -> Iterator:
-    """The families above summed over replicas stay as they are; these give each replica's share."""
+    """The families above summed over replicas stay as they are; these give each replica's share, every one
+    labelled engine="<rank>" as vLLM labels its data-parallel series."""
     rows = (("num_requests_running", "Sequences running in each replica.", "num_running", GaugeMetricFamily),
             ("num_requests_waiting", "Sequences waiting in each replica.", "num_waiting", GaugeMetricFamily),
             ("kv_cache_usage_perc", "Fraction of each replica's KV-cache blocks in use.", "kv_cache_usage",
@@ -78,7 +79,9 @@ def _replica_families(model_name: str, per_replica: list[tuple[int, EngineStats]
             ("prefix_cache_queries", "Prompt tokens looked up in each replica's prefix cache.",
              "prefix_cache_queries", CounterMetricFamily),
             ("prefix_cache_hits", "Prompt tokens found in each replica's prefix cache.", "prefix_cache_hits",
-             CounterMetricFamily))
+             CounterMetricFamily),
+            ("num_preemptions", "Sequences each replica preempted.", "num_preemptions", CounterMetricFamily),
+            ("generation_tokens", "Tokens each replica generated.", "num_generation_tokens", CounterMetricFamily))
     for name, doc, field, family in rows:
         metric = family(f"runlm:replica_{name}", doc, labels=["model_name", "engine"])
         for rank, stats in per_replica:

@@ -108,7 +108,8 @@ async def embeddings(request: Request) -> JSONResponse:
     engine = state.require_task("embed", "embeddings")
     inputs = _embedding_inputs(state, req.input)
     try:
-        params = PoolingParams("embed", req.normalize, req.dimensions, req.truncate_prompt_tokens)
+        # an input longer than the model takes is refused unless truncation is asked for (OpenAI, vLLM)
+        params = PoolingParams("embed", req.normalize, req.dimensions, req.truncate_prompt_tokens, truncate=False)
     except PoolingParamsError as exc:
         raise pooling_error(exc) from None
     outs = await pool_all(state, engine, inputs, params, "embd")

@@ -19,7 +19,7 @@ class EmbeddingRequest(_Body):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Int | None = Field(None, ge=1, le=1 << 20)
     user: StrictStr | None = None
-    truncate_prompt_tokens: Int | None = Field(None, ge=1, le=1 << 20)
+    truncate_prompt_tokens: Int | None = Field(None, ge=-1, le=1 << 20)  # -1: to the model's maximum
     normalize: StrictBool | None = None
 
 

@@ -18,7 +18,7 @@ from runlm.server.render import render_off_loop
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # keys render_chat sets itself; chat_template_kwargs may not override them
-_RESERVED = {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"}
+_RESERVED = {"messages", "add_generation_prompt", "continue_final_message", "bos_token", "eos_token", "tools"}
 
 
 def _check_content(content: Any, where: str) -> None:
@@ -68,9 +68,8 @@ async def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]
     if template is not None and not isinstance(template, str):
         raise bad_request("chat_template must be a string", "chat_template_kwargs.chat_template")
     msgs = normalise_messages(messages)
-    if continue_final_message and (add_generation_prompt or msgs[-1]["role"] != "assistant"):
-        raise bad_request("continue_final_message continues a final assistant message, and takes "
-                          "add_generation_prompt: false", "continue_final_message")
+    if continue_final_message and msgs[-1]["role"] != "assistant":  # (with add_generation_prompt: chat.py's 400)
+        raise bad_request("continue_final_message continues a final assistant message", "continue_final_message")
     try:
         return await render_off_loop(lambda: encode_chat(engine.tokenizer, msgs, template,
                                                          add_generation_prompt=add_generation_prompt,

@@ -47,6 +47,12 @@ class _Sampling(_Body):
     top_k: Int | None = None
     min_p: Float | None = None
     repetition_penalty: Float | None = None
+    # llama.cpp's DRY sampler (runlm's looks at generated tokens only) and vLLM's logprobs_mode
+    dry_multiplier: Float | None = None
+    dry_base: Float | None = None
+    dry_allowed_length: Int | None = None
+    dry_penalty_last_n: Int | None = None
+    logprobs_mode: StrictStr | None = None
     ignore_eos: StrictBool = False
     min_tokens: Int = 0
     stop_token_ids: list[Int] | None = Field(None, max_length=1024)

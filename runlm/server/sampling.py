@@ -61,6 +61,11 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest, forced_co
             presence_penalty=given(req.presence_penalty, "presence_penalty", 0.0),
             frequency_penalty=given(req.frequency_penalty, "frequency_penalty", 0.0),
             repetition_penalty=given(req.repetition_penalty, "repetition_penalty", 1.0),
+            dry_multiplier=given(req.dry_multiplier, "dry_multiplier", 0.0),
+            dry_base=given(req.dry_base, "dry_base", 1.75),
+            dry_allowed_length=given(req.dry_allowed_length, "dry_allowed_length", 2),
+            dry_penalty_last_n=given(req.dry_penalty_last_n, "dry_penalty_last_n", -1),
+            logprobs_mode=req.logprobs_mode or "raw_logprobs",
             seed=req.seed, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
             include_stop_str_in_output=req.include_stop_str_in_output, ignore_eos=req.ignore_eos,
             max_tokens=max_tokens, min_tokens=req.min_tokens, logprobs=logprobs,
@@ -85,5 +90,7 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest, forced_co
             params.presence_penalty = 0.0
         if req.frequency_penalty is None:
             params.frequency_penalty = 0.0
+        if req.dry_multiplier is None:
+            params.dry_multiplier = 0.0
     return params
 

@@ -11,7 +11,7 @@ from runlm.engine.async_inproc import AsyncLLM
 from runlm.server.errors import bad_request
 from runlm.server.protocol import ChatCompletionRequest
 from runlm.tools.choice import ToolError, ToolPlan, plan_tools
-from runlm.tools.parsers import parse_tool_calls
+from runlm.tools.parsers import cut_short_calls, parse_tool_calls
 from runlm.tools.streaming import ToolCallStreamer
 
 
@@ -30,12 +30,13 @@ def _finish(reason: str | None, has_calls: bool) -> str | None:
 def whole_message(plan: ToolPlan, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
     """The assistant message for a finished choice, and its finish_reason."""
     if plan.parser is None:
-        return {"role": "assistant", "content": text, "refusal": None, "tool_calls": []}, reason
+        return {"role": "assistant", "content": text, "refusal": None}, reason
     content, calls = parse_tool_calls(plan.parser, text)
-    if plan.forced and not calls:  # the grammar was cut short (length): what there is, as content
-        content = text
-    message = {"role": "assistant", "content": content, "refusal": None,
-               "tool_calls": [c.to_openai() for c in calls]}
+    if plan.forced and not calls:  # the grammar was cut short (length): the calls as far as they got
+        content, calls = None, cut_short_calls(plan.parser, text)
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if calls:  # OpenAI leaves tool_calls out of a message that has none
+        message["tool_calls"] = [c.to_openai() for c in calls]
     return message, _finish(reason, bool(calls))
 
 

@@ -2,8 +2,10 @@
 
 ``auto`` leaves the model free and parses its own format. ``required`` and a named function are
 enforced with a grammar, as vLLM does: the output is forced to be JSON for the tool's
-``parameters`` schema (named), or an array of ``{"name", "parameters"}`` calls (required), so the
-call is always valid JSON for its schema. ``none`` hides the tools from the template.
+``parameters`` schema (named), or an array of ``{"name", "parameters"}`` calls (required; one call when
+``parallel_tool_calls`` is false), so the call is always valid JSON for its schema. The schema's objects
+admit only their declared properties unless it says ``additionalProperties``. ``none`` hides the tools
+from the template.
 """
 from __future__ import annotations
 
@@ -59,7 +61,34 @@ def check_tools(tools: Any) -> list[dict]:
 
 
 def _parameters(tool: Mapping[str, Any]) -> dict:
-    return dict(tool["function"].get("parameters") or EMPTY_PARAMETERS)
+    return closed_objects(dict(tool["function"].get("parameters") or EMPTY_PARAMETERS))
+
+
+_SUBSCHEMAS = ("items", "additionalItems", "not", "if", "then", "else", "contains")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def closed_objects(schema: Any) -> Any:
+    """The schema with every object that declares ``properties`` closed to others (``additionalProperties:
+    false``) unless it says otherwise, as OpenAI's strict function calling and llama.cpp's tool grammars read a
+    tool's parameters; JSON Schema itself would let a grammar add any key, and a small model does."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMAS:
+        if key in out:
+            out[key] = closed_objects(out[key])
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(s) for s in out[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {k: closed_objects(s) for k, s in out[key].items()}
+    if isinstance(out.get("properties"), Mapping) and "additionalProperties" not in out \
+            and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _named(tool_choice: Any) -> str | None:

@@ -162,6 +162,13 @@ def parse_tool_calls(parser: ToolParser, text: str) -> tuple[str | None, list[To
     return content, [ToolCall(new_call_id(), c.name or "", c.final_arguments) for c in scan.calls]
 
 
+def cut_short_calls(parser: ToolParser, text: str) -> list[ToolCall]:
+    """The named calls of an output that stopped before they closed (max_tokens inside a forced call), their
+    arguments as far as they were written: what a stream of the same output has sent."""
+    return [ToolCall(new_call_id(), c.name, c.final_arguments if c.arguments_done else c.arguments)
+            for c in parser.scan(text, final=True).calls if c.name]
+
+
 def arguments_object(arguments: str | dict | None) -> dict:
     """A call's arguments as a dict (templates want one; OpenAI messages carry a JSON string)."""
     if isinstance(arguments, dict):

@@ -117,6 +117,37 @@ def test_penalties_follow_their_definitions() -> None:
     assert out.tolist() == [[2.0 - 0.75, -2.0, 1.0 - 1.0, 0.5]]  # prompt tokens are not penalised
 
 
+def test_dry_penalises_what_would_extend_a_repeat_of_the_output_only() -> None:
+    import numpy as np
+
+    logits = np.zeros((1, 10), dtype=np.float32)
+    p = SamplingParams(dry_multiplier=0.8, dry_base=2.0, dry_allowed_length=2)
+    # output 1 2 3 4 1 2 3: writing 4 next would repeat "1 2 3 4" (3 tokens matched before it)
+    out = process_logits(logits, [p], [[5, 6, 7, 8]], [[1, 2, 3, 4, 1, 2, 3]], [frozenset()])
+    assert out[0, 4] == np.float32(-0.8 * 2.0 ** (3 - 2)) and (np.delete(out[0], 4) == 0).all()
+    # matches shorter than dry_allowed_length are free; the prompt is never looked at
+    out = process_logits(logits, [p], [[1, 2, 3, 4, 1, 2, 3]], [[9, 2, 3]], [frozenset()])
+    assert out is logits or (out == 0).all()
+    short = process_logits(logits, [p], [[]], [[1, 2, 7, 1]], [frozenset()])
+    assert (short == 0).all()  # "1" then "2": a 1-token match
+    window = SamplingParams(dry_multiplier=0.8, dry_base=2.0, dry_penalty_last_n=4)
+    assert (process_logits(logits, [window], [[]], [[1, 2, 3, 4, 1, 2, 3]], [frozenset()]) == 0).all()
+
+
+def test_logprobs_mode_raw_is_the_models_and_processed_is_what_was_sampled(llm: LLM) -> None:
+    bias = {5: 30.0}
+    raw = _one(llm, temperature=0.0, max_tokens=1, logprobs=2, logit_bias=bias).outputs[0]
+    processed = _one(llm, temperature=0.0, max_tokens=1, logprobs=2, logit_bias=bias,
+                     logprobs_mode="processed_logprobs").outputs[0]
+    assert raw.token_ids == processed.token_ids == [5]
+    assert raw.logprobs[0][5].rank > 1  # the model's own distribution: the bias is not in it
+    assert processed.logprobs[0][5].rank == 1 and processed.logprobs[0][5].logprob > -1e-3
+    plain = _one(llm, temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=1).outputs[0]
+    assert all(lp[t].rank == 1 for lp, t in zip(plain.logprobs, plain.token_ids))  # greedy's pick is the top-1
+    with pytest.raises(SamplingParamsError, match="logprobs_mode"):
+        SamplingParams(logprobs_mode="raw_logits")
+
+
 def test_penalties_change_generation(llm: LLM) -> None:
     plain = _one(llm, temperature=0.0, max_tokens=30, ignore_eos=True).outputs[0].token_ids
     penal = _one(llm, temperature=0.0, max_tokens=30, ignore_eos=True, frequency_penalty=2.0).outputs[0].token_ids

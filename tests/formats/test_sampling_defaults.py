@@ -77,9 +77,9 @@ def test_the_builtin_catalogue_fills_in_what_smollm2s_file_lacks() -> None:
     path = BUILTIN_MODELS["smollm2"].path()
     assert path is not None
     assert read_sampling_defaults(path) == {}  # its GGUF has no general.sampling.* keys
-    # SmolLM2-Instruct's model card: temperature 0.2, top_p 0.9; Ollama's default repeat penalty against loops
+    # SmolLM2-Instruct's model card: temperature 0.2, top_p 0.9; DRY over the generated tokens against loops
     assert recommended_sampling("smollm2", path) == recommended_sampling(str(path), path) == {
-        "temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
+        "temperature": 0.0, "top_p": 0.9, "dry_multiplier": 0.8}
     assert ollama_parameters({"temperature": 0.2, "repetition_penalty": 1.1, "max_tokens": 9}).split() == [
         "temperature", "0.2", "repeat_penalty", "1.1", "num_predict", "9"]
 
@@ -91,7 +91,7 @@ def test_serve_engine_flags(tmp_path: Path) -> None:
     def defaults(*flags: str) -> dict:
         return sampling_defaults(build_parser().parse_args(["serve-engine", "smollm2", *flags]), path)
 
-    smollm2 = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
+    smollm2 = {"temperature": 0.0, "top_p": 0.9, "dry_multiplier": 0.8}
     assert defaults() == smollm2  # auto
     assert defaults("--generation-config", "vllm") == {}
     assert defaults("--override-generation-config", '{"temperature": 0.7}') == {**smollm2, "temperature": 0.7}

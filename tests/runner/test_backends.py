@@ -74,7 +74,7 @@ def test_native_command_line(stored, tmp_path: Path) -> None:
     assert argv[argv.index("serve-engine") + 1] == "/m.gguf" and argv[argv.index("--uds") + 1] == "/s.sock"
     assert argv[argv.index("--max-model-len") + 1] == "1024" and argv[-2:] == ["--max-num-seqs", "8"]
     # the settings the store keeps for the model (smollm2's from the built-in catalogue) reach serve-engine
-    assert model.info.sampling == {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
+    assert model.info.sampling == {"temperature": 0.0, "top_p": 0.9, "dry_multiplier": 0.8}
     assert json.loads(argv[argv.index("--override-generation-config") + 1]) == model.info.sampling
     with pytest.raises(ConfigError, match="not allowed"):
         native.command("/s.sock", "/m.gguf", "x", model, BackendConfig(runtime_flags=["--api-key", "k"]))

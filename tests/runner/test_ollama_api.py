@@ -30,10 +30,10 @@ def test_show_gives_the_models_recommended_parameters(daemon: Daemon) -> None:
     c.pull("smollm2")
     try:
         shown = c.show("smollm2")
-        assert shown.parameters.split() == ["temperature", "0.2", "top_p", "0.9", "repeat_penalty", "1.1"]
+        assert shown.parameters.split() == ["temperature", "0.0", "top_p", "0.9"]  # DRY has no Ollama name
         assert "PARAMETER temperature" in shown.modelfile and "PARAMETER top_p" in shown.modelfile
         assert daemon.http.get("/models/smollm2").json()["config"]["sampling"] == {
-            "temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
+            "temperature": 0.0, "top_p": 0.9, "dry_multiplier": 0.8}
         assert not c.show("tinycoder").parameters  # a model that recommends nothing
     finally:
         c.delete("smollm2")

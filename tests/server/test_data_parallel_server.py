@@ -97,3 +97,35 @@ def test_profile_routes_write_a_trace_per_replica(dp_server) -> None:
     assert len(names) == 1 and "/" not in names[0]
     events = json.loads((Path(dp_server.traces) / names[0]).read_text())["traceEvents"]
     assert any(str(e.get("name", "")).startswith("runlm::forward") for e in events)
+
+
+def test_every_replica_series_is_labelled_by_engine_rank(tiny_model) -> None:
+    """With --data-parallel-size 2 each replica's series, generated tokens included, carry engine="<rank>"."""
+    import re
+    import time
+
+    server = ServerProcess(str(tiny_model("qwen2")), ["--data-parallel-size", "2", "--threads", "2",
+                                                      "--served-model-name", "tiny", "--kv-cache-memory", "64MiB"])
+    server.start()
+    try:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+        for rank, tokens in ((0, 3), (1, 5)):
+            client.completions.create(model="tiny", prompt="hi", max_tokens=tokens, temperature=0,
+                                      extra_body={"ignore_eos": True},
+                                      extra_headers={"X-data-parallel-rank": str(rank)})
+        deadline, found = time.monotonic() + 30, {}
+        while time.monotonic() < deadline:
+            text = httpx.get(f"{server.url}/metrics").text
+            found = {m.group(1): float(m.group(2)) for m in re.finditer(
+                r'^runlm:replica_generation_tokens_total\{[^}]*engine="(\d+)"[^}]*\} (\S+)$', text, re.M)}
+            if found == {"0": 3.0, "1": 5.0}:
+                break
+            time.sleep(0.5)
+        assert found == {"0": 3.0, "1": 5.0}, text
+        replica = [line for line in text.splitlines() if line.startswith("runlm:replica_")]
+        assert replica and all('engine="' in line for line in replica)
+        names = {line.split("{")[0] for line in replica}
+        assert {"runlm:replica_num_requests_running", "runlm:replica_kv_cache_usage_perc",
+                "runlm:replica_generation_tokens_total", "runlm:replica_num_preemptions_total"} <= names
+    finally:
+        server.stop()

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from runlm.tools.choice import ToolError, plan_tools
+from runlm.tools.choice import ToolError, closed_objects, plan_tools
 from runlm.tools.prompt import prepare_tool_messages, render_tool_chat
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
@@ -31,10 +31,23 @@ def test_none_or_no_tools_means_plain_content() -> None:
 
 def test_named_forces_the_function_parameters_schema() -> None:
     plan = plan_tools([WEATHER, TIME], {"type": "function", "function": {"name": "get_weather"}}, None)
-    assert plan.forced and plan.structured_outputs == {"json": WEATHER["function"]["parameters"]}
+    assert plan.forced and plan.structured_outputs == {"json": closed_objects(WEATHER["function"]["parameters"])}
     assert plan.parser.function == "get_weather"
     plan = plan_tools([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, None)
-    assert plan.structured_outputs == {"json": {"type": "object", "properties": {}}}
+    assert plan.structured_outputs == {"json": {"type": "object", "properties": {}, "additionalProperties": False}}
+
+
+def test_tool_grammars_admit_only_declared_properties_unless_the_schema_says() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}},
+                                               "c": {"type": "array", "items": {"properties": {"d": {}}}},
+                                               "e": {"type": "object"}},
+              "$defs": {"f": {"properties": {"g": {}}, "additionalProperties": True}}}
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False and closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["properties"]["c"]["items"]["additionalProperties"] is False
+    assert "additionalProperties" not in closed["properties"]["e"]  # a free-form object stays free
+    assert closed["$defs"]["f"]["additionalProperties"] is True  # what the schema says wins
+    assert "additionalProperties" not in schema  # the tool's own schema is not changed
 
 
 def test_required_forces_an_array_of_calls_to_the_given_tools() -> None:

@@ -121,7 +121,8 @@ class DPAsyncLLM(AsyncLLM, data_parallel=True):
                            kv_cache_usage=sum(s.kv_cache_usage for s in per) / max(1, len(per)),
                            prefix_cache_queries=sum(s.prefix_cache_queries for s in per),
                            prefix_cache_hits=sum(s.prefix_cache_hits for s in per),
-                           num_preemptions=sum(s.num_preemptions for s in per))
+                           num_preemptions=sum(s.num_preemptions for s in per),
+                           num_generation_tokens=sum(s.num_generation_tokens for s in per))
 
     # ---- requests ----------------------------------------------------------------------------------
     async def add_request(self, request_id: str | None, prompt: PromptType | PoolingPromptType,

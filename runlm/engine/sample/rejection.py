@@ -13,7 +13,15 @@ from __future__ import annotations
 import numpy as np
 
 from runlm.engine.core.sequence import Sequence
-from runlm.engine.sample.sampler import draw, log_softmax, probabilities, process_logits, token_logprobs, uniform
+from runlm.engine.sample.sampler import (
+    draw,
+    log_softmax,
+    probabilities,
+    process_logits,
+    processed_logprobs,
+    token_logprobs,
+    uniform,
+)
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.outputs import Logprob
 
@@ -48,6 +56,8 @@ def verify_draft(raw: np.ndarray, seq: Sequence, structured: StructuredOutputMan
             if constrained:
                 assert structured is not None
                 structured.accept([seq], [token])
+            if lps is not None and p.logprobs_mode == "processed_logprobs":
+                lps[j] = processed_logprobs(logits[0], p)
             out.append((token, token_logprobs(lps[j], token, p.logprobs) if lps is not None and p.logprobs is not None
                         else None))
             if not accepted or token in seq.stop_ids:

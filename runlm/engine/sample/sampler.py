@@ -36,12 +36,38 @@ def make_generator(seed: int | None) -> np.random.Generator | None:
 
 def _changes_logits(p: SamplingParams, num_output: int, stops: frozenset[int] | set[int]) -> bool:
     return bool(p.logit_bias) or p.allowed_token_ids is not None or (num_output < p.min_tokens and bool(stops)) \
-        or p.repetition_penalty != 1.0 or bool((p.presence_penalty or p.frequency_penalty) and num_output)
+        or p.repetition_penalty != 1.0 or bool((p.presence_penalty or p.frequency_penalty) and num_output) \
+        or (p.dry_multiplier > 0.0 and num_output > p.dry_allowed_length)
+
+
+_DRY_MAX_EXPONENT = 40  # 1.75 ** 40 is already past any logit gap; keeps the penalty finite
+
+
+def dry_penalties(output_ids: list[int], p: SamplingParams) -> dict[int, float]:
+    """DRY over the generated tokens: for each token that would continue a sequence seen earlier in the output
+    (its last k tokens equal the k tokens before an earlier occurrence of that token, k >= dry_allowed_length),
+    the penalty for the longest such k. The prompt is never looked at, so an answer may quote it freely."""
+    ctx = output_ids if p.dry_penalty_last_n < 0 else output_ids[-p.dry_penalty_last_n:] if p.dry_penalty_last_n \
+        else []
+    n = len(ctx)
+    if n <= p.dry_allowed_length:
+        return {}
+    arr = np.asarray(ctx, dtype=np.int64)
+    longest: dict[int, int] = {}
+    for j in np.flatnonzero(arr[:n - 1] == arr[n - 1]).tolist():  # earlier places the last token was written
+        k = 1
+        while k <= j and arr[j - k] == arr[n - 1 - k]:
+            k += 1
+        if k >= p.dry_allowed_length:
+            nxt = ctx[j + 1]
+            longest[nxt] = max(longest.get(nxt, 0), k)
+    return {t: p.dry_multiplier * p.dry_base ** min(k - p.dry_allowed_length, _DRY_MAX_EXPONENT)
+            for t, k in longest.items()}
 
 
 def process_logits(logits: np.ndarray, params: Seq[SamplingParams], prompt_ids: Seq[list[int]],
                    output_ids: Seq[list[int]], stop_ids: Seq[frozenset[int] | set[int]]) -> np.ndarray:
-    """Logit bias, allowed tokens, min_tokens and the three penalties, row by row (in place on a copy).
+    """Logit bias, allowed tokens, min_tokens, the three penalties and DRY, row by row (in place on a copy).
     Rows that need none of them (plain greedy, top-k/top-p sampling) cost no copy: ``logits`` itself
     comes back."""
     if not any(_changes_logits(p, len(o), s) for p, o, s in zip(params, output_ids, stop_ids)):
@@ -67,6 +93,10 @@ def process_logits(logits: np.ndarray, params: Seq[SamplingParams], prompt_ids: 
             counts = np.bincount(np.asarray(output_ids[i], dtype=np.int64), minlength=vocab)[:vocab]
             row -= (np.float32(p.frequency_penalty) * counts + np.float32(p.presence_penalty) * (counts > 0)
                     ).astype(np.float32)
+        if p.dry_multiplier > 0.0 and len(output_ids[i]) > p.dry_allowed_length:
+            for tok, penalty in dry_penalties(output_ids[i], p).items():
+                if tok < vocab:
+                    row[tok] -= np.float32(penalty)
     return logits
 
 
@@ -132,9 +162,17 @@ def token_logprobs(logprobs: np.ndarray, chosen: int, k: int) -> dict[int, Logpr
     return entry
 
 
+def processed_logprobs(row: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """The distribution sampled from (vLLM's processed_logprobs): after bias, penalties, the grammar's mask and
+    temperature, before top-k/top-p. Greedy rows are not divided by their zero temperature."""
+    row = np.asarray(row, dtype=np.float32)
+    return log_softmax(row if p.greedy else row / np.float32(p.temperature))
+
+
 def sample_batch(raw: np.ndarray, seqs: list[Sequence],
                  structured: StructuredOutputManager | None) -> list[SampledToken]:
-    """Penalties and bias, grammar masks, the draw, then logprobs of the raw distribution (as vLLM).
+    """Penalties and bias, grammar masks, the draw, then logprobs: of the raw distribution (vLLM's default
+    logprobs_mode), or of the processed one where the request asks.
     raw: [B, V] float32 logits of the sequences' last rows (not written)."""
     params = [s.params for s in seqs]
     trackers = [s.sync_thinking() for s in seqs]
@@ -152,7 +190,12 @@ def sample_batch(raw: np.ndarray, seqs: list[Sequence],
     if structured is not None:
         structured.accept(seqs, tokens)
     want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
-    lps = log_softmax(raw[want_lp]) if want_lp else None
+    lps = None
+    if want_lp:
+        lps = log_softmax(raw[want_lp])
+        for row, i in enumerate(want_lp):
+            if params[i].logprobs_mode == "processed_logprobs":
+                lps[row] = processed_logprobs(logits[i], params[i])
     results = []
     for i, (seq, token) in enumerate(zip(seqs, tokens)):
         entry = None

@@ -10,6 +10,7 @@ from runlm.engine.types.structured_params import StructuredOutputsParams, coerce
 from runlm.engine.types.thinking_params import ThinkingParams
 
 _MAX_INT = 2**31 - 1
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
 @dataclass(slots=True)
@@ -22,6 +23,13 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # DRY ("don't repeat yourself", llama.cpp's names): a token that would extend a sequence already written
+    # loses dry_multiplier * dry_base ** (length - dry_allowed_length) from its logit. It looks at the last
+    # dry_penalty_last_n generated tokens (-1: all of them), never at the prompt. 0.0: off.
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -35,6 +43,9 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | Mapping[str, Any] | None = None  # JSON schema, regex, choice...
+    # what logprobs report (vLLM's logprobs_mode): the model's own distribution, or the one sampled from
+    # (after bias, penalties, the grammar's mask and temperature)
+    logprobs_mode: str = "raw_logprobs"
     # a reasoning model's thinking tags: a budget closes the thinking, a grammar starts after it
     thinking: ThinkingParams | None = None
 
@@ -72,6 +83,17 @@ class SamplingParams:
                 bad(name, f"must be between -2 and 2, got {getattr(self, name)}")
         if not 0.0 < self.repetition_penalty <= 10.0:
             bad("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty}")
+        if not 0.0 <= self.dry_multiplier <= 100.0:
+            bad("dry_multiplier", f"must be between 0 and 100, got {self.dry_multiplier}")
+        if not 1.0 <= self.dry_base <= 10.0:
+            bad("dry_base", f"must be between 1 and 10, got {self.dry_base}")
+        if not isinstance(self.dry_allowed_length, int) or not 1 <= self.dry_allowed_length <= 1000:
+            bad("dry_allowed_length", f"must be an integer from 1 to 1000, got {self.dry_allowed_length!r}")
+        if not isinstance(self.dry_penalty_last_n, int) or self.dry_penalty_last_n < -1:
+            bad("dry_penalty_last_n", f"must be -1 (all generated tokens) or a non-negative integer, "
+                                      f"got {self.dry_penalty_last_n!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            bad("logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         if self.seed is not None and not (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64):
             bad("seed", f"must be an integer, got {self.seed!r}")
         if self.max_tokens is not None and not (isinstance(self.max_tokens, int) and 1 <= self.max_tokens <= _MAX_INT):

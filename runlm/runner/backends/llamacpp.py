@@ -28,7 +28,9 @@ RUNTIME_OVERHEAD = 150 << 20
 # SamplingParams field -> llama-server's flag for its default
 _SAMPLING_FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
                    "repetition_penalty": "--repeat-penalty", "presence_penalty": "--presence-penalty",
-                   "frequency_penalty": "--frequency-penalty", "max_tokens": "--n-predict"}
+                   "frequency_penalty": "--frequency-penalty", "max_tokens": "--n-predict",
+                   "dry_multiplier": "--dry-multiplier", "dry_base": "--dry-base",
+                   "dry_allowed_length": "--dry-allowed-length", "dry_penalty_last_n": "--dry-penalty-last-n"}
 
 
 class LlamaCppBackend(ProcessBackend):
