@@ -48,8 +48,13 @@ $(VENV)/.ray-installed: $(VENV)/.test-installed
 test-slow: $(VENV)/.ray-installed
 	$(VENV)/bin/python -m pytest -q -m slow
 
+# llama.cpp's AMX kernels (a -march=native build on a CPU with AMX) die with SIGSEGV on a prompt batch
+# (llama-cpp-python 0.3.36, seen on a Xeon with AMX): there it is built for AVX-512 and VNNI without AMX
+LLAMA_CMAKE_ARGS := $(if $(shell grep -m1 -o amx_int8 /proc/cpuinfo 2>/dev/null),-DGGML_NATIVE=OFF -DGGML_AVX=ON \
+	-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_INT8=OFF)
+
 $(VENV)/.bench-installed: $(VENV)/.test-installed
-	OMP_WAIT_POLICY=PASSIVE $(PIP) install -e '.[bench]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" OMP_WAIT_POLICY=PASSIVE $(PIP) install -e '.[bench]'
 	touch $@
 
 bench: $(VENV)/.bench-installed

@@ -20,6 +20,17 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"
 
 
+def _without_amx() -> list[str]:
+    """On a CPU with AMX, a native build's AMX kernels die with SIGSEGV on a prompt batch (llama.cpp as
+    llama-cpp-python 0.3.36 ships it): build for AVX-512 and VNNI without them, as the Makefile's bench set-up does."""
+    try:
+        has_amx = "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    return ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+            "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AMX_INT8=OFF"] if has_amx else []
+
+
 def llama_cpp_source() -> Path:
     """``vendor/llama.cpp`` of the installed llama-cpp-python's sdist, downloaded and unpacked once."""
     v = version("llama-cpp-python")
@@ -50,7 +61,8 @@ def llama_server() -> Path:
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     subprocess.run(["cmake", "-S", str(source), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DBUILD_SHARED_LIBS=OFF"], check=True)
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DBUILD_SHARED_LIBS=OFF",
+                    *_without_amx()], check=True)
     subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", "2"], check=True)
     built = next(build.rglob("llama-server"))
     binary.parent.mkdir(parents=True, exist_ok=True)
