@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 import uuid
@@ -142,9 +143,13 @@ class AsyncLLM:
                     self._commands.clear()
                 for fn, fut in commands:
                     try:
-                        fut.set_result(fn())
+                        outcome, ok = fn(), True
                     except BaseException as exc:  # the caller gets the error; the engine goes on
-                        fut.set_exception(exc)
+                        outcome, ok = exc, False
+                    # a caller that stopped waiting cancelled its future: the command still ran (an add is
+                    # aborted by the caller after), and nobody takes its outcome
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):
+                        fut.set_result(outcome) if ok else fut.set_exception(outcome)
                 if not self._paused and self.engine.has_unfinished_requests():
                     for out in self.engine.step():
                         self._deliver(out.request_id, out)

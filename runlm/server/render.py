@@ -3,13 +3,15 @@
 Each render runs in a thread of its own, which hands the template to a worker process with a memory and CPU
 limit (runlm/formats/template_process.py) and waits without the GIL; the worker is killed past its deadline.
 As a second line, a thread still waiting past HARD_STOP_SECONDS gets an exception raised in it from here.
-Threads still running are counted, and past MAX_RENDERS a request is turned away instead of adding another.
+At most MAX_RENDERS threads run at once (a thread still running holds its place until it ends); a request
+past that waits for a place, and is turned away with a 503 only when none frees within HARD_STOP_SECONDS.
 """
 from __future__ import annotations
 
 import asyncio
 import ctypes
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -19,7 +21,8 @@ from runlm.server.errors import APIError
 T = TypeVar("T")
 HARD_STOP_SECONDS = RENDER_SECONDS + 1.0
 MAX_RENDERS = 16
-_live: set[threading.Thread] = set()
+# the places of each event loop (a server has one; tests start several)
+_places: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
 def _interrupt(thread: threading.Thread) -> None:
@@ -30,9 +33,12 @@ def _interrupt(thread: threading.Thread) -> None:
 async def render_off_loop(fn: Callable[[], T], timeout: float = HARD_STOP_SECONDS) -> T:
     """fn() in a new thread; its exception is raised here; past ``timeout`` it is stopped and
     RenderLimitError is raised."""
-    if sum(t.is_alive() for t in list(_live)) >= MAX_RENDERS:  # (a copy: render threads remove themselves)
-        raise APIError(503, "too many chat templates are rendering; retry shortly", code="server_busy")
     loop = asyncio.get_running_loop()
+    places = _places.setdefault(loop, asyncio.Semaphore(MAX_RENDERS))
+    try:
+        await asyncio.wait_for(places.acquire(), timeout)
+    except TimeoutError:
+        raise APIError(503, "too many chat templates are rendering; retry shortly", code="server_busy") from None
     fut: asyncio.Future[T] = loop.create_future()
 
     def deliver(result: object, exc: BaseException | None) -> None:
@@ -46,13 +52,11 @@ async def render_off_loop(fn: Callable[[], T], timeout: float = HARD_STOP_SECOND
             result, exc = None, e
         try:
             loop.call_soon_threadsafe(deliver, result, exc)
+            loop.call_soon_threadsafe(places.release)  # this thread's place, once it has ended
         except RuntimeError:  # the loop closed meanwhile
             pass
-        finally:
-            _live.discard(threading.current_thread())
 
     thread = threading.Thread(target=target, name="chat-template", daemon=True)
-    _live.add(thread)
     thread.start()
     try:
         return await asyncio.wait_for(asyncio.shield(fut), timeout)

@@ -139,3 +139,23 @@ def test_dead_engine_fails_requests_and_health(tiny_model) -> None:
             await llm.check_health()
     run(main())
     llm.shutdown()
+
+
+def test_callers_that_stop_waiting_do_not_kill_the_engine(engine: AsyncLLM) -> None:
+    """A caller cancelled while its command waits for the engine thread (a server's gather cancelling the
+    other prompts of a refused request) leaves its future cancelled; the engine thread runs the command all
+    the same and must not die setting a result nobody takes."""
+    async def scenario() -> None:
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        tasks = [asyncio.create_task(engine.add_request(f"cancelled-{i}", {"prompt_token_ids": prompt_ids(8, seed=i)},
+                                                        params)) for i in range(16)]
+        await asyncio.sleep(0)  # every add is queued for the engine thread
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await engine.abort([f"cancelled-{i}" for i in range(16)])
+        engine.check_health_now()
+        text, tokens, _ = await _collect(engine, "after-cancel", params)
+        assert len(tokens) == 4
+
+    run(scenario())
