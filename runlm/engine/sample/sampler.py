@@ -189,20 +189,15 @@ def sample_batch(raw: np.ndarray, seqs: list[Sequence],
             tokens[i] = forced
     if structured is not None:
         structured.accept(seqs, tokens)
-    want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
-    lps = None
-    if want_lp:
-        lps = log_softmax(raw[want_lp])
-        for row, i in enumerate(want_lp):
-            if params[i].logprobs_mode == "processed_logprobs":
-                lps[row] = processed_logprobs(logits[i], params[i])
-    results = []
-    for i, (seq, token) in enumerate(zip(seqs, tokens)):
-        entry = None
-        if lps is not None and seq.params.logprobs is not None:
-            entry = token_logprobs(lps[want_lp.index(i)], token, seq.params.logprobs)
-        results.append(SampledToken(seq, token, entry))
-    return results
+    lps: dict[int, np.ndarray] = {}  # row -> the logprobs it reports
+    raw_rows = [i for i, p in enumerate(params) if p.logprobs is not None and p.logprobs_mode != "processed_logprobs"]
+    if raw_rows:
+        lps.update(zip(raw_rows, log_softmax(raw[raw_rows])))
+    lps.update((i, processed_logprobs(logits[i], p)) for i, p in enumerate(params)
+               if p.logprobs is not None and p.logprobs_mode == "processed_logprobs")
+    return [SampledToken(seq, token, token_logprobs(lps[i], token, seq.params.logprobs)
+                         if seq.params.logprobs is not None else None)
+            for i, (seq, token) in enumerate(zip(seqs, tokens))]
 
 
 def add_prompt_logprobs(seq: Sequence, logits: np.ndarray, first_pos: int) -> None:
