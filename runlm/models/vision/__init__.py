@@ -1,0 +1,94 @@
+"""Vision-language models: a vision tower and projector feeding the text decoder runlm already runs.
+
+One module per family (``gemma3``, ``idefics3`` for SmolVLM, ``qwen2_5_vl``, ``llava``), each defining:
+
+* ``MODEL_TYPES``: the Hugging Face ``model_type`` values it serves; ``PROJECTOR_TYPES``: llama.cpp's
+  ``clip.projector_type`` values of the mmproj GGUF files it reads;
+* ``text_config(hf_config) -> dict``: the text decoder's HF config (with its ``architectures``), which
+  ``runlm.models.config.ModelConfig.from_hf`` reads as for any text model;
+* ``text_weight(name) -> str | None``: a checkpoint name as the text decoder knows it
+  (``model.layers.0...``, ``model.embed_tokens.weight``, ``lm_head.weight``), or None for the vision part's;
+* ``build(path, hf_config, tokenizer) -> VisionModel``: the tower from a safetensors directory
+  (weights, ``preprocessor_config.json``), on the CPU in float32;
+* ``build_gguf(mmproj, tokenizer) -> VisionModel``: the same from llama.cpp's mmproj GGUF (a GGUFFile).
+
+The text model needs nothing of the image beyond rows of embeddings at the image's positions
+(runlm.models.attention.ForwardContext.mm_embeds), M-RoPE positions on Qwen2.5-VL, and bidirectional
+attention among an image's tokens on Gemma 3 (ForwardContext.bidirectional).
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from PIL.Image import Image
+
+    from runlm.formats.gguf import GGUFFile
+    from runlm.formats.tokenizer import Tokenizer
+    from runlm.models.vision.inputs import ImageFeature, MultiModalPrompt
+
+_FAMILIES = ("gemma3", "idefics3", "qwen2_5_vl", "llava")
+
+
+class ImageProcessor(Protocol):
+    def process(self, token_ids: list[int], images: list[Image]) -> MultiModalPrompt:
+        """Expand each image placeholder the chat template left in ``token_ids`` (one per image, in order) and
+        turn each image into the tower's inputs; raises ImageError (a client's mistake) for what cannot be."""
+        ...
+
+
+class VisionModel(Protocol):
+    """A family's tower + projector (a torch nn.Module) and the processor that feeds it."""
+    processor: ImageProcessor
+    uses_mrope: bool  # the text model takes [3, T] M-RoPE positions (Qwen2.5-VL)
+
+    def encode(self, features: list[ImageFeature]) -> list[torch.Tensor]:
+        """The text model's input embeddings for each image: [feature.num_embeds, text hidden], float32;
+        one batched pass over every image given where the family allows."""
+        ...
+
+    def to(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def family_module(name: str) -> ModuleType:
+    return importlib.import_module(f"runlm.models.vision.{name}")
+
+
+def _families() -> list[ModuleType]:
+    found = []
+    for name in _FAMILIES:
+        try:
+            found.append(family_module(name))
+        except ModuleNotFoundError as exc:  # a family not written yet
+            if exc.name != f"runlm.models.vision.{name}":
+                raise
+    return found
+
+
+def hf_family(hf_config: dict) -> ModuleType | None:
+    """The family module of a Hugging Face config, or None for a text-only model."""
+    model_type = hf_config.get("model_type")
+    return next((m for m in _families() if model_type in m.MODEL_TYPES), None)
+
+
+def mmproj_family(projector_type: str) -> ModuleType | None:
+    return next((m for m in _families() if projector_type in m.PROJECTOR_TYPES), None)
+
+
+def build_hf(path: Path, hf_config: dict, tokenizer: Tokenizer) -> VisionModel | None:
+    family = hf_family(hf_config)
+    return None if family is None else family.build(path, hf_config, tokenizer)
+
+
+def build_mmproj(mmproj: GGUFFile, tokenizer: Tokenizer) -> VisionModel:
+    from runlm.formats import ModelFormatError
+
+    kind = str(mmproj.metadata.get("clip.projector_type", ""))
+    family = mmproj_family(kind)
+    if family is None:
+        raise ModelFormatError(f"{mmproj.path}: runlm does not read mmproj files of projector type {kind!r}")
+    return family.build_gguf(mmproj, tokenizer)
