@@ -8,9 +8,11 @@ One module per family (``gemma3``, ``idefics3`` for SmolVLM, ``qwen2_5_vl``, ``l
   ``runlm.models.config.ModelConfig.from_hf`` reads as for any text model;
 * ``text_weight(name) -> str | None``: a checkpoint name as the text decoder knows it
   (``model.layers.0...``, ``model.embed_tokens.weight``, ``lm_head.weight``), or None for the vision part's;
-* ``build(path, hf_config, tokenizer) -> VisionModel``: the tower from a safetensors directory
-  (weights, ``preprocessor_config.json``), on the CPU in float32;
-* ``build_gguf(mmproj, tokenizer) -> VisionModel``: the same from llama.cpp's mmproj GGUF (a GGUFFile).
+* ``build(hf_config, preprocessor, weights, tokenizer) -> VisionModel``: the tower + projector (an nn.Module,
+  float32 on the CPU) and its processor, from the model's HF config, its image processor's config
+  (``preprocessor_config.json``) and the checkpoint's vision and projector tensors (names as the checkpoint
+  has them; the text model's are not among them). ``build_hf`` reads these from a safetensors directory,
+  runlm.models.vision.mmproj translates llama.cpp's mmproj GGUF into them.
 
 The text model needs nothing of the image beyond rows of embeddings at the image's positions
 (runlm.models.attention.ForwardContext.mm_embeds), M-RoPE positions on Qwen2.5-VL, and bidirectional
@@ -79,16 +81,36 @@ def mmproj_family(projector_type: str) -> ModuleType | None:
     return next((m for m in _families() if projector_type in m.PROJECTOR_TYPES), None)
 
 
-def build_hf(path: Path, hf_config: dict, tokenizer: Tokenizer) -> VisionModel | None:
+def processor_config(path: Path) -> dict:
+    """The image processor's settings: preprocessor_config.json, or the image_processor of processor_config.json."""
+    import json
+
+    from runlm.formats import ModelFormatError
+
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        f = path / name
+        if f.is_file():
+            if f.stat().st_size > 1 << 20:
+                raise ModelFormatError(f"{f}: larger than 1 MiB")
+            cfg = json.loads(f.read_text())
+            return cfg.get("image_processor", cfg) if isinstance(cfg, dict) else {}
+    raise ModelFormatError(f"{path}: a vision-language model needs preprocessor_config.json")
+
+
+def build_hf(path: Path, hf_config: dict, weights: Any, tokenizer: Tokenizer) -> VisionModel | None:
+    """The vision part of a safetensors directory (None for a text-only model). ``weights``: the checkpoint's
+    (name, tensor) pairs that the family's text_weight did not claim."""
     family = hf_family(hf_config)
-    return None if family is None else family.build(path, hf_config, tokenizer)
+    return None if family is None else family.build(hf_config, processor_config(path), weights, tokenizer)
 
 
 def build_mmproj(mmproj: GGUFFile, tokenizer: Tokenizer) -> VisionModel:
     from runlm.formats import ModelFormatError
+    from runlm.models.vision import mmproj as translate
 
     kind = str(mmproj.metadata.get("clip.projector_type", ""))
     family = mmproj_family(kind)
     if family is None:
         raise ModelFormatError(f"{mmproj.path}: runlm does not read mmproj files of projector type {kind!r}")
-    return family.build_gguf(mmproj, tokenizer)
+    hf_config, preprocessor, weights = translate.as_hf(mmproj, family)
+    return family.build(hf_config, preprocessor, weights, tokenizer)
