@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runlm.store.metadata import ModelInfo, inspect_gguf, inspect_safetensors_dir
+from runlm.store.mmproj import looks_like_projector
 from runlm.store.pipeline_info import inspect_diffusers_dir
 
 
@@ -12,7 +13,7 @@ def inspect_model(path: Path) -> ModelInfo:
     if path.is_dir() and (path / "model_index.json").exists():
         return inspect_diffusers_dir(path)
     if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
+        ggufs = sorted(p for p in path.glob("*.gguf") if not looks_like_projector(p.name))
         if ggufs and not (path / "config.json").exists():
             return inspect_gguf(ggufs[0])
         return inspect_safetensors_dir(path)

@@ -28,6 +28,7 @@ class OpenedFile:
     rel: str    # its path in the model ("model.gguf" for a one-file model)
     fd: int
     size: int
+    projector: bool = False  # the multimodal projector (mmproj GGUF) found beside a one-file model
 
 
 def _real_path(fd: int) -> Path:
@@ -88,6 +89,27 @@ def _walk(dir_fd: int, prefix: str, root: Path, out: list[OpenedFile]) -> None:
             out.append(OpenedFile(rel, fd, os.fstat(fd).st_size))
 
 
+def _projector_beside(dir_fd: int, model_name: str, root: Path) -> OpenedFile | None:
+    """llama.cpp's mmproj GGUF beside a one-file model, opened once under the same checks as the model; its
+    header is read through the open handle. None when there is none (or it is no projector)."""
+    from runlm.store.mmproj import choose_projector, is_projector_file
+
+    names = [e.name for e in os.scandir(dir_fd) if not e.name.startswith(".")]
+    chosen = choose_projector(model_name, names)
+    if chosen is None:
+        return None
+    try:
+        fd = _open_file(dir_fd, chosen, chosen, root)
+    except SourceError:
+        return None  # a projector that may not be read is left out, as if it were not there
+    if fd is None:
+        return None
+    if not is_projector_file(f"/proc/self/fd/{fd}"):
+        os.close(fd)
+        return None
+    return OpenedFile(chosen, fd, os.fstat(fd).st_size, projector=True)
+
+
 @contextlib.contextmanager
 def open_model(root: Path, location: Path, single_name: str) -> Iterator[tuple[list[OpenedFile], Path]]:
     """Every file of the model at ``location`` (a file or a folder under ``root``), each opened once, and a
@@ -125,8 +147,11 @@ def open_model(root: Path, location: Path, single_name: str) -> Iterator[tuple[l
                 raise SourceError(f"{rel}: not a file")
             opened.append(OpenedFile(single_name, file_fd, os.fstat(file_fd).st_size))
             model = view / last
+            projector = _projector_beside(fd, last, root)
+            if projector is not None:
+                opened.append(projector)
         for f in opened:
-            link = (model / f.rel) if is_dir else model
+            link = view / f.rel if f.projector else (model / f.rel) if is_dir else model
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(f"/proc/self/fd/{f.fd}")
         yield opened, model

@@ -80,6 +80,9 @@ def inspect_gguf(path: Path) -> ModelInfo:
         return metadata.get(key, default)
 
     arch = str(get("general.architecture", "unknown"))
+    if arch == "clip":  # (runlm.store.mmproj.PROJECTOR_ARCHITECTURE)
+        raise ModelFormatError(f"{path.name}: a multimodal projector (mmproj), not a model: pull the text GGUF it "
+                               f"belongs to, with the projector beside it or given as --mmproj")
     ftype = get("general.file_type")
     try:
         quant = gguf.LlamaFileType(ftype).name.removeprefix("MOSTLY_") if ftype is not None else None
@@ -179,6 +182,22 @@ def _read_capped(path: Path) -> str:
         return f.read(MAX_SIDE_FILE).decode("utf-8")
 
 
+def vision_text_config(cfg: dict) -> dict | None:
+    """The text decoder's config of a vision-language model runlm serves (its model_type is a vision family's:
+    runlm.models.vision.hf_family), or None for any other model. Only configs with a vision part import the
+    families (they bring torch)."""
+    if not isinstance(cfg.get("vision_config"), dict) and not isinstance(cfg.get("text_config"), dict):
+        return None
+    from runlm.models.vision import hf_family
+
+    try:
+        family = hf_family(cfg)
+        text = family.text_config(cfg) if family is not None else None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return text if isinstance(text, dict) else None
+
+
 def inspect_safetensors_dir(directory: Path) -> ModelInfo:
     try:
         cfg = json.loads(_read_capped(directory / "config.json"))
@@ -192,7 +211,11 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
     params, dtypes = count_parameters(files)
     arch = (cfg.get("architectures") or [cfg.get("model_type", "unknown")])[0]
     caps = ["completion"]
-    if arch.endswith("ForSequenceClassification"):
+    text_cfg = vision_text_config(cfg)
+    if text_cfg is not None:  # a vision-language model: the decoder's shapes size the KV cache
+        caps = ["completion", "vision"]
+        cfg = {**cfg, **text_cfg}
+    elif arch.endswith("ForSequenceClassification"):
         caps = ["reranking"]
     elif arch in ENCODER_HF_ARCHS or (directory / "modules.json").exists() and "CausalLM" not in arch:
         caps = ["embedding"]

@@ -32,9 +32,18 @@ from runlm.store.blobs import BlobStore
 from runlm.store.download import DownloadLimits, discard, download
 from runlm.store.inspect import inspect_model
 from runlm.store.metadata import ModelInfo
+from runlm.store.mmproj import DMR_MMPROJ, check_projector, is_projector_entry, projector_beside, projector_entry
 from runlm.store.names import ModelName
 from runlm.store.progress import ProgressCallback, PullProgress
-from runlm.store.sources import ANY_LOCAL, LocalAccess, Source, SourceError, fetch_hf, resolve_source
+from runlm.store.sources import (
+    ANY_LOCAL,
+    LOCAL_REFUSED,
+    LocalAccess,
+    Source,
+    SourceError,
+    fetch_hf,
+    resolve_source,
+)
 
 SINGLE_FILE_NAME = "model.gguf"
 PARTIAL_MAX_AGE = 7 * 86400.0  # seconds an interrupted download is kept for a resume
@@ -92,6 +101,20 @@ class StoredModel:
     def created(self) -> str:
         return self.manifest["created"]
 
+    @property
+    def mmproj(self) -> str | None:
+        """The path, within the model's files, of its multimodal projector (llama.cpp's mmproj GGUF), if any."""
+        entry = projector_entry(self.manifest["files"])
+        return entry["path"] if entry else None
+
+    def projector_path(self, model_path: Path | str) -> Path | None:
+        """The projector's file given the model's path from ``RefStore.model_path`` (a file or a folder)."""
+        rel = self.mmproj
+        if rel is None:
+            return None
+        base = Path(model_path)
+        return (base.parent if self.manifest["layout"] == "file" else base) / rel
+
 
 class RefStore:
     def __init__(self, home: Path | str | None = None, download_limits: DownloadLimits | None = None) -> None:
@@ -140,6 +163,10 @@ class RefStore:
         files = model.manifest["files"]
         return view / files[0]["path"] if model.manifest["layout"] == "file" else view
 
+    def mmproj_path(self, model: StoredModel) -> Path | None:
+        """The model's multimodal projector as a file beside its GGUF (what the engine takes as --mmproj)."""
+        return model.projector_path(self.model_path(model)) if model.mmproj else None
+
     # --- pulling -------------------------------------------------------------------------------
     @contextmanager
     def _lock(self, key: str, shared: bool = False) -> Iterator[None]:
@@ -152,10 +179,13 @@ class RefStore:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def pull(self, source_text: str, name: str | None = None, progress: ProgressCallback | None = None,
-             access: LocalAccess = ANY_LOCAL, insecure: bool = False) -> StoredModel:
+             access: LocalAccess = ANY_LOCAL, insecure: bool = False, mmproj: Path | None = None) -> StoredModel:
         """Store a model from a path, URL, built-in name or HF repo; concurrent pulls of one source share it.
         ``access`` says which local files may be read (the daemon's HTTP API passes its own). ``insecure`` is
-        for registries (runlm/store/store.py's ModelStore pulls those)."""
+        for registries (runlm/store/store.py's ModelStore pulls those). ``mmproj``: a multimodal projector
+        file to keep with a GGUF model (instead of one found beside it)."""
+        if mmproj is not None:
+            return self._pull_with_projector(source_text, name, progress, access, insecure, mmproj)
         report = progress or (lambda p: None)
         source = resolve_source(source_text, access)
         ref = ModelName.parse(name or source.default_name)
@@ -175,6 +205,18 @@ class RefStore:
             model = self._write_ref(ref, manifest)
         report(PullProgress("success"))
         return model
+
+    def _pull_with_projector(self, source_text: str, name: str | None, progress: ProgressCallback | None,
+                             access: LocalAccess, insecure: bool, mmproj: Path) -> StoredModel:
+        if not access.any:
+            raise SourceError(LOCAL_REFUSED)
+        check_projector(mmproj)
+        model = self.pull(source_text, name, progress, access, insecure)
+        if model.manifest["layout"] != "file" or not model.manifest["files"][0]["path"].endswith(".gguf"):
+            raise ValueError(f"--mmproj goes with a GGUF model file; {source_text} is a {model.info.format} folder "
+                             f"(a safetensors vision model carries its vision tower itself)")
+        with self.adding():
+            return self._write_ref(model.name, with_projector(self, model, mmproj))
 
     def _find_by_identity(self, source: Source) -> StoredModel | None:
         if source.kind == "hf":  # a repo can move on: always ask huggingface_hub (it caches)
@@ -204,6 +246,9 @@ class RefStore:
         entries = [(SINGLE_FILE_NAME, path)] if path.is_file() else [
             (str(p.relative_to(path)), p) for p in sorted(path.rglob("*"))
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)]
+        projector = projector_beside(path) if source.kind == "local" and path.is_file() else None
+        if projector is not None:  # llama.cpp's layout: mmproj-<model>.gguf in the model's folder
+            entries.append((projector.name, projector))
         for rel, file in entries:  # a link inside an allowed folder may not lead out of it
             if source.kind == "local" and not source.access.allows(file):
                 raise SourceError(f"{rel}: a symbolic link that leaves the folder local imports are allowed from")
@@ -220,7 +265,8 @@ class RefStore:
 
             digest, size = self.blobs.put_file(file, on_bytes)
             report(PullProgress(status, digest, size, size))
-            files.append({"path": rel, "digest": digest, "size": size})
+            files.append({"path": rel, "digest": digest, "size": size,
+                          **({"media_type": DMR_MMPROJ} if file == projector else {})})
         return self._manifest(files, "file" if path.is_file() else "dir", info, source)
 
     def _ingest_under(self, source: Source, root: Path, report: ProgressCallback) -> dict:
@@ -244,7 +290,8 @@ class RefStore:
                 with os.fdopen(os.dup(f.fd), "rb") as fin:
                     digest, size = self.blobs.put_open_file(fin, on_bytes)
                 report(PullProgress(status, digest, size, size))
-                files.append({"path": f.rel, "digest": digest, "size": size})
+                files.append({"path": f.rel, "digest": digest, "size": size,
+                              **({"media_type": DMR_MMPROJ} if f.projector else {})})
             layout = "dir" if model.is_dir() and not model.is_symlink() else "file"
         return self._manifest(files, layout, info, source)
 
@@ -342,3 +389,16 @@ class RefStore:
                 shutil.rmtree(sub, ignore_errors=True)
             self.blobs.clear()
         return freed
+
+
+def with_projector(store: RefStore, model: StoredModel, mmproj: Path) -> dict:
+    """``model``'s manifest with ``mmproj`` as its projector (in place of one it had), its blob stored
+    (call inside ``store.adding()``)."""
+    digest, size = store.blobs.put_file(mmproj)
+    files = [f for f in model.manifest["files"] if not is_projector_entry(f)]
+    taken = {f["path"] for f in files}
+    rel = mmproj.name if mmproj.name not in taken and not mmproj.name.startswith(".") else "mmproj.gguf"
+    files.append({"path": rel, "digest": digest, "size": size, "media_type": DMR_MMPROJ})
+    extra = {k: v for k, v in model.manifest.items() if k not in ("schema", "id", "layout", "files", "info", "source",
+                                                                  "created", "oci")}
+    return model_manifest(files, model.manifest["layout"], model.info, model.manifest["source"], **extra)

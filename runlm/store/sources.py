@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from runlm.catalog import BUILTIN_MODELS, available_models_text
+from runlm.store.mmproj import looks_like_projector
 from runlm.store.names import default_name_for
 
 _HF_REPO = re.compile(r"(?:hf\.co/|huggingface\.co/)?([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([\w.-]+))?")
@@ -66,11 +67,22 @@ class Source:
         if self.kind in ("local", "builtin"):
             path = Path(self.location)
             stat = path.stat()
-            return f"{self.kind}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+            identity = f"{self.kind}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+            if self.kind == "local" and path.is_file():  # a projector put beside it since makes another pull
+                identity += "".join(f":{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
+                                    for p in _projectors_beside(path))
+            return identity
         return f"{self.kind}:{self.location}:{self.tag or ''}:{self.expected_digest or ''}"
 
     def lock_key(self) -> str:
         return hashlib.sha256(f"{self.kind}:{self.location}:{self.tag}".encode()).hexdigest()[:24]
+
+
+def _projectors_beside(path: Path) -> list[Path]:
+    try:
+        return sorted(p for p in path.parent.iterdir() if p != path and looks_like_projector(p.name) and p.is_file())
+    except OSError:
+        return []
 
 
 def resolve_source(text: str, access: LocalAccess = ANY_LOCAL) -> Source:

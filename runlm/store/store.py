@@ -27,12 +27,15 @@ __all__ = ["ModelNotFoundError", "ModelStore", "NameConflictError", "StoredModel
 
 class ModelStore(RefStore):
     def pull(self, source_text: str, name: str | None = None, progress: ProgressCallback | None = None,
-             access: LocalAccess = ANY_LOCAL, insecure: bool = False) -> StoredModel:
+             access: LocalAccess = ANY_LOCAL, insecure: bool = False, mmproj: Path | None = None) -> StoredModel:
         """Store a model from a path, URL, built-in name, HF repo or registry reference (``host/name:tag``; plain
         http only with ``insecure``); concurrent pulls of one source share it. ``access`` says which local
         files may be read (the daemon's HTTP API passes its own)."""
         # decided from the text alone over HTTP (a remote caller must not learn which paths exist); the CLI's
         # user may name a local folder that happens to read like one
         if looks_like_reference(source_text) and not (access.any and Path(source_text).expanduser().exists()):
+            if mmproj is not None:
+                raise ValueError("--mmproj goes with a local GGUF file; a registry's artifact carries its projector "
+                                 "as a layer of its own")
             return pull_oci(self, source_text, name, insecure=insecure, progress=progress)
-        return super().pull(source_text, name, progress, access, insecure)
+        return super().pull(source_text, name, progress, access, insecure, mmproj)

@@ -14,6 +14,7 @@ from typing import Any
 
 from runlm.store.blobs import check_digest
 from runlm.store.metadata import ModelInfo
+from runlm.store.mmproj import PROJECTOR_TYPES
 from runlm.store.oci import media
 
 
@@ -174,7 +175,8 @@ def plan(manifest: dict[str, Any]) -> Plan:
         else:
             continue  # unnamed layers of other kinds say nothing runlm can place
         layers.append(Layer(unique_path(path, taken), digest, size, mtype, {k: str(v) for k, v in ann.items()}))
-    weights = [la for la in layers if la.path.endswith((".gguf", ".safetensors")) and la.path != "mmproj.gguf"]
+    weights = [la for la in layers if la.path.endswith((".gguf", ".safetensors"))
+               and la.media_type.split(";")[0] not in PROJECTOR_TYPES]
     if not weights:
         raise ArtifactError("the manifest has no GGUF or safetensors layer: not a model runlm can run")
     lone_gguf = len(weights) == 1 and weights[0].path.endswith(".gguf")

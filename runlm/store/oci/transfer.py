@@ -64,14 +64,16 @@ def with_oci(store: RefStore, manifest: dict, context_size: int | None = None) -
 
 
 def package(store: RefStore, path: Path, name: str, licenses: tuple[Path, ...] = (), context_size: int | None = None,
-            progress: ProgressCallback | None = None) -> StoredModel:
-    """Store a GGUF file or a model folder under ``name`` as an OCI artifact Model Runner can read."""
+            progress: ProgressCallback | None = None, mmproj: Path | None = None) -> StoredModel:
+    """Store a GGUF file or a model folder under ``name`` as an OCI artifact Model Runner can read; ``mmproj``
+    (llama.cpp's projector GGUF, else one found beside the GGUF file) becomes its ``vnd.docker.ai.mmproj``
+    layer, as ``docker model package --mmproj`` writes it."""
     if context_size is not None and context_size <= 0:
         raise ValueError("--context-size must be a positive number of tokens")
     for lic in licenses:
         if not lic.is_file():
             raise ValueError(f"license file {lic} does not exist")
-    model = store.pull(str(path), name, progress=progress)
+    model = store.pull(str(path), name, progress=progress, mmproj=mmproj)
     with store.adding():
         files = list(model.manifest["files"])
         taken = {f["path"] for f in files}
