@@ -9,6 +9,7 @@ from pathlib import Path
 from runlm.cli.client import CLIError, connect, print_json, print_table
 from runlm.runner.views import group_by_id, model_json
 from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore
+from runlm.store.capabilities import capabilities, input_modalities
 from runlm.store.progress import ProgressBar, PullProgress, human_bytes
 
 
@@ -34,6 +35,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
     # a local file is read by the CLI, as the user who runs it: the daemon's HTTP API reads no local paths
     if daemon and daemon.shares_store and Path(args.source).expanduser().exists():
         daemon = None
+    mmproj = Path(args.mmproj).expanduser() if getattr(args, "mmproj", None) else None
+    if mmproj is not None and daemon:
+        raise CLIError("--mmproj goes with a local GGUF file, imported by the CLI into a store this machine holds")
     try:
         if daemon:
             body = {"from": args.source, **({"name": args.name} if args.name else {}),
@@ -45,7 +49,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
                     raise CLIError(msg["message"])  # (the progress stream already ended with "success")
         else:
             try:
-                ModelStore().pull(args.source, args.name, progress=bar, insecure=args.insecure)
+                ModelStore().pull(args.source, args.name, progress=bar, insecure=args.insecure, mmproj=mmproj)
             except Exception as exc:  # the store's errors are for people: print them, no traceback
                 if isinstance(exc, KeyboardInterrupt):
                     raise
@@ -88,7 +92,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         store = ModelStore()
         model = _store_call(store.get, args.model)
         m = model_json([x for x in store.list() if x.id == model.id])
-        m["config"].update(template=model.info.template, capabilities=model.info.capabilities)
+        m["config"].update(template=model.info.template, capabilities=capabilities(model),
+                           input_modalities=input_modalities(model))
     if args.json:
         print_json(m)
         return 0
@@ -97,7 +102,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     for label, value in (("format", c["format"]), ("architecture", c["architecture"]),
                          ("parameters", c["parameters"]), ("quantization", c["quantization"]),
                          ("context length", c["context_size"] or "-"), ("size", human_bytes(c["size"])),
-                         ("capabilities", ", ".join(c.get("capabilities", []))), ("digest", m["id"]),
+                         ("capabilities", ", ".join(c.get("capabilities", []))),
+                         ("input", ", ".join(c.get("input_modalities", ["text"]))), ("digest", m["id"]),
                          ("tags", ", ".join(m["tags"]))):
         print(f"    {label:<16}{value}")
         if label == "parameters" and c.get("experts"):
@@ -171,6 +177,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                   "registry.example:5000/namespace/name:tag (an OCI registry)")
     p.add_argument("--name", default=None, help="name[:tag] to store it under (default: from the source)")
     p.add_argument("--insecure", action="store_true", help="a registry over plain http (only for one you trust)")
+    p.add_argument("--mmproj", default=None, metavar="FILE",
+                   help="llama.cpp's multimodal projector (mmproj GGUF) to keep with a GGUF model, for images "
+                        "(default: an mmproj-*.gguf beside the model file)")
     p.set_defaults(func=cmd_pull)
     p = sub.add_parser("ls", aliases=["list"], help="list stored models")
     p.add_argument("--json", action="store_true")

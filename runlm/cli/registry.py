@@ -32,7 +32,8 @@ def cmd_package(args: argparse.Namespace) -> int:
     bar = ProgressBar(sys.stderr)
     try:
         model = _store_errors(package, ModelStore(), Path(args.source).expanduser(), name,
-                              tuple(Path(p).expanduser() for p in args.license), args.context_size, bar)
+                              tuple(Path(p).expanduser() for p in args.license), args.context_size, bar,
+                              Path(args.mmproj).expanduser() if args.mmproj else None)
         if args.push:
             _store_errors(push, ModelStore(), name, target, args.insecure, bar)
     finally:
@@ -121,6 +122,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", metavar="NAME", help="name[:tag] to store it under, or a registry reference with --push")
     p.add_argument("--license", action="append", default=[], metavar="FILE", help="a license file (repeatable)")
     p.add_argument("--context-size", type=int, default=None, metavar="N", help="the context size to run it with")
+    p.add_argument("--mmproj", default=None, metavar="FILE",
+                   help="llama.cpp's multimodal projector (mmproj GGUF), a layer of its own (default: an mmproj-*.gguf "
+                        "beside a GGUF file)")
     p.add_argument("--push", action="store_true", help="push it to NAME (a registry reference) once packaged")
     p.add_argument("--insecure", action="store_true", help="plain http to the registry (only for one you trust)")
     p.set_defaults(func=cmd_package)

@@ -13,6 +13,7 @@ from runlm.runner.models_api import body_json, delete_model, get_model
 from runlm.runner.proxy import forward_openai, require_model
 from runlm.runner.requests import ConfigureRequest, OpenAIRequest, UnloadRequest
 from runlm.runner.views import unix_time
+from runlm.store.capabilities import capabilities, input_modalities
 from runlm.web.disconnect import unless_disconnected
 from runlm.web.openapi import json_body
 
@@ -40,8 +41,8 @@ async def _openai_post(request: Request, route: str, backend: str | None) -> Res
 async def _openai_models(request: Request, name: str | None) -> JSONResponse:
     store = request.app.state.store
     models = await asyncio.to_thread(store.list)
-    data = [{"id": str(m.name), "object": "model", "created": unix_time(m.created), "owned_by": "runlm"}
-            for m in models]
+    data = [{"id": str(m.name), "object": "model", "created": unix_time(m.created), "owned_by": "runlm",
+             "capabilities": capabilities(m), "input_modalities": input_modalities(m)} for m in models]
     if name is None:
         return JSONResponse({"object": "list", "data": data})
     for d in data:

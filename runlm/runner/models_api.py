@@ -14,6 +14,7 @@ from runlm.runner.pulling import pull_events, refused_before_streaming, transfer
 from runlm.runner.requests import CreateRequest, PushRequest, TagRequest
 from runlm.runner.views import group_by_id, model_json
 from runlm.store import InvalidNameError, ModelNotFoundError, StoredModel
+from runlm.store.capabilities import capabilities, input_modalities
 from runlm.store.progress import PullProgress
 from runlm.web.json_body import JSONBodyError, parse_json_object, validate_body
 from runlm.web.openapi import json_body
@@ -120,7 +121,8 @@ async def inspect(request: Request, name: str) -> JSONResponse:
     tags = [m for m in await asyncio.to_thread(request.app.state.store.list) if m.id == model.id]
     out = model_json(tags)
     out["config"]["template"] = model.info.template
-    out["config"]["capabilities"] = model.info.capabilities
+    out["config"]["capabilities"] = capabilities(model)
+    out["config"]["input_modalities"] = input_modalities(model)
     return JSONResponse(out)
 
 

@@ -39,7 +39,8 @@ from runlm.runner.requests import (
     GenerateRequest,
     ModelRequest,
 )
-from runlm.store import InvalidNameError
+from runlm.store import InvalidNameError, StoredModel
+from runlm.store.capabilities import capabilities
 from runlm.store.progress import PullProgress
 from runlm.web.openapi import OllamaError, json_body
 
@@ -87,12 +88,34 @@ async def show(request: Request) -> JSONResponse:
     modelfile = f"FROM {model.name}\n" + "".join(f"PARAMETER {line}\n" for line in parameters.splitlines())
     return JSONResponse({
         "modelfile": modelfile, "parameters": parameters, "template": info.template or "",
-        "details": details(model), "capabilities": info.capabilities, "modified_at": model.created,
+        "details": details(model), "capabilities": capabilities(model), "modified_at": model.created,
         "model_info": {"general.architecture": info.architecture, "general.parameter_count": info.parameters,
                        f"{info.architecture}.context_length": info.context_length,
                        f"{info.architecture}.block_count": info.num_layers,
                        **({f"{info.architecture}.expert_count": info.experts,
-                           f"{info.architecture}.expert_used_count": info.experts_used} if info.experts else {})}})
+                           f"{info.architecture}.expert_used_count": info.experts_used} if info.experts else {})},
+        **({"projector_info": projector} if (projector := await asyncio.to_thread(projector_info, request, model))
+           else {})})
+
+
+def projector_info(request: Request, model: StoredModel) -> dict | None:
+    """Ollama's ``projector_info``: the mmproj file's header values (scalars; arrays left out)."""
+    entry = next((f for f in model.manifest["files"] if f["path"] == model.mmproj), None)
+    if entry is None:
+        return None
+    from runlm.formats.gguf_header import read_header
+
+    try:
+        _, metadata, _ = read_header(request.app.state.store.blobs.path(entry["digest"]))
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+    out: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if key == "general.architecture" or key.startswith("clip."):
+            value = value.tolist() if hasattr(value, "tolist") else value
+            if isinstance(value, str | int | float | bool) or isinstance(value, list) and len(value) <= 16:
+                out[key] = value
+    return out
 
 
 @router.post("/pull", openapi_extra=json_body(ModelRequest, error=OllamaError))

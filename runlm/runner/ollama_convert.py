@@ -118,7 +118,8 @@ def ollama_tool_calls(calls: list[dict] | None) -> list[dict] | None:
 
 def details(model: StoredModel) -> dict:
     info = model.info
-    return {"parent_model": "", "format": info.format, "family": info.architecture, "families": [info.architecture],
+    families = [info.architecture, *(["clip"] if model.mmproj else [])]  # Ollama lists a projector's "clip"
+    return {"parent_model": "", "format": info.format, "family": info.architecture, "families": families,
             "parameter_size": info.parameter_size, "quantization_level": info.quantization}
 
 

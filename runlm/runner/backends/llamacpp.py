@@ -105,6 +105,9 @@ class LlamaCppBackend(ProcessBackend):
             if spec is not None and spec.draft_model_path:
                 argv += ["--model-draft", spec.draft_model_path, "--draft-max", str(spec.num_tokens),
                          "--draft-p-min", str(spec.min_acceptance_rate)]
+            projector = stored.projector_path(model) if stored is not None else None
+            if projector is not None and mode is BackendMode.COMPLETION:  # libmtmd: images in the chat
+                argv += ["--mmproj", str(projector)]
             if stored is not None:  # the defaults the store knows the model recommends; runtime flags come later
                 argv += [x for f, v in stored.info.sampling.items() if f in _SAMPLING_FLAGS
                          for x in (_SAMPLING_FLAGS[f], str(v))]

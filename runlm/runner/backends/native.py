@@ -71,6 +71,11 @@ def runtime_kv_bytes(config: BackendConfig) -> int | None:
     return int(available_memory() * fraction) if 0 < fraction <= 1 else parse_size(value)
 
 
+def projector_bytes(model: StoredModel) -> int:
+    """A multimodal projector's tower in memory: float32, from a file of (mostly) 16-bit weights."""
+    return sum(f["size"] for f in model.manifest["files"] if f["path"] == model.mmproj) * 2
+
+
 def draft_bytes(config: BackendConfig) -> int:
     """The draft model's file(s), mapped as stored, for speculative decoding (0 without a draft)."""
     spec = config.speculative
@@ -112,7 +117,7 @@ class NativeBackend(ProcessBackend):
         return 0
 
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
-        weights = weight_bytes(model) + draft_bytes(config)
+        weights = weight_bytes(model) + draft_bytes(config) + projector_bytes(model)
         kv = runtime_kv_bytes(config) or kv_cache_bytes(model, self.context_size(model, config), config)
         return RequiredMemory(ram=weights + kv + RUNTIME_OVERHEAD, vram=0)
 
@@ -121,6 +126,9 @@ class NativeBackend(ProcessBackend):
         argv = [sys.executable, "-m", "runlm.cli", "serve-engine", model, "--uds", socket,
                 "--served-model-name", model_ref]
         if stored is not None:
+            projector = stored.projector_path(model)
+            if projector is not None:  # the store's file beside the GGUF, never a path a request names
+                argv += ["--mmproj", str(projector)]
             context = self.context_size(stored, config)
             argv += ["--max-model-len", str(context), "--kv-cache-memory", str(kv_cache_bytes(stored, context, config))]
             if stored.info.sampling:  # what the store knows the model recommends (the built-in catalogue's too)
