@@ -51,7 +51,8 @@ def _build(target: str) -> None:
     config = Idefics3Config(
         vision_config=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                            image_size=TILE, patch_size=PATCH),
-        text_config=dict(model_type="llama", architectures=["VLlama3ForCausalLM"], vocab_size=len(tok), hidden_size=576, intermediate_size=1536,
+        text_config=dict(model_type="llama", architectures=["VLlama3ForCausalLM"],  # (as SmolVLM's config says)
+                         vocab_size=len(tok), hidden_size=576, intermediate_size=1536,
                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                          max_position_embeddings=8192, rope_theta=100000.0, bos_token_id=1,
                          eos_token_id=tok.convert_tokens_to_ids("<end_of_utterance>"), rms_norm_eps=1e-5,
