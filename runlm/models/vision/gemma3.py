@@ -240,6 +240,18 @@ def _classes() -> tuple[type, type]:
 
     from runlm.models.vision.vit import VisionTransformer, ViTConfig
 
+    class GemmaRMSNorm(nn.Module):
+        """Gemma's RMSNorm: the weight is used as 1 + w, computed in float32."""
+
+        def __init__(self, dim: int, eps: float) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.zeros(dim))
+            self.eps = eps
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x.float()
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())
+
     class Gemma3Projector(nn.Module):
         """transformers' Gemma3MultiModalProjector: pool the patch grid, RMSNorm (1 + w), project."""
 
@@ -247,9 +259,7 @@ def _classes() -> tuple[type, type]:
                      eps: float) -> None:
             super().__init__()
             self.mm_input_projection_weight = nn.Parameter(torch.zeros(vision_hidden, text_hidden))
-            self.mm_soft_emb_norm = nn.Module()
-            self.mm_soft_emb_norm.weight = nn.Parameter(torch.zeros(vision_hidden))
-            self.eps = eps
+            self.mm_soft_emb_norm = GemmaRMSNorm(vision_hidden, eps)
             self.side = patches_per_side
             kernel = patches_per_side // tokens_per_side
             self.pool = nn.AvgPool2d(kernel_size=kernel, stride=kernel)
@@ -258,9 +268,7 @@ def _classes() -> tuple[type, type]:
             b, _, hidden = x.shape
             grid = x.transpose(1, 2).reshape(b, hidden, self.side, self.side).contiguous()
             pooled = self.pool(grid).flatten(2).transpose(1, 2)
-            normed = pooled.float() * torch.rsqrt(pooled.float().pow(2).mean(-1, keepdim=True) + self.eps)
-            normed = normed * (1.0 + self.mm_soft_emb_norm.weight.float())
-            return torch.matmul(normed, self.mm_input_projection_weight)
+            return torch.matmul(self.mm_soft_emb_norm(pooled), self.mm_input_projection_weight)
 
     class Gemma3Vision(nn.Module):
         uses_mrope = False
