@@ -144,9 +144,15 @@ class Gemma3ImageProcessor:
             raise refuse(f"image_mean {mean!r} / image_std {std!r}")
 
         self.tokenizer = tokenizer
-        self.boi = int(_setting(hf_config, "boi_token_index", _BOI))
-        self.eoi = int(_setting(hf_config, "eoi_token_index", _EOI))
-        self.image_token = int(_setting(hf_config, "image_token_index", _IMAGE))
+
+        def token(key: str, text: str, default: int) -> int:  # the config's id, else the tokenizer's, else Gemma's
+            found = hf_config.get(key, hf_config.get(key.replace("_index", "_id")))
+            found = tokenizer.hf.token_to_id(text) if found is None else found
+            return int(default if found is None else found)
+
+        self.boi = token("boi_token_index", "<start_of_image>", _BOI)
+        self.eoi = token("eoi_token_index", "<end_of_image>", _EOI)
+        self.image_token = token("image_token_index", "<image_soft_token>", _IMAGE)
         self.num_tokens = int(_setting(hf_config, "mm_tokens_per_image", _MM_TOKENS))
         self.newlines = tokenizer.encode("\n\n", add_special_tokens=False)
         # tokens the tokenizer matches whole (special and added ones): never re-tokenized with their neighbours
@@ -317,12 +323,17 @@ def _classes() -> tuple[type, type]:
 
 def build(hf_config: Mapping[str, Any], preprocessor: Mapping[str, Any],
           weights: Iterable[tuple[str, torch.Tensor]], tokenizer: Tokenizer) -> Any:
-    """The tower + projector (float32) and the processor of a Gemma 3 checkpoint."""
+    """The tower + projector (float32) and the processor of a Gemma 3 checkpoint (or of what
+    runlm.models.vision.mmproj reads from an mmproj file: its config may lack the text model's)."""
     from runlm.models.vision.vit import ViTConfig
 
+    weights = list(weights)
     vision = {**_VISION_DEFAULTS, **(hf_config.get("vision_config") or {})}
     vit = ViTConfig.from_hf(vision)
-    text_hidden = int(text_config(hf_config)["hidden_size"])
+    projection = [t for n, t in weights if n.endswith("multi_modal_projector.mm_input_projection_weight")]
+    if len(projection) != 1:
+        raise ModelFormatError("Gemma 3: the checkpoint has no multi_modal_projector.mm_input_projection_weight")
+    text_hidden = int(projection[0].shape[-1])  # the text model's hidden size
     mm_tokens = int(_setting(hf_config, "mm_tokens_per_image", _MM_TOKENS))
     patches = vit.image_size // vit.patch_size
     tokens = int(round(mm_tokens ** 0.5))

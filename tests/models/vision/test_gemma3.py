@@ -93,6 +93,71 @@ def test_text_config_of_a_hub_config_takes_gemma3_text_defaults() -> None:
     assert cfg.layer_types is not None and cfg.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"]
 
 
+def test_the_family_module_imports_no_torch() -> None:
+    """Every family module is imported to ask whether it serves a config: this one brings no torch with it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, runlm.models.vision as v; assert v.hf_family({'model_type': 'gemma3'}) is not None; "
+            "assert 'torch' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def _layout(name: str, layout: str) -> str:
+    """A transformers 5 saved name (language_model.model.X, vision_tower.X, multi_modal_projector.X) in another
+    checkpoint layout: the hub's (vision_tower.vision_model.X) or transformers 4.5x's (model.language_model.X)."""
+    if name.startswith("vision_tower."):
+        name = "vision_tower.vision_model." + name[len("vision_tower."):]
+    if layout == "transformers-4":
+        if name.startswith("language_model.model."):
+            return "model.language_model." + name[len("language_model.model."):]
+        return "lm_head.weight" if name == "language_model.lm_head.weight" else "model." + name
+    return name
+
+
+@pytest.mark.parametrize("layout", ["hub", "transformers-4"])
+def test_loads_every_checkpoint_layout(layout: str, model_dir: Path, loaded, tmp_path: Path) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from runlm.models.load import load_decoder
+
+    for f in model_dir.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    tensors = load_file(model_dir / "model.safetensors")
+    save_file({_layout(k, layout): v for k, v in tensors.items()}, tmp_path / "model.safetensors")
+    from transformers import Gemma3ForConditionalGeneration
+
+    _, info = Gemma3ForConditionalGeneration.from_pretrained(str(tmp_path), output_loading_info=True)
+    assert not any(info.values()), info  # a layout transformers reads as it is
+    other = load_decoder(tmp_path, exact_numerics=True)
+    assert other.vision is not None
+    for a, b in zip(loaded.model.state_dict().values(), other.model.state_dict().values()):
+        assert torch.equal(a, b)
+    for a, b in zip(loaded.vision.state_dict().values(), other.vision.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_builds_from_the_vision_part_alone(model_dir: Path, loaded) -> None:
+    """As from an mmproj file: no text config and no token ids in the config (the tokenizer's are used), the
+    text model's width read from the projection."""
+    from safetensors.torch import load_file
+
+    from runlm.models.weights import read_hf_config
+
+    cfg = read_hf_config(model_dir)
+    bare = {"model_type": "gemma3", "vision_config": cfg["vision_config"], "mm_tokens_per_image": 16}
+    weights = [(k, v) for k, v in load_file(model_dir / "model.safetensors").items() if gemma3.text_weight(k) is None]
+    preprocessor = {"size": {"height": 64, "width": 64}}
+    vision = gemma3.build(bare, preprocessor, weights, loaded.tokenizer)
+    ids = loaded.tokenizer.encode("<|im_start|>Look<start_of_image>", add_special_tokens=False)
+    ours, theirs = (v.processor.process(ids, [picture()]) for v in (vision, loaded.vision))
+    assert ours.token_ids == theirs.token_ids
+    assert torch.equal(vision.encode(ours.features)[0], loaded.vision.encode(theirs.features)[0])
+
+
 def test_loads_as_gemma3_text_with_its_vision(loaded) -> None:
     assert loaded.config.family == "gemma3" and loaded.vision is not None
     assert loaded.config.layer_types == ["sliding_attention", "full_attention"] and loaded.config.sliding_window == 24
