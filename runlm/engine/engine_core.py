@@ -183,6 +183,14 @@ class EngineCore:
         self.blocks.reset_prefix_cache()
 
     @property
+    def modalities(self) -> tuple[str, ...]:
+        """What a prompt may hold: ("text",), or ("text", "image") for a vision-language model."""
+        return ("text",)
+
+    def reset_mm_cache(self) -> None:
+        """Forget the images' embeddings (nothing to forget for a text-only model)."""
+
+    @property
     def is_sleeping(self) -> bool:
         return self.sleep_level > 0
 

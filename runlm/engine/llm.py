@@ -19,6 +19,7 @@ from runlm.engine.types.lora_request import LoRARequest
 from runlm.engine.types.outputs import PoolingRequestOutput, RequestOutput
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
+from runlm.formats.chat_images import take_images
 from runlm.formats.chat_template import ChatTemplateError
 from runlm.formats.tokenizer import Tokenizer
 from runlm.tools.prompt import render_tool_chat
@@ -72,11 +73,19 @@ class LLM:
              chat_template: str | None = None, add_generation_prompt: bool = True,
              tools: list[dict] | None = None,
              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
-        """One conversation (a list of messages) or several; rendered with the model's chat template."""
+        """One conversation (a list of messages) or several; rendered with the model's chat template. A message's
+        content may hold images: ``{"type": "image", "image": PIL image or bytes}``, ``{"type": "image_url",
+        "image_url": {"url": "data:image/png;base64,..."}}`` (runlm.formats.chat_images)."""
         conversations = cast(list[Sequence[Mapping[str, Any]]],
                              [messages] if messages and isinstance(messages[0], Mapping) else list(messages))
-        prompts = [{"prompt_token_ids": self.encode_chat(c, chat_template, add_generation_prompt, tools)}
-                   for c in conversations]
+        prompts = []
+        for c in conversations:
+            messages_, images = take_images(c)
+            prompt: dict[str, Any] = {"prompt_token_ids": self.encode_chat(messages_, chat_template,
+                                                                          add_generation_prompt, tools)}
+            if images:
+                prompt["multi_modal_data"] = {"image": images}
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
@@ -96,6 +105,10 @@ class LLM:
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
+
+    def reset_mm_cache(self) -> None:
+        """Forget the images' embeddings (the encoder cache)."""
+        self.engine.reset_mm_cache()
 
     # ---- profiling and named engine methods (the engine steps on the caller's thread) ---------
     def start_profile(self) -> None:

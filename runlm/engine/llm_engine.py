@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runlm.engine.core.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
+from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import block_manager
 from runlm.engine.core.lora_manager import LoRAManager, LoRARequest, lora_salt
 from runlm.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -31,10 +32,13 @@ from runlm.engine.types.sampling_params import SamplingParams
 from runlm.kv_size import kv_bytes_per_token
 from runlm.models.load import LoadedModel, load_decoder
 from runlm.models.native import NativeLoaded
+from runlm.models.vision.images import ImageError, open_image
+from runlm.models.vision.inputs import MultiModalPrompt
 from runlm.sizes import return_free_heap
 
 if TYPE_CHECKING:
     from runlm.engine.runners.torch_runner import ModelRunner
+    from runlm.models.vision import VisionModel
 
 PromptType = str | Mapping[str, Any] | list[int]
 
@@ -47,6 +51,8 @@ class LLMEngine(EngineCore):
         # before the cache is allocated: its untouched pages would otherwise land on the load's freed, resident ones
         return_free_heap()
         self.tokenizer = self.loaded.tokenizer
+        self.vision: VisionModel | None = self.loaded.vision
+        self.encoder_cache = EncoderCache()
         mc = self.loaded.config
         self.vocab_size = mc.vocab_size
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
@@ -84,6 +90,7 @@ class LLMEngine(EngineCore):
             from runlm.engine.runners.torch_runner import ModelRunner
 
             self.runner = ModelRunner(config, self.loaded, self.blocks, self.structured)
+        self.runner.encoder_cache = self.encoder_cache
         if config.enable_lora:
             assert not isinstance(self.loaded, NativeLoaded)  # (adapters attach to the torch model)
             self.lora = LoRAManager(self.loaded.model, mc, config.max_loras, config.max_lora_rank,
@@ -110,9 +117,47 @@ class LLMEngine(EngineCore):
         self.native = native is not None
         (set_native_threads if self.native else set_torch_threads)(self.threads)
         if native is not None:
+            if self.config.mmproj is not None:  # the tower is torch's, beside the native text model
+                from runlm.formats.gguf import GGUFFile
+                from runlm.models.vision import build_mmproj
+
+                native.vision = build_mmproj(GGUFFile(Path(self.config.mmproj)), native.tokenizer)
             return native
         c = self.config
-        return load_decoder(path, dtype=c.dtype, device=c.device, exact_numerics=c.exact_numerics)
+        return load_decoder(path, dtype=c.dtype, device=c.device, exact_numerics=c.exact_numerics, mmproj=c.mmproj)
+
+    # ---- images -----------------------------------------------------------------------------
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return ("text", "image") if self.vision is not None else ("text",)
+
+    def reset_mm_cache(self) -> None:
+        """Forget every image's embeddings (vLLM's name); the prefix cache keeps blocks already computed."""
+        self.encoder_cache.reset()
+
+    def process_images(self, prompt: PromptType, ids: list[int]) -> MultiModalPrompt | None:
+        """The prompt's images decoded, checked and placed (their placeholders expanded); None without any."""
+        data = prompt.get("multi_modal_data") if isinstance(prompt, Mapping) else None
+        if not data:
+            return None
+        if not isinstance(data, Mapping):
+            raise PromptError("multi_modal_data is a mapping such as {'image': [image, ...]}")
+        unknown = [k for k in data if k != "image"]
+        if unknown:
+            raise PromptError(f"runlm takes images only, not {unknown[0]!r} inputs")
+        images = data.get("image")
+        images = list(images) if isinstance(images, list | tuple) else [] if images is None else [images]
+        if not images:
+            return None
+        if self.vision is None:
+            raise PromptError(f"the model {self.loaded.path.name} does not accept images (it is a text-only model)")
+        if len(images) > self.config.image_limit:
+            raise PromptError(f"the prompt has {len(images)} images; at most {self.config.image_limit} are "
+                              f"allowed per prompt (--limit-mm-per-prompt)")
+        try:
+            return self.vision.processor.process(ids, [open_image(i) for i in images])
+        except ImageError as exc:
+            raise PromptError(str(exc)) from None
 
     @property
     def supported_tasks(self) -> tuple[str, ...]:
@@ -154,6 +199,9 @@ class LLMEngine(EngineCore):
             raise TaskError("this model generates text; embeddings and scores need an embedding or reranking "
                             "model")
         text, ids = self.tokenize_prompt(prompt)
+        mm = self.process_images(prompt, ids)
+        if mm is not None:
+            ids = mm.token_ids
         self.check_prompt(ids, params)
         # an invalid schema fails here, on the engine's thread, before anything is queued
         grammar = self.structured.compile(params)
@@ -169,6 +217,9 @@ class LLMEngine(EngineCore):
                            generator=make_generator(seed), logprobs=[] if params.logprobs is not None else None,
                            stop_ids=stop_ids, lora_key=lora_key)
             seq.table.salt = lora_salt(lora_key)
+            if mm is not None:
+                seq.mm = mm
+                seq.table.mm_keys = tuple((f.start, f.end, bytes.fromhex(f.hash)) for f in mm.features)
             if params.thinking is not None:
                 seq.thinking = ThinkingTracker(params.thinking)
             self.structured.add(seq, grammar)

@@ -8,7 +8,8 @@ instead of taking cache arguments through every layer (nano-vllm's design).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -41,6 +42,10 @@ class ForwardContext:
     # group is layer_group[i], and group g > 0 has its own slots in groups[g - 1]
     layer_group: list[int] | None = None
     groups: list[GroupSlots] | None = None
+    # images: batch rows whose input embeddings are an image's (rows [N], values [N, hidden]), written over the
+    # token embeddings; and per sequence, spans (absolute positions) whose tokens attend to each other both ways
+    mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
+    bidirectional: list[list[tuple[int, int]]] | None = None
 
     def slots_of(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor, list[torch.Tensor] | None]:
         """(slot_mapping, flat context slots, per-sequence context slots) addressing layer ``layer``'s cache."""
@@ -79,15 +84,19 @@ def get_forward_context() -> ForwardContext:
     return _CONTEXT
 
 
-def _mask(q_len: int, kv_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-    """Causal mask for the last q_len of kv_len positions (None where SDPA needs none)."""
-    if q_len == 1 and (window is None or kv_len <= window):
+def _mask(q_len: int, kv_len: int, window: int | None, device: torch.device,
+          spans: Sequence[tuple[int, int]] = ()) -> torch.Tensor | None:
+    """Causal mask for the last q_len of kv_len positions (None where SDPA needs none); within each of
+    ``spans`` every position sees every other (an image's tokens on Gemma 3)."""
+    if q_len == 1 and (window is None or kv_len <= window) and not spans:
         return None
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
     k_pos = torch.arange(kv_len, device=device)[None, :]
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= k_pos > q_pos - window
+    for start, end in spans:
+        allowed |= (q_pos >= start) & (q_pos < end) & (k_pos >= start) & (k_pos < end)
     return allowed
 
 
@@ -110,31 +119,55 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
     ctx = get_forward_context()
     if ctx.kv_caches is not None:
         k_cache, v_cache = ctx.kv_caches[layer]
-        slot_mapping, flat_slots, context_slots = ctx.slots_of(layer)
+        slot_mapping, flat_slots, _ = ctx.slots_of(layer)
         assert slot_mapping is not None  # a step with a cache gives every new token a slot
         k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
         out = kernels.paged_attention(q, k_cache, v_cache, flat_slots, ctx.query_lens, ctx.context_lens, scale,
                                       window, softcap)
         if out is not None:
-            return out
+            return redo_bidirectional(layer, q, out, scale, window, softcap)
     out = torch.empty_like(q)
     start = 0
-    for i, (q_len, kv_len) in enumerate(zip(ctx.query_lens, ctx.context_lens)):
-        end = start + q_len
-        if ctx.kv_caches is not None:
-            assert context_slots is not None  # and every sequence its context's slots
-            slots = context_slots[i]
-            ks, vs = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
-        else:
-            ks, vs = k[start:end], v[start:end]
-        qs = q[start:end].transpose(0, 1)
-        mask = _mask(q_len, kv_len, window, q.device)
-        ks, vs = ks.transpose(0, 1).to(q.dtype), vs.transpose(0, 1).to(q.dtype)
-        if softcap:
-            o = _softcapped(qs, ks, vs, mask, scale, softcap)
-        else:
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[start:end] = o.transpose(0, 1)
-        start = end
+    for i, q_len in enumerate(ctx.query_lens):
+        _attend_one(ctx, layer, i, start, q, k, v, out, scale, window, softcap)
+        start += q_len
     return out
+
+
+def redo_bidirectional(layer: int, q: torch.Tensor, out: torch.Tensor, scale: float, window: int | None,
+                       softcap: float | None) -> torch.Tensor:
+    """The rows of sequences with bidirectional image spans this step, computed again with their mask (the
+    causal kernels computed the rest: a text row's numerics do not depend on its neighbours)."""
+    ctx = get_forward_context()
+    if ctx.bidirectional is not None:
+        starts = [0, *itertools.accumulate(ctx.query_lens)]
+        for i, spans in enumerate(ctx.bidirectional):
+            if spans:
+                _attend_one(ctx, layer, i, starts[i], q, q, q, out, scale, window, softcap)  # k, v: the cache's
+    return out
+
+
+def _attend_one(ctx: ForwardContext, layer: int, i: int, start: int, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, out: torch.Tensor, scale: float, window: int | None, softcap: float | None) -> None:
+    """Sequence i's rows of ``out`` (from row ``start``): its new queries over its context (the cache's, or
+    k, v without one)."""
+    q_len, kv_len = ctx.query_lens[i], ctx.context_lens[i]
+    end = start + q_len
+    if ctx.kv_caches is not None:
+        k_cache, v_cache = ctx.kv_caches[layer]
+        _, _, context_slots = ctx.slots_of(layer)
+        assert context_slots is not None  # and every sequence its context's slots
+        slots = context_slots[i]
+        ks, vs = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+    else:
+        ks, vs = k[start:end], v[start:end]
+    qs = q[start:end].transpose(0, 1)
+    spans = ctx.bidirectional[i] if ctx.bidirectional is not None else []
+    mask = _mask(q_len, kv_len, window, q.device, spans)
+    ks, vs = ks.transpose(0, 1).to(q.dtype), vs.transpose(0, 1).to(q.dtype)
+    if softcap:
+        o = _softcapped(qs, ks, vs, mask, scale, softcap)
+    else:
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+    out[start:end] = o.transpose(0, 1)

@@ -17,7 +17,6 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from runlm.models.attention import get_forward_context
 from runlm.models.config import ModelConfig
 from runlm.models.linear import Weight
 from runlm.models.llama import DecoderLayer, LlamaForCausalLM, LlamaModel, RMSNorm
@@ -44,13 +43,8 @@ class GemmaModel(LlamaModel):
         super().__init__(cfg, rope_freq_factors)
         self.embed_scale = cfg.embed_scale or 1.0
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids) * self.embed_scale
-        if self.fused and get_forward_context().kv_caches is not None:
-            return self._forward_fused(x, positions)
-        for layer in self.layers:
-            x = layer(positions, x)
-        return self.norm(x)
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids) * self.embed_scale
 
 
 class GemmaForCausalLM(LlamaForCausalLM):

@@ -16,7 +16,7 @@ from torch import nn
 
 from runlm import kernels
 from runlm.kernels import fused, linear
-from runlm.models.attention import get_forward_context, write_kv_and_attend
+from runlm.models.attention import get_forward_context, redo_bidirectional, write_kv_and_attend
 from runlm.models.config import ModelConfig
 from runlm.models.linear import BlockQuantized, Embedding, GGMLWeight, Int8Parts, Linear, Weight
 from runlm.models.rope import RotaryEmbedding
@@ -134,9 +134,16 @@ class LlamaModel(nn.Module):
         assert isinstance(layer, DecoderLayer)
         return layer
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        if self.fused and get_forward_context().kv_caches is not None:
+        x, ctx = self.embed(input_ids), get_forward_context()
+        if ctx.mm_embeds is not None:  # an image's rows replace its placeholder tokens' (after any embedding scale)
+            rows, values = ctx.mm_embeds
+            x[rows] = values.to(x.dtype)
+        # (M-RoPE's [3, T] positions take the layers' torch path)
+        if self.fused and ctx.kv_caches is not None and positions.ndim == 1:
             return self._forward_fused(x, positions)
         for layer in self.layers:
             x = layer(positions, x)
@@ -164,6 +171,8 @@ class LlamaModel(nn.Module):
             a = kernels.paged_attention(q, k_cache, v_cache, flat_slots, ctx.query_lens, ctx.context_lens, p.scale,
                                         p.window, p.softcap)
             assert a is not None  # fused mode is only set where the attention kernel is available
+            if ctx.bidirectional is not None:
+                a = redo_bidirectional(i, q, a, p.scale, p.window, p.softcap)
             o = p.o(a.view(t, -1))
             if p.attn_out_norm is not None:  # Gemma's sandwich norms
                 o = ops.rms_norm(o, p.attn_out_norm, p.eps)

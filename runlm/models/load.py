@@ -1,6 +1,7 @@
 """From a path on disk to a ready model: which kind it is, its config, weights and tokenizer."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +15,9 @@ from runlm.models.config import ModelConfig
 if TYPE_CHECKING:  # the model classes and weight readers are torch's: imported by what builds a model
     import torch
 
+    from runlm.models.linear import Weight
     from runlm.models.llama import LlamaForCausalLM
+    from runlm.models.vision import VisionModel
 
 _DECODER_BODY_ARCHS = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
 
@@ -29,6 +32,7 @@ class LoadedModel:
     config: ModelConfig
     tokenizer: Tokenizer
     path: Path
+    vision: VisionModel | None = None  # a vision-language model's tower and projector (runlm.models.vision)
 
 
 def model_task(path: Path) -> str:
@@ -88,9 +92,24 @@ def gguf_weight_mode(dtype: torch.dtype, device: str, exact_numerics: bool) -> s
     return "int8" if kernels.available() else "dense"
 
 
+def _split_vision(weights: Iterable[tuple[str, Weight]], text_weight: Callable[[str], str | None],
+                  vision: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, Weight]]:
+    """A vision-language checkpoint's text weights under the text decoder's names; the rest go to ``vision``."""
+    from runlm.models.linear import BlockQuantized, GGMLWeight
+
+    for name, tensor in weights:
+        text = text_weight(name)
+        if text is not None:
+            yield text, tensor
+        else:
+            vision.append((name, tensor.dense() if isinstance(tensor, GGMLWeight) else
+                           tensor.dense if isinstance(tensor, BlockQuantized) else tensor))
+
+
 def load_decoder(path: str | Path, dtype: torch.dtype | str = "float32", device: str = "cpu",
-                 exact_numerics: bool = False) -> LoadedModel:
-    """Build a Llama-family decoder from a .gguf file or a safetensors directory.
+                 exact_numerics: bool = False, mmproj: str | Path | None = None) -> LoadedModel:
+    """Build a Llama-family decoder from a .gguf file or a safetensors directory (with its vision tower, for a
+    vision-language model: from the directory, or from llama.cpp's ``mmproj`` file beside a GGUF).
 
     exact_numerics keeps reference numerics (dequantized weights times fp32 activations, the mode
     parity tests against transformers use); the default computes on GGUF blocks as stored with
@@ -100,6 +119,7 @@ def load_decoder(path: str | Path, dtype: torch.dtype | str = "float32", device:
     from runlm import kernels
     from runlm.dtypes import torch_dtype
     from runlm.kernels import fused
+    from runlm.models import vision as vlm
     from runlm.models.weights import (
         gguf_rope_interleaved,
         gguf_weights,
@@ -110,6 +130,8 @@ def load_decoder(path: str | Path, dtype: torch.dtype | str = "float32", device:
 
     dtype = torch_dtype(dtype)
     path = Path(path)
+    vision_weights: list[tuple[str, torch.Tensor]] = []
+    family = None
     not_a_generator = NotAGeneratorError(f"{path}: this is an embedding model (or a reranker); it cannot "
                                          f"generate text (use it for embeddings or scores instead)")
     if path.is_file():
@@ -126,13 +148,17 @@ def load_decoder(path: str | Path, dtype: torch.dtype | str = "float32", device:
         weights = gguf_weights(gguf, cfg, mode)
     else:
         hf_config = read_hf_config(path)
-        if _hf_task(hf_config, path) != "generate":
+        family = vlm.hf_family(hf_config)
+        if family is None and _hf_task(hf_config, path) != "generate":
             raise not_a_generator
-        cfg = ModelConfig.from_hf(hf_config, source=str(path / "config.json"))
+        text_config = family.text_config(hf_config) if family is not None else hf_config
+        cfg = ModelConfig.from_hf(text_config, source=str(path / "config.json"))
         tokenizer = Tokenizer.from_dir(path)
         model = _empty_model(cfg)
         weights = safetensors_weights(path, "ggml" if gguf_weight_mode(dtype, device, exact_numerics) == "ggml"
                                       else "dense")
+        if family is not None:
+            weights = _split_vision(weights, family.text_weight, vision_weights)
     try:
         model.load_weights(weights)
     except (KeyError, RuntimeError) as exc:
@@ -140,7 +166,14 @@ def load_decoder(path: str | Path, dtype: torch.dtype | str = "float32", device:
     if not cfg.eos_token_ids and tokenizer.eos_token_id is not None:
         cfg.eos_token_ids = [tokenizer.eos_token_id]
     model = model.to(device=device, dtype=dtype).eval()
+    vision = None
+    if family is not None:
+        vision = vlm.build_hf(path, hf_config, vision_weights, tokenizer)
+    elif mmproj is not None:
+        vision = vlm.build_mmproj(GGUFFile(Path(mmproj)), tokenizer)
     # fast mode runs each layer's small ops fused (exact mode keeps torch's, the reference numerics)
     model.model.fused = (model.model.supports_fused and not exact_numerics and torch.device(device).type == "cpu"
                          and dtype == torch.float32 and fused.available() and kernels.attention_available())
-    return LoadedModel(model, cfg, tokenizer, path)
+    if vision is not None:
+        vision = vision.to(device=device)  # the tower computes in float32: its numerics are transformers'
+    return LoadedModel(model, cfg, tokenizer, path, vision)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -126,6 +127,7 @@ class NativeLoaded:
     config: ModelConfig
     tokenizer: Tokenizer
     path: Path
+    vision: Any = None  # a vision-language model's tower (torch's, from an mmproj file): runlm.models.vision
 
 
 def load_native(path: Path, max_model_len: int | None = None) -> NativeLoaded | None:

@@ -16,13 +16,16 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 
-def block_hash(parent: bytes | None, token_ids: list[int] | tuple[int, ...]) -> bytes:
+def block_hash(parent: bytes | None, token_ids: list[int] | tuple[int, ...], extra: bytes = b"") -> bytes:
+    """``extra``: what else the block's K/V depend on (the images whose embeddings sit at its positions)."""
     h = hashlib.blake2b(parent or b"", digest_size=16)
+    h.update(extra)
     h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     return h.digest()
 
@@ -59,6 +62,13 @@ class BlockTable:
     num_released: int = 0  # leading entries given back (RELEASED)
     salt: bytes | None = None  # the first block's parent hash: a LoRA adapter's KV is never shared with another's
     groups: list[BlockTable] = field(default_factory=list)  # hybrid caches: the other KV groups' tables
+    # the prompt's images: (start, end, content hash); a block over an image's positions is keyed by the image too
+    mm_keys: tuple[tuple[int, int, bytes], ...] = ()
+
+
+def image_keys(mm_keys: tuple[tuple[int, int, bytes], ...], start: int, end: int) -> bytes:
+    """The hashes of the images whose tokens fall in positions start..end."""
+    return b"".join(h for s, e, h in mm_keys if s < end and start < e)
 
 
 class BlockManager:
@@ -105,14 +115,15 @@ class BlockManager:
             del self.free[block_id]
         block.ref_count += 1
 
-    def match_prefix(self, token_ids: list[int], salt: bytes | None = None) -> list[int]:
+    def match_prefix(self, token_ids: list[int], salt: bytes | None = None,
+                     mm_keys: tuple[tuple[int, int, bytes], ...] = ()) -> list[int]:
         """Cached blocks holding the longest full-block prefix of token_ids (the last token excluded,
         so at least one token is always computed and produces logits)."""
         if not self.enable_prefix_caching:
             return []
-        found, parent = [], salt
-        for start in range(0, len(token_ids) - 1 - self.block_size + 1, self.block_size):
-            parent = block_hash(parent, token_ids[start:start + self.block_size])
+        found, parent, size = [], salt, self.block_size
+        for start in range(0, len(token_ids) - 1 - size + 1, size):
+            parent = block_hash(parent, token_ids[start:start + size], image_keys(mm_keys, start, start + size))
             block_id = self.cached.get(parent)
             if block_id is None:
                 break
@@ -125,16 +136,19 @@ class BlockManager:
         return need <= len(self.free) - sum(1 for b in hits if self.blocks[b].ref_count == 0)
 
     def allocate_prompt(self, table: BlockTable, token_ids: list[int], budget: int,
-                        use_cache: bool = True, hits: list[int] | None = None) -> int | None:
+                        use_cache: bool = True, hits: list[int] | None = None,
+                        chunk_end: Callable[[int, int], int] | None = None) -> int | None:
         """Start a sequence: reuse cached prefix blocks (``hits``: match_prefix's, or a prefix of them),
-        then room for up to ``budget`` new tokens.
+        then room for up to ``budget`` new tokens (``chunk_end(start, end)`` may move where they end).
 
         Returns how many tokens to compute now, or None (nothing taken) if they don't fit.
         """
         if hits is None:
-            hits = self.match_prefix(token_ids, table.salt) if use_cache else []
+            hits = self.match_prefix(token_ids, table.salt, table.mm_keys) if use_cache else []
         cached = len(hits) * self.block_size
         n = min(len(token_ids) - cached, budget)
+        if chunk_end is not None:
+            n = chunk_end(cached, cached + n) - cached
         if not self.fits_prompt(hits, cached + n):
             return None
         need = self.blocks_needed(cached + n) - len(hits)
@@ -160,9 +174,11 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full = num_computed // self.block_size
+        size = self.block_size
         for i in range(len(table.hashes), full):
             parent = table.hashes[-1] if table.hashes else table.salt
-            h = block_hash(parent, token_ids[i * self.block_size:(i + 1) * self.block_size])
+            h = block_hash(parent, token_ids[i * size:(i + 1) * size], image_keys(table.mm_keys, i * size,
+                                                                                   (i + 1) * size))
             table.hashes.append(h)
             block = self.blocks[table.blocks[i]]
             block.hash = h

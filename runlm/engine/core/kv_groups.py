@@ -13,7 +13,7 @@ group still holds (the window group's blocks may have been evicted sooner).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -59,20 +59,22 @@ class HybridBlockManager:
         while len(table.groups) < len(self.groups) - 1:
             table.groups.append(BlockTable())
         for t in table.groups:
-            t.salt = table.salt  # an adapter's KV is its own in every group
+            t.salt, t.mm_keys = table.salt, table.mm_keys  # an adapter's KV is its own in every group
         return [table, *table.groups]
 
     def allocate_prompt(self, table: BlockTable, token_ids: list[int], budget: int,
-                        use_cache: bool = True) -> int | None:
-        found = [g.match_prefix(token_ids, table.salt) if use_cache else [] for g in self.groups]
+                        use_cache: bool = True, chunk_end: Callable[[int, int], int] | None = None) -> int | None:
+        found = [g.match_prefix(token_ids, table.salt, table.mm_keys) if use_cache else [] for g in self.groups]
         common = min(len(f) for f in found)
         hits = [f[:common] for f in found]
         cached = common * self.block_size
         n = min(len(token_ids) - cached, budget)
+        if chunk_end is not None:
+            n = chunk_end(cached, cached + n) - cached
         if not all(g.fits_prompt(h, cached + n) for g, h in zip(self.groups, hits)):
             return None
         for g, t, h in zip(self.groups, self._tables(table), hits):
-            g.allocate_prompt(t, token_ids, budget, use_cache, hits=h)
+            g.allocate_prompt(t, token_ids, budget, use_cache, hits=h, chunk_end=chunk_end)
         return n
 
     def grow(self, table: BlockTable, num_tokens: int) -> bool:

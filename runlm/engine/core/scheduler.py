@@ -80,6 +80,8 @@ class Scheduler:
             # a decoding sequence's draft tokens (speculative decoding) ride along, as far as the budget goes
             known = seq.num_tokens - seq.num_computed_tokens
             n = min(known + len(seq.spec.tokens), budget)
+            if seq.mm is not None:  # a prompt's next chunk stops at an image's edge
+                n = seq.chunk_end(seq.num_computed_tokens, seq.num_computed_tokens + n) - seq.num_computed_tokens
             seq.spec.trim(max(n - known, 0))
             while not self.blocks.grow(seq.table, seq.num_computed_tokens + n):
                 self._preempt(self.running[-1], out)
@@ -105,7 +107,8 @@ class Scheduler:
             # prompt logprobs (and pooling) need every prompt position computed, so they skip the cache
             admitted = self.blocks.allocate_prompt(seq.table, seq.token_ids, budget,
                                                    use_cache=not seq.wants_prompt_logprobs
-                                                   and seq.pooling_params is None)
+                                                   and seq.pooling_params is None,
+                                                   chunk_end=seq.chunk_end if seq.mm is not None else None)
             if admitted is None:
                 victim = self.running[-1] if self.running else None
                 if victim is None or victim.sort_key() <= seq.sort_key():

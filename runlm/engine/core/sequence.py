@@ -14,6 +14,7 @@ from runlm.engine.core.thinking import ThinkingTracker
 from runlm.engine.types.outputs import PromptLogprobs, SampleLogprobs
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
+from runlm.models.vision.inputs import MultiModalPrompt
 
 
 class SequenceStatus(enum.Enum):
@@ -54,6 +55,17 @@ class Sequence:
     lora_key: int = 0  # the loaded LoRA adapter it runs with (runlm.engine.core.lora_manager); 0: none
     spec: SpecState = field(default_factory=SpecState)  # speculative decoding: the pending draft and its record
     thinking: ThinkingTracker | None = None  # a reasoning model's thinking, when a budget or a grammar needs it
+    mm: MultiModalPrompt | None = None  # the prompt's images: where their embeddings go (runlm.models.vision)
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """Where a step computing tokens start..end should stop so that no image's tokens are split between
+        steps: before the image if it starts after ``start``, else past its end (over the step's budget)."""
+        if self.mm is None or end >= self.num_tokens:
+            return end
+        for f in self.mm.features:
+            if f.start < end < f.end:
+                return f.start if f.start > start else f.end
+        return end
 
     def sync_thinking(self) -> ThinkingTracker | None:
         if self.thinking is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from runlm.engine.core.batch_plan import BatchPlan, plan_batch
+from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import AnyBlockManager
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sample_batch
@@ -50,6 +51,7 @@ class NativeRunner:
     def __init__(self, config: EngineConfig, loaded: NativeLoaded, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
         self.loaded, self.blocks, self.structured = loaded, blocks, structured
+        self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         self.kv_caches: list[tuple[np.ndarray, np.ndarray]] = []
         self._hidden = np.empty((0, loaded.config.hidden_size), dtype=np.float32)
         self.allocate_kv_cache()

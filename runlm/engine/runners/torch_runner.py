@@ -18,7 +18,9 @@ import torch
 
 from runlm.dtypes import torch_dtype
 from runlm.engine.core.batch_plan import PromptLogprobRows, plan_batch
+from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
+from runlm.engine.core.mm_step import StepImages, mrope_positions, step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.core.sequence import Sequence
 from runlm.engine.sample.rejection import verify_draft
@@ -27,6 +29,7 @@ from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
 from runlm.models.attention import ForwardContext, GroupSlots, forward_context
 from runlm.models.load import LoadedModel
+from runlm.models.vision import VisionModel
 
 
 @dataclass(slots=True)
@@ -48,6 +51,7 @@ class ModelRunner:
                  structured: StructuredOutputManager | None = None) -> None:
         self.loaded, self.blocks, self.structured = loaded, blocks, structured
         self.dtype, self.device = torch_dtype(config.dtype), torch.device(config.device)
+        self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.allocate_kv_cache()
 
@@ -93,8 +97,24 @@ class ModelRunner:
             ctx.layer_group = self.blocks.layer_group
             ctx.groups = [GroupSlots(torch.cat([t(new) for new, _ in group]), [t(c) for _, c in group])
                           for group in plan.group_slots]
-        return PreparedBatch(t(plan.ids), t(plan.positions), ctx, plan.sample_rows, plan.sample_seqs,
+        positions = t(plan.positions)
+        vision = self.loaded.vision
+        if vision is not None:
+            images = step_images(sched)
+            if images is not None:
+                ctx.mm_embeds = self.image_rows(images, vision)
+                ctx.bidirectional = images.bidirectional
+            if vision.uses_mrope:
+                positions = t(mrope_positions(sched, len(plan.ids)))
+        return PreparedBatch(t(plan.ids), positions, ctx, plan.sample_rows, plan.sample_seqs,
                              plan.spec_rows, plan.spec_seqs, plan.prompt_logprob_rows)
+
+    def image_rows(self, images: StepImages, vision: VisionModel) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch rows, their embeddings) for the step's image tokens: the tower runs once over the images not
+        in the encoder cache."""
+        embeds = self.encoder_cache.embeddings([f for f, _ in images.parts], vision.encode)
+        values = torch.cat([e[torch.from_numpy(idx)] for e, (_, idx) in zip(embeds, images.parts)])
+        return self.slot_tensor(images.rows), values.to(self.device)
 
     def slot_tensor(self, slots: np.ndarray) -> torch.Tensor:
         """An int64 array (ids, positions, cache slots) as a tensor on the device: shared, not copied, on the CPU."""

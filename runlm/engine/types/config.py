@@ -56,6 +56,10 @@ class EngineConfig:
     max_cpu_loras: int | None = None
     # speculative decoding (vLLM's speculative_config; a dict is accepted and checked here)
     speculative_config: SpeculativeConfig | None = None
+    # images: llama.cpp's projector file beside a text GGUF (--mmproj), and the most images one request may
+    # bring (vLLM's limit_mm_per_prompt: {"image": N}, or N)
+    mmproj: str | None = None
+    limit_mm_per_prompt: dict[str, int] | int = 16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
@@ -75,6 +79,20 @@ class EngineConfig:
             raise ValueError("max_loras and max_lora_rank must be at least 1")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError("max_cpu_loras must be at least max_loras")
+        limit = self.limit_mm_per_prompt
+        if isinstance(limit, dict):
+            unknown = [k for k in limit if k != "image"]
+            if unknown:
+                raise ValueError(f"limit_mm_per_prompt: runlm takes images only, not {unknown[0]!r}")
+            limit = limit.get("image", 16)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError("limit_mm_per_prompt must be a whole number of images (0 or more)")
+        object.__setattr__(self, "limit_mm_per_prompt", limit)
+
+    @property
+    def image_limit(self) -> int:
+        limit = self.limit_mm_per_prompt
+        return limit if isinstance(limit, int) else limit.get("image", 16)
 
 
 DEFAULT_KV_FRACTION = 0.25

@@ -106,8 +106,8 @@ def build_hf(path: Path, hf_config: dict, weights: Any, tokenizer: Tokenizer) ->
 
 def build_mmproj(mmproj: GGUFFile, tokenizer: Tokenizer) -> VisionModel:
     from runlm.formats import ModelFormatError
-    from runlm.models.vision import mmproj as translate
 
+    translate = family_module("mmproj")  # (llama.cpp's names and metadata -> Hugging Face's)
     kind = str(mmproj.metadata.get("clip.projector_type", ""))
     family = mmproj_family(kind)
     if family is None:
