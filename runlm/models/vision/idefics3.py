@@ -29,7 +29,7 @@ from torch import nn
 
 from runlm.models.vision.images import ImageError
 from runlm.models.vision.inputs import ImageFeature, MultiModalPrompt, content_hash
-from runlm.models.vision.vit import ViTConfig, VisionTransformer
+from runlm.models.vision.vit import VisionTransformer, ViTConfig
 
 if TYPE_CHECKING:
     from PIL.Image import Image
