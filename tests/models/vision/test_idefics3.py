@@ -198,3 +198,36 @@ def test_llm_chat_matches_transformers(shapes, model_dir, hf_processor, hf_model
     assert out.outputs[0].token_ids == ref_tokens
     first = out.outputs[0].logprobs[0][ref_tokens[0]].logprob
     assert first == pytest.approx(torch.log_softmax(ref_logits, -1)[ref_tokens[0]].item(), abs=1e-4)
+
+
+def test_smolvlm_model_type_matches_smolvlm_for_conditional_generation(model_dir, hf_processor, tmp_path) -> None:
+    """SmolVLM2's checkpoints say model_type smolvlm (SmolVLMForConditionalGeneration, the same tower, connector
+    and prompt): the tiny model relabelled so, against transformers' SmolVLM classes."""
+    import json
+
+    from transformers import SmolVLMForConditionalGeneration
+
+    from runlm.models.attention import ForwardContext, forward_context
+    from runlm.models.load import load_decoder
+
+    for f in model_dir.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg.update(model_type="smolvlm", architectures=["SmolVLMForConditionalGeneration"])
+    cfg["vision_config"]["model_type"] = "smolvlm_vision"
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    ref_model = SmolVLMForConditionalGeneration.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    smol = load_decoder(tmp_path, exact_numerics=True)
+    images = [test_image(96, 64, seed=21), test_image(40, 100, seed=22)]
+    prompt = hf_processor.apply_chat_template(_template_messages("Compare them.", 2), add_generation_prompt=True)
+    inputs = hf_processor(text=prompt, images=images, return_tensors="pt")
+    with torch.inference_mode():
+        ref = ref_model(**inputs).logits[0, -1]
+    mm = smol.vision.processor.process(smol.tokenizer.encode(prompt), images)
+    ctx = ForwardContext.no_cache([len(mm.token_ids)])
+    ctx.mm_embeds = (torch.cat([torch.from_numpy(f.positions) for f in mm.features]),
+                     torch.cat(smol.vision.encode(mm.features)))
+    with torch.inference_mode(), forward_context(ctx):
+        ours = smol.model.compute_logits(smol.model(torch.tensor(mm.token_ids), torch.arange(len(mm.token_ids))))[-1]
+    assert ((ours - ref).abs().max() / ref.abs().max()).item() < RTOL
