@@ -162,7 +162,7 @@ def _reference(hf_model, inputs: dict) -> tuple[torch.Tensor, list[int]]:
         for _ in range(GREEDY_TOKENS):
             token = int(step.logits[0, -1].argmax())
             tokens.append(token)
-            step = hf_model(input_ids=torch.tensor([[token]]), past_key_values=step.past_key_values, use_cache=True)
+            step = hf_model(input_ids=torch.tensor([[token]]), cache=step.past_key_values, use_cache=True)
     return logits, tokens
 
 
