@@ -148,6 +148,8 @@ class Idefics3ImageProcessor:
     def tiles(self, image: Image) -> tuple[np.ndarray, int, int]:
         """The tower's input for one RGB image: float32 [tiles, 3, tile, tile] (rows x cols tiles in row-major
         order, then the global image), rows, cols (0, 0: the global image alone)."""
+        if image.mode != "RGB":
+            image = image.convert("RGB")
         if self.do_resize:
             if isinstance(self.size, tuple):
                 h, w = self.size
@@ -162,7 +164,7 @@ class Idefics3ImageProcessor:
             if h > t or w > t:
                 rows, cols = (h - t) // t + 1, (w - t) // t + 1
             if rows > 6 or cols > 6:  # the tokenizer names tiles up to <row_6_col_6>
-                raise ImageError(f"the image would be split into {rows} x {cols} tiles; the most is 6 x 6")
+                raise ImageError(f"the image would be split into {rows} x {cols} tiles; the most is 6 x 6 tiles")
             image = self._resize(image, h, w)
         arrays = []
         if rows:

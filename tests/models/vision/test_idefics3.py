@@ -111,6 +111,19 @@ def test_processor_refuses_a_miscount(loaded) -> None:
         loaded.vision.processor.process(ids, [test_image()])
 
 
+def test_processor_refuses_more_tiles_than_the_tokenizer_names(model_dir, loaded) -> None:
+    """Without the resize to ``size``, a wide picture could need more than the 6 x 6 tiles <row_i_col_j> name."""
+    from runlm.models.vision import processor_config
+    from runlm.models.vision.images import ImageError
+
+    settings = {**processor_config(model_dir), "do_resize": False}
+    processor = idefics3.Idefics3ImageProcessor(settings, loaded.tokenizer, loaded.vision.processor.image_token_id,
+                                                loaded.vision.processor.image_seq_len)
+    assert processor.tiles(test_image(6 * 64, 64))[1:] == (1, 6)
+    with pytest.raises(ImageError, match="7 tiles"):
+        processor.tiles(test_image(7 * 64, 64))
+
+
 def test_tower_matches_get_image_features(hf_processor, hf_model, loaded) -> None:
     images = [test_image(96, 64, seed=7), test_image(40, 100, seed=8), test_image(30, 20, seed=9)]
     prompt = hf_processor.apply_chat_template(_template_messages("x", len(images)))
