@@ -129,6 +129,13 @@ def test_loads_every_checkpoint_layout(layout: str, model_dir: Path, loaded, tmp
             shutil.copy(f, tmp_path / f.name)
     tensors = load_file(model_dir / "model.safetensors")
     save_file({_layout(k, layout): v for k, v in tensors.items()}, tmp_path / "model.safetensors")
+    if layout == "hub":  # the hub's processor files: the image processor's settings in preprocessor_config.json
+        import json
+
+        both = json.loads((model_dir / "processor_config.json").read_text())
+        (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+            {**both.pop("image_processor"), "processor_class": "Gemma3Processor"}))
+        (tmp_path / "processor_config.json").write_text(json.dumps(both))
     from transformers import Gemma3ForConditionalGeneration
 
     _, info = Gemma3ForConditionalGeneration.from_pretrained(str(tmp_path), output_loading_info=True)
@@ -139,6 +146,7 @@ def test_loads_every_checkpoint_layout(layout: str, model_dir: Path, loaded, tmp
         assert torch.equal(a, b)
     for a, b in zip(loaded.vision.state_dict().values(), other.vision.state_dict().values()):
         assert torch.equal(a, b)
+    assert other.vision.processor.settings == loaded.vision.processor.settings
 
 
 def test_builds_from_the_vision_part_alone(model_dir: Path, loaded) -> None:
