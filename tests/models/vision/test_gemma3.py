@@ -192,6 +192,31 @@ def test_processor_matches_gemma3_processor(name: str, loaded, reference) -> Non
     assert np.abs(pixels - want["pixel_values"]).max() <= 1e-6
 
 
+def test_processor_ids_with_a_sentencepiece_vocabulary(tmp_path: Path) -> None:
+    """The same expansion with a vocabulary as Gemma's is made (SentencePiece BPE, byte fallback, spaces split
+    off as "▁", its BOS added by the tokenizer itself): tests/fixtures/gguf_convert.py's tiny Gemma tokenizer."""
+    from transformers import AutoTokenizer, Gemma3ImageProcessorPil, Gemma3Processor
+
+    from runlm.formats.tokenizer import Tokenizer
+    from tests.fixtures.gguf_convert import gemma_sentencepiece_gguf
+    from tests.fixtures.vlm.gemma3 import CHAT_TEMPLATE
+
+    tok = AutoTokenizer.from_pretrained(str(gemma_sentencepiece_gguf().parent), extra_special_tokens={
+        "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"})
+    tok.save_pretrained(str(tmp_path))
+    size = {"height": 64, "width": 64}
+    reference = Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size=size), tokenizer=tok,
+                                chat_template=CHAT_TEMPLATE, image_seq_length=16)
+    ours = Tokenizer.from_dir(tmp_path)
+    processor = gemma3.Gemma3ImageProcessor({"size": size}, {"mm_tokens_per_image": 16}, ours, 64)
+    for messages in CONVERSATIONS.values():
+        pictures = images()[:_count_images(messages)]
+        text = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        # the template writes the BOS: the processor would add a second one
+        want = reference(text=text, images=pictures, add_special_tokens=False)["input_ids"][0]
+        assert processor.process(ours.encode(text, add_special_tokens=False), pictures).token_ids == want
+
+
 def test_every_size_of_image_resizes_as_transformers_does(loaded, reference) -> None:
     processor, _ = reference
     pictures = images()
