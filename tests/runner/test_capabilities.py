@@ -125,3 +125,15 @@ def test_vision_language_safetensors_dir(monkeypatch: pytest.MonkeyPatch, tiny_m
     store = ModelStore(tmp_path / "home")
     model = store.pull(str(folder), "toy")
     assert capabilities(model) == ["completion", "vision"] and model.mmproj is None
+
+
+@pytest.mark.parametrize("family", ["idefics3", "gemma3"])
+def test_family_safetensors_dirs_are_vision_models(family: str, tmp_path: Path) -> None:
+    """The families' tiny transformers checkpoints, as Hugging Face lays them out."""
+    from tests.fixtures.vlm import vlm_dir
+
+    pytest.importorskip(f"runlm.models.vision.{family}")
+    folder = vlm_dir(family)
+    text_layers = json.loads((folder / "config.json").read_text())["text_config"]["num_hidden_layers"]
+    model = ModelStore(tmp_path / "home").pull(str(folder), family)
+    assert capabilities(model) == ["completion", "vision"] and model.info.num_layers == text_layers
