@@ -147,6 +147,11 @@ def table(results: dict, peers: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _last_line(error: str) -> str:
+    lines = [line for line in error.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -213,7 +218,7 @@ def main() -> int:
     md = (f"# Vision benchmark ({meta['model']}; {args.threads} threads each, {meta['cpu']}, {meta['cores']} cores; "
           f"{args.output_len} output tokens, median of {args.rounds})\n\n{table(results, args.peers)}\n")
     if errors:
-        md += "\n" + "\n".join(f"- {p}: {e.splitlines()[0][:300] if e else ''}" for p, e in errors.items()) + "\n"
+        md += "\n" + "\n".join(f"- {p}: {_last_line(e)}" for p, e in errors.items()) + "\n"
     (out / "vision_bench.md").write_text(md)
     print(md)
     return 0

@@ -246,7 +246,7 @@ class RefStore:
         entries = [(SINGLE_FILE_NAME, path)] if path.is_file() else [
             (str(p.relative_to(path)), p) for p in sorted(path.rglob("*"))
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)]
-        projector = projector_beside(path) if source.kind == "local" and path.is_file() else None
+        projector = projector_beside(path) if source.kind in ("local", "hf") and path.is_file() else None
         if projector is not None:  # llama.cpp's layout: mmproj-<model>.gguf in the model's folder
             entries.append((projector.name, projector))
         for rel, file in entries:  # a link inside an allowed folder may not lead out of it
@@ -401,4 +401,6 @@ def with_projector(store: RefStore, model: StoredModel, mmproj: Path) -> dict:
     files.append({"path": rel, "digest": digest, "size": size, "media_type": DMR_MMPROJ})
     extra = {k: v for k, v in model.manifest.items() if k not in ("schema", "id", "layout", "files", "info", "source",
                                                                   "created", "oci")}
-    return model_manifest(files, model.manifest["layout"], model.info, model.manifest["source"], **extra)
+    source = dict(model.manifest["source"])  # not what a pull of the model alone finds as up to date
+    source["identity"] = f"{source.get('identity', '')}+mmproj:{digest}"
+    return model_manifest(files, model.manifest["layout"], model.info, source, **extra)

@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from runlm.catalog import BUILTIN_MODELS, available_models_text
-from runlm.store.mmproj import looks_like_projector
+from runlm.store.mmproj import choose_projector, looks_like_projector
 from runlm.store.names import default_name_for
 
 _HF_REPO = re.compile(r"(?:hf\.co/|huggingface\.co/)?([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([\w.-]+))?")
@@ -156,7 +156,7 @@ def fetch_hf(repo: str, tag: str | None) -> Path:
                               f"reached (offline)") from None
     except Exception as exc:  # RepositoryNotFoundError, GatedRepoError, HTTP errors
         raise SourceError(f"Hugging Face repo {repo!r}: {type(exc).__name__}: {exc}") from exc
-    ggufs = sorted(p.name for p in snapshot.glob("*.gguf"))
+    ggufs = sorted(p.name for p in snapshot.glob("*.gguf") if not looks_like_projector(p.name))
     if ggufs and not any(snapshot.glob("*.safetensors")):
         return snapshot / _pick_gguf(ggufs, tag, repo)
     return snapshot
@@ -167,8 +167,14 @@ def hf_patterns(files: list[str], tag: str | None, repo: str) -> list[str]:
     if "model_index.json" in files:
         return DIFFUSERS_PATTERNS
     ggufs = [f for f in files if f.endswith(".gguf")]
-    if ggufs and not any(f.endswith(".safetensors") for f in files):
-        return [_pick_gguf(ggufs, tag, repo)]
+    models = [f for f in ggufs if not looks_like_projector(f.rsplit("/", 1)[-1])]
+    if models and not any(f.endswith(".safetensors") for f in files):
+        pick = _pick_gguf(models, tag, repo)
+        # llama.cpp's vision repos: the projector (mmproj-*.gguf) beside the weights, kept with them
+        folder, _, name = pick.rpartition("/")
+        beside = [f.rsplit("/", 1)[-1] for f in ggufs if f.rpartition("/")[0] == folder]
+        projector = choose_projector(name, beside)
+        return [pick] + ([f"{folder}/{projector}" if folder else projector] if projector else [])
     return HF_PATTERNS
 
 

@@ -149,3 +149,26 @@ def test_plan_reads_model_runner_and_ollama_projectors() -> None:
     plan = artifact.plan({"config": {"mediaType": media.OLLAMA_CONFIG},
                           "layers": [layer(media.OLLAMA_PREFIX + "model", 1), layer(media.OLLAMA_PREFIX + "projector", 2)]})
     assert plan.layout == "file" and [la.path for la in plan.layers] == ["model.gguf", "mmproj.gguf"]
+
+
+def test_hugging_face_gguf_repos_bring_the_projector() -> None:
+    from runlm.store.sources import hf_patterns
+
+    files = ["README.md", "SmolVLM-256M-Instruct-Q8_0.gguf", "SmolVLM-256M-Instruct-f16.gguf",
+             "mmproj-SmolVLM-256M-Instruct-Q8_0.gguf", "mmproj-SmolVLM-256M-Instruct-f16.gguf"]
+    assert hf_patterns(files, "f16", "ggml-org/SmolVLM") == ["SmolVLM-256M-Instruct-f16.gguf",
+                                                           "mmproj-SmolVLM-256M-Instruct-f16.gguf"]
+    # the weights, never the projector, even where its name sorts first
+    assert hf_patterns(["qwen2.5-vl-q4_0.gguf", "mmproj-model-f16.gguf"], None, "o/q") == \
+        ["qwen2.5-vl-q4_0.gguf", "mmproj-model-f16.gguf"]
+    assert hf_patterns(["m/a-q4_0.gguf", "m/mmproj-a.gguf", "b.gguf"], "a-q4", "o/m") == \
+        ["m/a-q4_0.gguf", "m/mmproj-a.gguf"]
+    assert hf_patterns(["plain-q4_0.gguf"], None, "o/p") == ["plain-q4_0.gguf"]
+
+
+def test_a_plain_pull_after_an_explicit_projector_is_text_only(store: ModelStore, vlm_folder: Path,
+                                                               tmp_path: Path) -> None:
+    (vlm_folder / "mmproj-SmolVLM-f16.gguf").unlink()
+    store.pull(str(vlm_folder / "SmolVLM-Q8_0.gguf"), "vlm", mmproj=write_projector(tmp_path / "p.gguf"))
+    assert store.pull(str(vlm_folder / "SmolVLM-Q8_0.gguf"), "text").mmproj is None
+    assert store.get("vlm").mmproj == "p.gguf"
