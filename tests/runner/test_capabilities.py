@@ -137,3 +137,18 @@ def test_family_safetensors_dirs_are_vision_models(family: str, tmp_path: Path) 
     text_layers = json.loads((folder / "config.json").read_text())["text_config"]["num_hidden_layers"]
     model = ModelStore(tmp_path / "home").pull(str(folder), family)
     assert capabilities(model) == ["completion", "vision"] and model.info.num_layers == text_layers
+
+
+def test_cli_pull_and_package_take_mmproj(tmp_path: Path, tinycoder_gguf: Path) -> None:
+    home = tmp_path / "home"
+    proj = write_projector(tmp_path / "proj.gguf")
+    out = runlm(home, "pull", str(tinycoder_gguf), "--name", "pulled", "--mmproj", str(proj), timeout=60)
+    assert out.returncode == 0, out.stderr
+    out = runlm(home, "package", str(tinycoder_gguf), "team/vlm:v1", "--mmproj", str(proj), timeout=60)
+    assert out.returncode == 0, out.stderr
+    store = ModelStore(home)
+    assert store.get("pulled").mmproj == "proj.gguf" and store.get("team/vlm:v1").mmproj == "proj.gguf"
+    layers = json.loads(store.blobs.path(store.get("team/vlm:v1").manifest["oci"]["manifest"]).read_bytes())["layers"]
+    assert layers[-1]["mediaType"] == "application/vnd.docker.ai.mmproj"
+    bad = runlm(home, "pull", str(tinycoder_gguf), "--mmproj", str(tinycoder_gguf), timeout=60)
+    assert bad.returncode == 1 and "not a multimodal projector" in bad.stderr
