@@ -241,7 +241,10 @@ class _Projector(nn.Module):
 class LlavaVision(nn.Module):
     uses_mrope = False
 
-    def __init__(self, hf_config: dict, preprocessor: dict, image_token_id: int) -> None:
+    def __init__(self, hf_config: dict, preprocessor: dict, image_token_id: int,
+                 text_hidden: int | None = None) -> None:
+        """``text_hidden``: the decoder's width (default: the config's text_config; an mmproj file may have
+        none, its projector's shape says it)."""
         super().__init__()
         vc = vision_config(hf_config)
         self.clip = vc["model_type"] == "clip_vision_model"
@@ -258,8 +261,8 @@ class LlavaVision(nn.Module):
         self.drop_first = strategy == "default"  # transformers drops the first token (CLIP's class token)
         # hidden_states[layer] (index into the embeddings + each layer's output): never the final norm
         self.vision_tower = VisionTransformer(c, feature_layer=layer % (n + 1))
-        text = text_config(hf_config)
-        self.multi_modal_projector = _Projector(c.hidden_size, int(text["hidden_size"]),
+        text_hidden = text_hidden or int(text_config(hf_config)["hidden_size"])
+        self.multi_modal_projector = _Projector(c.hidden_size, text_hidden,
                                                 hf_config.get("projector_hidden_act", "gelu"),
                                                 bool(hf_config.get("multimodal_projector_bias", True)))
         tokens = c.num_patches + int(self.clip) - int(self.drop_first)
@@ -316,6 +319,9 @@ def image_token_id(hf_config: dict, tokenizer: Tokenizer | None) -> int:
 
 def build(hf_config: dict, preprocessor: dict, weights: Iterable[tuple[str, torch.Tensor]],
           tokenizer: Tokenizer) -> LlavaVision:
-    model = LlavaVision(hf_config, preprocessor, image_token_id(hf_config, tokenizer))
+    weights = list(weights)
+    text_hidden = next((int(t.shape[0]) for n, t in weights if n.endswith("multi_modal_projector.linear_2.weight")),
+                       None)
+    model = LlavaVision(hf_config, preprocessor, image_token_id(hf_config, tokenizer), text_hidden)
     model.load_hf(weights)
     return model.eval()

@@ -241,3 +241,19 @@ def test_transparent_image(hf, ours) -> None:
     ref = processor(images=rgba, text=PROMPT, return_tensors="pt")["pixel_values"][0].numpy()
     mm = vision.processor.process(_ids(tok, PROMPT), [open_image(png_bytes(rgba))])
     assert np.abs(mm.features[0].data["pixel_values"] - ref).max() <= 1e-6
+
+
+def test_llava_image_processor_pads_to_square() -> None:
+    """LlavaImageProcessor with do_pad: the image padded to a square in the mean colour before the resize."""
+    from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+    ref = LlavaImageProcessorPil(do_pad=True, size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32})
+    config = ref.to_dict()
+    assert config["image_processor_type"] == "LlavaImageProcessor"
+    ours = llava.LlavaImageProcessor(config, image_token_id=7, num_image_tokens=16, image_size=32, siglip=False)
+    for i, (w, h) in enumerate(SIZES):
+        image = picture(w, h, seed=i)
+        expected = ref(images=image, return_tensors="np")["pixel_values"][0]
+        assert np.abs(ours.pixels(image) - expected).max() <= 1e-6, f"{w}x{h}"
+    with pytest.raises(ValueError, match="not the tower's 48x48"):
+        llava.LlavaImageProcessor(config, image_token_id=7, num_image_tokens=36, image_size=48, siglip=False)
