@@ -230,6 +230,7 @@ class _Transformer(nn.Module):
 class PixtralTower(nn.Module):
     """forward(pixels [B, C, H, W], one size for the batch) -> [B, (H/p) * (W/p), hidden]: the output of layer
     ``keep`` (hidden_states[keep]; the layers after it are not built). Names as transformers' PixtralVisionModel."""
+    inv_freq: torch.Tensor
 
     def __init__(self, c: dict, keep: int) -> None:
         super().__init__()
