@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runlm.formats import ModelFormatError
+from runlm.models.vision import pixtral
 from runlm.models.vision.images import ImageError
 from runlm.models.vision.inputs import ImageFeature, MultiModalPrompt, content_hash
 from runlm.models.vision.vit import VisionTransformer, ViTConfig
@@ -86,8 +87,8 @@ def vision_config(hf_config: dict) -> dict:
     vision = dict(_LLAVA_VISION if given is None else given)
     model_type = vision.get("model_type") or "clip_vision_model"
     if model_type not in _VISION_DEFAULTS:
-        raise ModelFormatError(f"LLaVA with a {model_type!r} vision tower is not supported (runlm reads CLIP and "
-                               f"SigLIP towers)")
+        raise ModelFormatError(f"LLaVA with a {model_type!r} vision tower is not supported (runlm reads CLIP, "
+                               f"SigLIP and Pixtral towers)")
     return {**_VISION_DEFAULTS[model_type], **vision, "model_type": model_type}
 
 
@@ -318,7 +319,9 @@ def image_token_id(hf_config: dict, tokenizer: Tokenizer | None) -> int:
 
 
 def build(hf_config: dict, preprocessor: dict, weights: Iterable[tuple[str, torch.Tensor]],
-          tokenizer: Tokenizer) -> LlavaVision:
+          tokenizer: Tokenizer) -> LlavaVision | pixtral.PixtralVision:
+    if (hf_config.get("vision_config") or {}).get("model_type") == "pixtral":  # Pixtral-12B
+        return pixtral.build(hf_config, preprocessor, weights, tokenizer, llava=True)
     weights = list(weights)
     text_hidden = next((int(t.shape[0]) for n, t in weights if n.endswith("multi_modal_projector.linear_2.weight")),
                        None)

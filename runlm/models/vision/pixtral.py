@@ -281,10 +281,13 @@ class _PatchMerger(nn.Module):
 
 
 class _Projector(nn.Module):
-    def __init__(self, vision_hidden: int, text_hidden: int, merge: int, eps: float, act: str, bias: bool) -> None:
+    """Mistral 3's (norm, patch merger, MLP); LLaVA's (the MLP alone) with ``merge`` None."""
+
+    def __init__(self, vision_hidden: int, text_hidden: int, merge: int | None, eps: float, act: str,
+                 bias: bool) -> None:
         super().__init__()
-        self.norm = _RMSNorm(vision_hidden, eps)
-        self.patch_merger = _PatchMerger(vision_hidden, merge)
+        self.norm = _RMSNorm(vision_hidden, eps) if merge is not None else None
+        self.patch_merger = _PatchMerger(vision_hidden, merge) if merge is not None else None
         self.linear_1 = nn.Linear(vision_hidden, text_hidden, bias=bias)
         self.linear_2 = nn.Linear(text_hidden, text_hidden, bias=bias)
         if act not in _ACTIVATIONS:
@@ -292,7 +295,8 @@ class _Projector(nn.Module):
         self.act = _ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-        x = self.patch_merger(self.norm(x), rows, cols)
+        if self.norm is not None and self.patch_merger is not None:
+            x = self.patch_merger(self.norm(x), rows, cols)
         return self.linear_2(self.act(self.linear_1(x)))
 
 
@@ -300,7 +304,9 @@ class PixtralVision(nn.Module):
     uses_mrope = False
 
     def __init__(self, hf_config: dict, preprocessor: dict, ids: tuple[int, int, int],
-                 text_hidden: int | None = None) -> None:
+                 text_hidden: int | None = None, llava: bool = False) -> None:
+        """``llava``: Pixtral-12B's shape (model_type ``llava`` with a Pixtral tower): no norm nor patch merger
+        before the projector's MLP, whose biases default to on."""
         super().__init__()
         vc = vision_config(hf_config)
         n = int(vc["num_hidden_layers"])
@@ -310,11 +316,15 @@ class PixtralVision(nn.Module):
         if not -(n + 1) <= layer <= n:
             raise ModelFormatError(f"vision_feature_layer {layer} is outside the tower's {n} layers")
         self.vision_tower = PixtralTower(vc, layer % (n + 1))
-        self.merge = int(hf_config.get("spatial_merge_size", 2))
-        tc = text_config(hf_config)
+        if llava and hf_config.get("vision_feature_select_strategy", "default") != "full":
+            raise ModelFormatError("LLaVA with a Pixtral tower reads every patch: vision_feature_select_strategy "
+                                   "must be 'full'")
+        self.merge = 1 if llava else int(hf_config.get("spatial_merge_size", 2))
+        tc = {**_TEXT_DEFAULTS, **(hf_config.get("text_config") or {})}
         self.multi_modal_projector = _Projector(
-            int(vc["hidden_size"]), text_hidden or int(tc["hidden_size"]), self.merge, float(tc["rms_norm_eps"]),
-            hf_config.get("projector_hidden_act", "gelu"), bool(hf_config.get("multimodal_projector_bias", False)))
+            int(vc["hidden_size"]), text_hidden or int(tc["hidden_size"]), None if llava else self.merge,
+            float(tc["rms_norm_eps"]), hf_config.get("projector_hidden_act", "gelu"),
+            bool(hf_config.get("multimodal_projector_bias", llava)))
         self.patch = int(vc["patch_size"])
         self.processor = PixtralImageProcessor(preprocessor, self.patch * self.merge, ids)
 
@@ -371,10 +381,11 @@ def token_ids(hf_config: dict, tokenizer: Tokenizer | None) -> tuple[int, int, i
 
 
 def build(hf_config: dict, preprocessor: dict, weights: Iterable[tuple[str, torch.Tensor]],
-          tokenizer: Tokenizer) -> PixtralVision:
+          tokenizer: Tokenizer, llava: bool = False) -> PixtralVision:
+    """``llava``: for runlm.models.vision.llava, a ``llava`` config with a Pixtral tower (Pixtral-12B)."""
     weights = list(weights)
     text_hidden = next((int(t.shape[0]) for n, t in weights if n.endswith("multi_modal_projector.linear_2.weight")),
                        None)
-    model = PixtralVision(hf_config, preprocessor, token_ids(hf_config, tokenizer), text_hidden)
+    model = PixtralVision(hf_config, preprocessor, token_ids(hf_config, tokenizer), text_hidden, llava)
     model.load_hf(weights)
     return model.eval()

@@ -1,6 +1,7 @@
 """LLaVA (runlm.models.vision.llava) against transformers' LlavaProcessor and LlavaForConditionalGeneration on
 the same tiny random-weight models (tests/fixtures/vlm/llava.py): LLaVA-1.5's shape (CLIP tower, feature layer
--2, class token dropped, CLIPImageProcessor) and a SigLIP tower read in full at its last layer.
+-2, class token dropped, CLIPImageProcessor), a SigLIP tower read in full at its last layer, and Pixtral-12B's
+shape (a Pixtral tower, each image at its own size, PixtralProcessor's [IMG] grid; runlm.models.vision.pixtral).
 
 Parity: pixel values within 1e-6 (they come out equal), the expanded prompt ids identical, the tower + projector
 within 1e-4 of ``get_image_features``, the prompt's logits within 1e-4 relative, and 20 greedy tokens through
@@ -26,7 +27,8 @@ from runlm.models.vision import hf_family, llava, processor_config
 from runlm.models.vision.images import ImageError, open_image
 from tests.fixtures.vlm import png_bytes, vlm_dir
 from tests.fixtures.vlm import test_image as picture
-from tests.fixtures.vlm.llava import siglip_dir
+from tests.fixtures.vlm.llava import pixtral_dir, siglip_dir
+from tests.fixtures.vlm.pixtral import expand_prompt
 
 PROMPT = "USER: <image>\nWhat is in this picture? ASSISTANT:"
 GREEDY_TOKENS = 20
@@ -150,8 +152,8 @@ def test_configs_without_defaults() -> None:
         (4096, 11008, 32, 32064)
     vision = llava.vision_config(cfg)
     assert (vision["hidden_act"], vision["layer_norm_eps"]) == ("quick_gelu", 1e-5)
-    with pytest.raises(ValueError, match="pixtral"):
-        llava.vision_config({"vision_config": {"model_type": "pixtral"}})
+    with pytest.raises(ValueError, match="intern_vit_6b"):
+        llava.vision_config({"vision_config": {"model_type": "intern_vit_6b"}})
 
 
 def _chat_template(llm: LLM) -> str:
@@ -257,3 +259,67 @@ def test_llava_image_processor_pads_to_square() -> None:
         assert np.abs(ours.pixels(image) - expected).max() <= 1e-6, f"{w}x{h}"
     with pytest.raises(ValueError, match="not the tower's 48x48"):
         llava.LlavaImageProcessor(config, image_token_id=7, num_image_tokens=36, image_size=48, siglip=False)
+
+
+# ---- Pixtral-12B's shape: model_type llava with a Pixtral tower ------------------------------------------------
+PIXTRAL_PROMPT = "[INST][IMG]What is in this picture?[/INST]"
+
+
+@pytest.fixture(scope="module")
+def pixtral_model():
+    from transformers import LlavaForConditionalGeneration
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    path = pixtral_dir()
+    settings = {k: v for k, v in processor_config(path).items() if k != "image_processor_type"}
+    model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    return path, PixtralImageProcessorPil(**settings), model
+
+
+def test_pixtral_tower(pixtral_model) -> None:
+    path, image_processor, model = pixtral_model
+    loaded = load_decoder(path, exact_numerics=True)
+    vision, tok = loaded.vision, loaded.tokenizer
+    assert vision is not None and hf_family(json.loads((path / "config.json").read_text())) is llava
+    step = model.config.vision_config.patch_size
+    images = [picture(w, h, seed=i) for i, (w, h) in enumerate([(96, 64), (20, 50), (150, 120)])]
+    mm = vision.processor.process(_ids(tok, PIXTRAL_PROMPT * 3), images)
+    embeds = vision.encode(mm.features)
+    ref = image_processor(images=images, return_tensors="pt")  # padded to one size, with the true sizes
+    assert mm.token_ids == _ids(tok, expand_prompt(PIXTRAL_PROMPT * 3, ref["image_sizes"], step))
+    with torch.no_grad():
+        theirs = model.get_image_features(pixel_values=ref["pixel_values"], image_sizes=ref["image_sizes"],
+                                          vision_feature_layer=-1, vision_feature_select_strategy="full").pooler_output
+    for i, (f, ours_, theirs_) in enumerate(zip(mm.features, embeds, theirs)):
+        h, w = ref["image_sizes"][i].tolist()
+        # each image at its own size (transformers pads the batch to the largest, zeros right and below)
+        assert np.abs(f.data["pixel_values"] - ref["pixel_values"][i, :, :h, :w].numpy()).max() <= 1e-6
+        assert ours_.shape == theirs_.shape and (ours_ - theirs_).abs().max().item() <= 1e-4
+
+
+def test_pixtral_end_to_end(pixtral_model) -> None:
+    path, image_processor, model = pixtral_model
+    image = picture(96, 64, seed=3)
+    step = model.config.vision_config.patch_size
+    llm = LLM(str(path), exact_numerics=True, block_size=4, kv_cache_memory="64MiB", max_model_len=512)
+    tok = llm.engine.tokenizer
+    ref = image_processor(images=image, return_tensors="pt")
+    ids = _ids(tok, expand_prompt("<|im_start|>" + PIXTRAL_PROMPT, ref["image_sizes"], step))
+    messages = [{"role": "user", "content": [{"type": "image", "image": png_bytes(image)},
+                                             {"type": "text", "text": "What is in this picture?"}]}]
+    params = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True, logprobs=1)
+    out = llm.chat(messages, params)[0]
+    assert out.prompt_token_ids == ids
+    inputs = {"input_ids": torch.tensor([ids]), "pixel_values": ref["pixel_values"], "image_sizes": ref["image_sizes"]}
+    with torch.no_grad():
+        last = model(**inputs).logits[0, -1]
+    expected = []
+    with torch.no_grad():
+        step_out = model(**inputs, use_cache=True)
+        for _ in range(GREEDY_TOKENS):
+            token = int(step_out.logits[0, -1].argmax())
+            expected.append(token)
+            step_out = model(input_ids=torch.tensor([[token]]), cache=step_out.cache, use_cache=True)
+    assert out.outputs[0].token_ids == expected
+    first = out.outputs[0].logprobs[0][expected[0]].logprob
+    assert abs(first - torch.log_softmax(last, -1)[expected[0]].item()) < 1e-4

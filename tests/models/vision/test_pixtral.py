@@ -26,7 +26,7 @@ from runlm.models.vision import pixtral, processor_config
 from runlm.models.vision.images import ImageError
 from tests.fixtures.vlm import png_bytes, vlm_dir
 from tests.fixtures.vlm import test_image as picture
-from tests.fixtures.vlm.pixtral import MERGE, PATCH_SIZE
+from tests.fixtures.vlm.pixtral import MERGE, PATCH_SIZE, expand_prompt
 
 PROMPT = "[INST][IMG]What is in this picture?[/INST]"
 GREEDY_TOKENS = 20
@@ -75,19 +75,6 @@ def _ids(tok: Tokenizer, text: str) -> list[int]:
     return tok.hf.encode(text, add_special_tokens=False).ids
 
 
-def _expand(text: str, image_sizes) -> str:
-    """PixtralProcessor.replace_image_token, for each [IMG] of the text in turn."""
-    step = PATCH_SIZE * MERGE
-    parts = text.split("[IMG]")
-    out = parts[0]
-    for (h, w), rest in zip(image_sizes, parts[1:]):
-        rows = [["[IMG]"] * (int(w) // step) + ["[IMG_BREAK]"]] * (int(h) // step)
-        tokens = [t for row in rows for t in row]
-        tokens[-1] = "[IMG_END]"
-        out += "".join(tokens) + rest
-    return out
-
-
 def test_family_is_found(model_dir, registered) -> None:
     cfg = json.loads((model_dir / "config.json").read_text())
     assert vlm.hf_family(cfg) is pixtral and vlm.mmproj_family("pixtral") is pixtral
@@ -105,7 +92,7 @@ def test_processor_parity(hf, ours) -> None:
         pixels = mm.features[0].data["pixel_values"]
         assert pixels.shape == ref["pixel_values"].shape[1:], f"{w}x{h}"
         assert np.abs(pixels - ref["pixel_values"][0]).max() <= 1e-6, f"{w}x{h}"
-        assert mm.token_ids == _ids(tok, _expand(PROMPT, ref["image_sizes"])), f"{w}x{h}"
+        assert mm.token_ids == _ids(tok, expand_prompt(PROMPT, ref["image_sizes"])), f"{w}x{h}"
         f = mm.features[0]
         assert [mm.token_ids[p] for p in f.positions] == [vision.processor.image_token_id] * f.num_embeds
         assert mm.token_ids[f.end] == vision.processor.end_token_id
@@ -118,7 +105,7 @@ def test_two_images(hf, ours) -> None:
     images = [picture(96, 64, seed=1), picture(20, 50, seed=2)]
     mm = vision.processor.process(_ids(tok, text), images)
     sizes = [image_processor(images=im, return_tensors="np")["image_sizes"][0] for im in images]
-    assert mm.token_ids == _ids(tok, _expand(text, sizes))
+    assert mm.token_ids == _ids(tok, expand_prompt(text, sizes))
     assert mm.features[0].end < mm.features[1].start
     with pytest.raises(ImageError, match="2 \\[IMG\\] placeholders for 1 images"):
         vision.processor.process(_ids(tok, text), images[:1])
@@ -160,7 +147,7 @@ def test_end_to_end(model_dir, hf) -> None:
     tok = loaded.tokenizer
     text = "<|im_start|>" + PROMPT  # the template's bos_token, then the user turn
     ref = image_processor(images=image, return_tensors="pt")
-    ids = _ids(tok, _expand(text, ref["image_sizes"]))
+    ids = _ids(tok, expand_prompt(text, ref["image_sizes"]))
     inputs = {"input_ids": torch.tensor([ids]), "pixel_values": ref["pixel_values"], "image_sizes": ref["image_sizes"]}
     with torch.no_grad():
         ref_logits = model(**inputs).logits[0]
