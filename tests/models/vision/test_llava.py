@@ -323,3 +323,16 @@ def test_pixtral_end_to_end(pixtral_model) -> None:
     assert out.outputs[0].token_ids == expected
     first = out.outputs[0].logprobs[0][expected[0]].logprob
     assert abs(first - torch.log_softmax(last, -1)[expected[0]].item()) < 1e-4
+
+
+@pytest.mark.xfail(strict=False, reason="runlm.formats.chat_template._normalise turns a text-only part list into a "
+                                        "string, which llava-hf's template (it reads typed parts) renders as nothing")
+def test_multi_turn_prompt_as_transformers_renders_it(hf, model_dir) -> None:
+    processor, _ = hf
+    llm = LLM(str(model_dir), exact_numerics=True, kv_cache_memory="64MiB", max_model_len=512)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]},
+                {"role": "user", "content": [{"type": "text", "text": "What colour?"}]}]
+    expected = processor.tokenizer.encode(processor.apply_chat_template(messages, add_generation_prompt=True),
+                                          add_special_tokens=False)
+    assert llm.encode_chat(messages, _chat_template(llm)) == expected
