@@ -63,6 +63,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-lora-rank", type=int, default=16, help="largest adapter rank accepted (default 16)")
     p.add_argument("--max-cpu-loras", type=int, default=None,
                    help="adapters kept loaded, least recently used evicted first (default: --max-loras)")
+    p.add_argument("--mmproj", default=None, metavar="FILE",
+                   help="llama.cpp's multimodal projector (mmproj GGUF) for a vision model's text GGUF")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="compute dtype (default float32 on CPU, bfloat16 on CUDA)")
@@ -230,7 +232,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                        kv_cache_memory=_kv_cache_memory(args.kv_cache_memory), device=args.device,
                        exact_numerics=args.exact_numerics, threads=args.threads,
                        enable_lora=settings.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
-                       max_cpu_loras=args.max_cpu_loras, speculative_config=spec)
+                       max_cpu_loras=args.max_cpu_loras, speculative_config=spec, mmproj=args.mmproj)
     if args.dtype or args.device.startswith("cuda"):
         engine_args["dtype"] = args.dtype or "bfloat16"
     try:

@@ -198,7 +198,13 @@ class AsyncLLM:
     def replica_info(self) -> dict[str, Any]:
         """What a data-parallel front end needs of a replica to stand in for it (picklable)."""
         return {"tokenizer": self.tokenizer, "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
-                "max_num_seqs": self.max_num_seqs, "supported_tasks": self.get_supported_tasks()}
+                "max_num_seqs": self.max_num_seqs, "supported_tasks": self.get_supported_tasks(),
+                "modalities": self.modalities}
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """What a prompt may hold: ("text",) or ("text", "image")."""
+        return self.engine.modalities
 
     def stats(self) -> EngineStats:
         """The engine's EngineStats (read from the event loop: counters only, no engine state changes)."""
@@ -315,6 +321,10 @@ class AsyncLLM:
 
     async def reset_prefix_cache(self) -> None:
         await self._call(self.engine.reset_prefix_cache)
+
+    async def reset_mm_cache(self) -> None:
+        """Forget the images' embeddings (the encoder cache; vLLM's name)."""
+        await self._call(self.engine.reset_mm_cache)
 
     # ---- LoRA adapters (run on the engine thread, between steps) --------------------------------
     async def add_lora(self, lora_request: LoRARequest) -> bool:

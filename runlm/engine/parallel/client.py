@@ -97,6 +97,10 @@ class DPAsyncLLM(AsyncLLM, data_parallel=True):
     def get_supported_tasks(self) -> tuple[str, ...]:
         return self._info["supported_tasks"]
 
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return self._info.get("modalities", ("text",))
+
     async def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer
 
@@ -204,6 +208,9 @@ class DPAsyncLLM(AsyncLLM, data_parallel=True):
     async def reset_prefix_cache(self) -> None:
         self._router.clear()
         await self._fan_out("reset_prefix_cache")
+
+    async def reset_mm_cache(self) -> None:
+        await self._fan_out("reset_mm_cache")
 
     async def add_lora(self, lora_request: LoRARequest) -> bool:
         ok = all(await self._fan_out("add_lora", lora_request))

@@ -30,9 +30,9 @@ __all__ = ["CALLABLE", "EngineReplica", "RemoteError", "ReplicaDeadError", "Repl
 
 # the AsyncLLM methods a front end may run in a replica by name (requests have their own path)
 CALLABLE = frozenset({"sleep", "wake_up", "pause_generation", "resume_generation", "is_paused", "is_sleeping",
-                      "reset_prefix_cache", "add_lora", "remove_lora", "list_loras", "pin_lora", "start_profile",
-                      "stop_profile", "wait_for_requests_to_drain", "stats", "collective_rpc", "check_health",
-                      "get_supported_tasks", "replica_info", "set_num_threads"})
+                      "reset_prefix_cache", "reset_mm_cache", "add_lora", "remove_lora", "list_loras", "pin_lora",
+                      "start_profile", "stop_profile", "wait_for_requests_to_drain", "stats", "collective_rpc",
+                      "check_health", "get_supported_tasks", "replica_info", "set_num_threads"})
 
 
 async def call_method(llm: Any, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
