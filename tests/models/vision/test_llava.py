@@ -336,3 +336,25 @@ def test_multi_turn_prompt_as_transformers_renders_it(hf, model_dir) -> None:
     expected = processor.tokenizer.encode(processor.apply_chat_template(messages, add_generation_prompt=True),
                                           add_special_tokens=False)
     assert llm.encode_chat(messages, _chat_template(llm)) == expected
+
+
+def test_chunks_batches_and_prefix_cache(model_dir, hf) -> None:
+    """7-token prefill chunks (an image's 16 rows cut across three steps), two requests with
+    different images in one batch, then the first again from the prefix cache: each as decoded alone."""
+    processor, model = hf
+    images = [picture(96, 64, seed=3), picture(50, 80, seed=4)]
+    messages = [[{"role": "user", "content": [{"type": "image", "image": png_bytes(im)},
+                                              {"type": "text", "text": "What is in this picture?"}]}]
+                for im in images]
+    hf_messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}]}]
+    text = processor.apply_chat_template(hf_messages, add_generation_prompt=True)
+    expected = [_hf_greedy(model, inputs["input_ids"], inputs["pixel_values"])
+                for inputs in (processor(images=im, text=text, return_tensors="pt") for im in images)]
+    llm = LLM(str(model_dir), exact_numerics=True, block_size=4, kv_cache_memory="64MiB", max_model_len=512,
+              max_num_batched_tokens=7)
+    params = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
+    outs = llm.chat(messages, params, chat_template=_chat_template(llm))
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    llm.reset_mm_cache()  # the prefix cache alone serves the image's blocks
+    again = llm.chat(messages[0], params, chat_template=_chat_template(llm))[0]
+    assert again.outputs[0].token_ids == expected[0] and again.num_cached_tokens >= 16
