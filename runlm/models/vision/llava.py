@@ -7,6 +7,9 @@ final norm) go through the projector as they are ("full") or without CLIP's clas
 is one fixed-size square (CLIPImageProcessor: shortest edge resized, center crop; SiglipImageProcessor: resized
 to the square; LlavaImageProcessor may pad to a square first), so it fills the same number of soft tokens: every
 ``<image>`` of the prompt is repeated that many times, as LlavaProcessor does, and the image's rows replace them.
+
+A ``llava`` config with a Pixtral tower (Pixtral-12B: each image at its own size, ``[IMG]`` rows) is built by
+runlm.models.vision.pixtral.
 """
 from __future__ import annotations
 
