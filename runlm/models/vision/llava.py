@@ -37,15 +37,14 @@ PROJECTOR_TYPES = ("mlp",)
 
 IMAGE_TOKEN = "<image>"
 
-# transformers' defaults for what a config.json leaves out (llava-hf's configs name only what differs)
+# transformers' defaults for what a config.json leaves out (llava-hf's configs name only what differs); not the
+# special tokens: without them the tokenizer's are used
 _TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(architectures=["LlamaForCausalLM"], vocab_size=32000, hidden_size=4096, intermediate_size=11008,
-                  num_hidden_layers=32, num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
-                  bos_token_id=1, eos_token_id=2),
+                  num_hidden_layers=32, num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6),
     "mistral": dict(architectures=["MistralForCausalLM"], vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                    max_position_embeddings=131072, rms_norm_eps=1e-6, sliding_window=4096,
-                    bos_token_id=1, eos_token_id=2),
+                    max_position_embeddings=131072, rms_norm_eps=1e-6, sliding_window=4096),
     "qwen2": dict(architectures=["Qwen2ForCausalLM"], vocab_size=151936, hidden_size=4096, intermediate_size=22016,
                   num_hidden_layers=32, num_attention_heads=32, max_position_embeddings=32768, rms_norm_eps=1e-6),
 }
