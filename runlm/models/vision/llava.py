@@ -23,7 +23,7 @@ from torch import nn
 
 from runlm.formats import ModelFormatError
 from runlm.models.vision import pixtral
-from runlm.models.vision.images import ImageError
+from runlm.models.vision.images import MAX_IMAGE_PIXELS, ImageError
 from runlm.models.vision.inputs import ImageFeature, MultiModalPrompt, content_hash
 from runlm.models.vision.vit import VisionTransformer, ViTConfig
 
@@ -168,12 +168,19 @@ class LlavaImageProcessor:
             from PIL import Image as PILImage
 
             side = max(image.width, image.height)
+            if side * side > 2 * MAX_IMAGE_PIXELS:
+                raise ImageError(f"the image is {image.width}x{image.height}: padded to a square it would be "
+                                 f"{side}x{side} pixels, over the limit of {2 * MAX_IMAGE_PIXELS}")
             fill = tuple(int(m * 255) for m in self.mean)
             square = PILImage.new("RGB", (side, side), fill)  # type: ignore[arg-type]
             square.paste(image, ((side - image.width) // 2, (side - image.height) // 2))
             image = square
         if self.do_resize:
-            image = image.resize(self.resize_to(image.width, image.height), resample=self.resample)
+            w, h = self.resize_to(image.width, image.height)
+            if w * h > MAX_IMAGE_PIXELS:  # a thin strip's shortest edge scaled up
+                raise ImageError(f"the image is {image.width}x{image.height}: its aspect ratio is too extreme (resized "
+                                 f"to {w}x{h} pixels, over the limit of {MAX_IMAGE_PIXELS})")
+            image = image.resize((w, h), resample=self.resample)
         x = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
         if self.do_center_crop:
             x = _center_crop(x, int(self.crop_size["height"]), int(self.crop_size["width"]))

@@ -125,11 +125,16 @@ class PixtralImageProcessor:
         ratio = max(height / self.max_hw[0], width / self.max_hw[1])
         if ratio > 1:
             height, width = int(math.floor(height / ratio)), int(math.floor(width / ratio))
+        if height < 1 or width < 1:
+            return 0, 0
         a = self.align
         return ((height - 1) // a + 1) * a, ((width - 1) // a + 1) * a
 
     def pixels(self, image: Image) -> np.ndarray:
         h, w = self.output_size(image.height, image.width)
+        if h < 1 or w < 1:
+            raise ImageError(f"the image is {image.width}x{image.height}: its aspect ratio is too extreme (its short "
+                             f"side would shrink to nothing within {self.max_hw[1]}x{self.max_hw[0]} pixels)")
         image = image.resize((w, h), resample=self.resample)
         x = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
         out = (x.astype(np.float64) * self.rescale_factor).astype(np.float32) if self.do_rescale \

@@ -358,3 +358,20 @@ def test_chunks_batches_and_prefix_cache(model_dir, hf) -> None:
     llm.reset_mm_cache()  # the prefix cache alone serves the image's blocks
     again = llm.chat(messages[0], params, chat_template=_chat_template(llm))[0]
     assert again.outputs[0].token_ids == expected[0] and again.num_cached_tokens >= 16
+
+
+def test_extreme_aspect_ratio_refused(ours) -> None:
+    """A thin strip whose shortest edge, scaled up, would make a resized image of billions of pixels."""
+    vision, tok = ours
+    strip = Image.new("RGB", (40000, 1))
+    if vision.processor.siglip:  # resized straight to the square
+        assert vision.processor.process(_ids(tok, PROMPT), [strip]).features[0].data["pixel_values"].shape == \
+            (3, 32, 32)
+    else:
+        with pytest.raises(ImageError, match="aspect ratio is too extreme"):
+            vision.processor.process(_ids(tok, PROMPT), [strip])
+    pad = llava.LlavaImageProcessor({"image_processor_type": "LlavaImageProcessor", "do_pad": True,
+                                     "size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}},
+                                    image_token_id=7, num_image_tokens=16, image_size=32, siglip=False)
+    with pytest.raises(ImageError, match="padded to a square"):
+        pad.pixels(Image.new("RGB", (20000, 2)))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from runlm.engine.llm import LLM
 from runlm.engine.types.sampling_params import SamplingParams
@@ -173,3 +174,12 @@ def test_end_to_end(model_dir, hf) -> None:
     other = [{"role": "user", "content": [{"type": "image", "image": picture(40, 70, seed=8)},
                                           {"type": "text", "text": question}]}]
     assert llm.chat(other, params)[0].outputs[0].token_ids != expected
+
+
+def test_extreme_aspect_ratio_refused(ours) -> None:
+    vision, tok = ours
+    with pytest.raises(ImageError, match="aspect ratio is too extreme"):
+        vision.processor.process(_ids(tok, PROMPT), [Image.new("RGB", (2000, 1))])
+    # a strip that keeps one row of patches is fine
+    mm = vision.processor.process(_ids(tok, PROMPT), [Image.new("RGB", (2000, 40))])
+    assert mm.features[0].data["pixel_values"].shape == (3, 16, 64)
