@@ -9,28 +9,28 @@ to the square; LlavaImageProcessor may pad to a square first), so it fills the s
 ``<image>`` of the prompt is repeated that many times, as LlavaProcessor does, and the image's rows replace them.
 
 A ``llava`` config with a Pixtral tower (Pixtral-12B: each image at its own size, ``[IMG]`` rows) is built by
-runlm.models.vision.pixtral.
+runlm.models.vision.pixtral. Importing this module imports no torch (every family is asked whether it serves a
+config, the model store's among the askers): the tower is runlm.models.vision.llava_tower, imported by ``build``.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
 from runlm.formats import ModelFormatError
 from runlm.models.vision import pixtral
 from runlm.models.vision.images import MAX_IMAGE_PIXELS, ImageError
 from runlm.models.vision.inputs import ImageFeature, MultiModalPrompt, content_hash
-from runlm.models.vision.vit import VisionTransformer, ViTConfig
 
 if TYPE_CHECKING:
+    import torch
     from PIL.Image import Image
 
     from runlm.formats.tokenizer import Tokenizer
+    from runlm.models.vision.llava_tower import LlavaVision
+    from runlm.models.vision.pixtral_tower import PixtralVision
 
 MODEL_TYPES = ("llava",)
 PROJECTOR_TYPES = ("mlp",)
@@ -59,15 +59,6 @@ _VISION_DEFAULTS: dict[str, dict[str, Any]] = {
 # LlavaConfig's vision_config when the file has none: LLaVA-1.5's CLIP ViT-L/14 at 336 pixels
 _LLAVA_VISION = dict(model_type="clip_vision_model", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
                      num_attention_heads=16, image_size=336, patch_size=14)
-
-_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu,
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
-    "silu": F.silu,
-    "relu": F.relu,
-}
 
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -234,90 +225,6 @@ def _center_crop(x: np.ndarray, ch: int, cw: int) -> np.ndarray:
     return padded[:, max(0, top):min(nh, top + ch), max(0, left):min(nw, left + cw)]
 
 
-# ---- the tower and projector -------------------------------------------------------------------------------
-class _Projector(nn.Module):
-    def __init__(self, vision_hidden: int, text_hidden: int, act: str, bias: bool) -> None:
-        super().__init__()
-        if act not in _ACTIVATIONS:
-            raise ModelFormatError(f"projector_hidden_act {act!r} is not supported")
-        self.linear_1 = nn.Linear(vision_hidden, text_hidden, bias=bias)
-        self.linear_2 = nn.Linear(text_hidden, text_hidden, bias=bias)
-        self.act = _ACTIVATIONS[act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(self.act(self.linear_1(x)))
-
-
-class LlavaVision(nn.Module):
-    uses_mrope = False
-
-    def __init__(self, hf_config: dict, preprocessor: dict, image_token_id: int,
-                 text_hidden: int | None = None) -> None:
-        """``text_hidden``: the decoder's width (default: the config's text_config; an mmproj file may have
-        none, its projector's shape says it)."""
-        super().__init__()
-        vc = vision_config(hf_config)
-        self.clip = vc["model_type"] == "clip_vision_model"
-        c = ViTConfig.from_hf(vc, clip=self.clip)
-        layer = hf_config.get("vision_feature_layer", -2)
-        if not isinstance(layer, int) or isinstance(layer, bool):
-            raise ModelFormatError(f"vision_feature_layer {layer!r}: runlm reads one layer (an int), not several")
-        n = c.num_hidden_layers
-        if not -(n + 1) <= layer <= n:
-            raise ModelFormatError(f"vision_feature_layer {layer} is outside the tower's {n} layers")
-        strategy = hf_config.get("vision_feature_select_strategy", "default")
-        if strategy not in ("default", "full"):
-            raise ModelFormatError(f"vision_feature_select_strategy {strategy!r} is not supported")
-        self.drop_first = strategy == "default"  # transformers drops the first token (CLIP's class token)
-        # hidden_states[layer] (index into the embeddings + each layer's output): never the final norm
-        self.vision_tower = VisionTransformer(c, feature_layer=layer % (n + 1))
-        text_hidden = text_hidden or int(text_config(hf_config)["hidden_size"])
-        self.multi_modal_projector = _Projector(c.hidden_size, text_hidden,
-                                                hf_config.get("projector_hidden_act", "gelu"),
-                                                bool(hf_config.get("multimodal_projector_bias", True)))
-        tokens = c.num_patches + int(self.clip) - int(self.drop_first)
-        self.processor = LlavaImageProcessor(preprocessor, image_token_id, tokens, c.image_size, not self.clip)
-
-    def encode(self, features: Sequence[ImageFeature]) -> list[torch.Tensor]:
-        if not features:
-            return []
-        w = self.multi_modal_projector.linear_1.weight
-        pixels = torch.from_numpy(np.stack([f.data["pixel_values"] for f in features])).to(w.device)
-        with torch.no_grad():
-            x = self.vision_tower(pixels)
-            if self.drop_first:
-                x = x[:, 1:]
-            y = self.multi_modal_projector(x).float()
-        return list(y.unbind(0))
-
-    @torch.no_grad()
-    def load_hf(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        tower: list[tuple[str, torch.Tensor]] = []
-        projector: dict[str, torch.Tensor] = {}
-        for name, tensor in weights:
-            base = name.removeprefix("model.")
-            if base.startswith("vision_tower."):
-                # the hub's vision_tower.vision_model.*; transformers 5 saves CLIP's and SigLIP's without vision_model
-                tower.append((base[len("vision_tower."):].removeprefix("vision_model."), tensor))
-            elif base.startswith("multi_modal_projector."):
-                projector[base[len("multi_modal_projector."):]] = tensor
-            else:
-                raise ModelFormatError(f"unexpected weight {name!r} in a LLaVA checkpoint")
-        try:
-            self.vision_tower.load_hf(tower)
-        except (KeyError, RuntimeError) as exc:
-            raise ModelFormatError(f"LLaVA vision tower: {exc}") from None
-        params = dict(self.multi_modal_projector.named_parameters())
-        if set(projector) != set(params):
-            raise ModelFormatError(f"LLaVA projector: the checkpoint has {sorted(projector)}, expected "
-                                   f"{sorted(params)}")
-        for key, tensor in projector.items():
-            if tuple(tensor.shape) != tuple(params[key].shape):
-                raise ModelFormatError(f"LLaVA projector {key}: shape {tuple(tensor.shape)}, expected "
-                                       f"{tuple(params[key].shape)}")
-            params[key].copy_(tensor.float())
-
-
 def image_token_id(hf_config: dict, tokenizer: Tokenizer | None) -> int:
     token = hf_config.get("image_token_index", hf_config.get("image_token_id"))
     if token is None and tokenizer is not None:
@@ -328,12 +235,32 @@ def image_token_id(hf_config: dict, tokenizer: Tokenizer | None) -> int:
 
 
 def build(hf_config: dict, preprocessor: dict, weights: Iterable[tuple[str, torch.Tensor]],
-          tokenizer: Tokenizer) -> LlavaVision | pixtral.PixtralVision:
+          tokenizer: Tokenizer) -> LlavaVision | PixtralVision:
     if (hf_config.get("vision_config") or {}).get("model_type") == "pixtral":  # Pixtral-12B
         return pixtral.build(hf_config, preprocessor, weights, tokenizer, llava=True)
+    from runlm.models.vision.llava_tower import LlavaVision
+
+    vc = vision_config(hf_config)
+    clip = vc["model_type"] == "clip_vision_model"
+    layer = hf_config.get("vision_feature_layer", -2)
+    if not isinstance(layer, int) or isinstance(layer, bool):
+        raise ModelFormatError(f"vision_feature_layer {layer!r}: runlm reads one layer (an int), not several")
+    n = int(vc["num_hidden_layers"])
+    if not -(n + 1) <= layer <= n:
+        raise ModelFormatError(f"vision_feature_layer {layer} is outside the tower's {n} layers")
+    strategy = hf_config.get("vision_feature_select_strategy", "default")
+    if strategy not in ("default", "full"):
+        raise ModelFormatError(f"vision_feature_select_strategy {strategy!r} is not supported")
+    drop_first = strategy == "default"  # transformers drops the first token (CLIP's class token)
     weights = list(weights)
-    text_hidden = next((int(t.shape[0]) for n, t in weights if n.endswith("multi_modal_projector.linear_2.weight")),
-                       None)
-    model = LlavaVision(hf_config, preprocessor, image_token_id(hf_config, tokenizer), text_hidden)
+    # the decoder's width: the projector's own shape (an mmproj file has no text_config), else the config's
+    text_hidden = next((int(t.shape[0]) for name, t in weights if name.endswith("multi_modal_projector.linear_2.weight")),
+                       None) or int(text_config(hf_config)["hidden_size"])
+    image_size = int(vc["image_size"])
+    tokens = (image_size // int(vc["patch_size"])) ** 2 + int(clip) - int(drop_first)
+    processor = LlavaImageProcessor(preprocessor, image_token_id(hf_config, tokenizer), tokens, image_size, not clip)
+    # hidden_states[layer] (an index into the embeddings + each layer's output): never the final norm
+    model = LlavaVision(vc, clip, layer % (n + 1), drop_first, text_hidden, hf_config.get("projector_hidden_act",
+                        "gelu"), bool(hf_config.get("multimodal_projector_bias", True)), processor)
     model.load_hf(weights)
     return model.eval()

@@ -375,3 +375,17 @@ def test_extreme_aspect_ratio_refused(ours) -> None:
                                     image_token_id=7, num_image_tokens=16, image_size=32, siglip=False)
     with pytest.raises(ImageError, match="padded to a square"):
         pad.pixels(Image.new("RGB", (20000, 2)))
+
+
+def test_the_family_modules_import_no_torch() -> None:
+    """Every family module is imported to ask whether it serves a config: llava's and pixtral's bring no torch
+    (their towers are runlm.models.vision.llava_tower and pixtral_tower, imported by build)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, runlm.models.vision.llava as l, runlm.models.vision.pixtral as p; "
+            "l.text_config({'text_config': {'model_type': 'mistral'}}); l.vision_config({}); l.text_weight('x'); "
+            "p.text_config({}); p.vision_config({}); p.text_weight('lm_head.weight'); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
