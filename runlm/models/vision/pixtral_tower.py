@@ -94,7 +94,7 @@ class PixtralTower(nn.Module):
         self.patch_conv = nn.Conv2d(c["num_channels"], hidden, self.patch, self.patch, bias=False)
         self.ln_pre = _RMSNorm(hidden, 1e-5)
         self.transformer = _Transformer(c, keep)
-        head_dim = int(c.get("head_dim") or hidden // c["num_attention_heads"])
+        head_dim = hidden // int(c["num_attention_heads"])  # transformers sets it so, whatever the config says
         inv = 1.0 / (float(c["rope_theta"]) ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
         self.register_buffer("inv_freq", torch.cat([inv[0::2], inv[1::2]]), persistent=False)
 
