@@ -389,3 +389,33 @@ def test_the_family_modules_import_no_torch() -> None:
             "assert 'torch' not in sys.modules, 'torch imported'")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_llava_1_5_hub_files() -> None:
+    """llava-hf/llava-1.5-7b-hf's config.json and preprocessor_config.json as the hub has them: the decoder's
+    config, the tower's, and 576 soft tokens per 336 x 336 crop."""
+    from runlm.models.config import ModelConfig
+
+    cfg = {"architectures": ["LlavaForConditionalGeneration"], "ignore_index": -100, "image_token_index": 32000,
+           "model_type": "llava", "pad_token_id": 32001, "projector_hidden_act": "gelu",
+           "text_config": {"_name_or_path": "lmsys/vicuna-7b-v1.5", "architectures": ["LlamaForCausalLM"],
+                           "max_position_embeddings": 4096, "model_type": "llama", "rms_norm_eps": 1e-05,
+                           "torch_dtype": "float16", "vocab_size": 32064},
+           "tie_word_embeddings": False, "torch_dtype": "float16",
+           "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096,
+                             "model_type": "clip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 24,
+                             "patch_size": 14, "projection_dim": 768, "vocab_size": 32000},
+           "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "vocab_size": 32064}
+    pre = {"crop_size": {"height": 336, "width": 336}, "do_center_crop": True, "do_convert_rgb": True,
+           "do_normalize": True, "do_rescale": True, "do_resize": True,
+           "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "CLIPImageProcessor",
+           "image_std": [0.26862954, 0.26130258, 0.27577711], "processor_class": "LlavaProcessor", "resample": 3,
+           "rescale_factor": 0.00392156862745098, "size": {"shortest_edge": 336}}
+    mc = ModelConfig.from_hf(llava.text_config(cfg))
+    assert (mc.family, mc.hidden_size, mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.vocab_size,
+            mc.max_position_embeddings, mc.rms_norm_eps, mc.tie_word_embeddings) == \
+        ("llama", 4096, 32, 32, 32, 32064, 4096, 1e-5, False)
+    processor = llava.LlavaImageProcessor(pre, 32000, 24 * 24, 336, siglip=False)
+    mm = processor.process([1, 3148, 29901, 29871, 32000, 29871, 13, 5618], [picture(640, 480)])
+    assert mm.features[0].num_embeds == 576 and len(mm.token_ids) == 7 + 576
+    assert mm.features[0].data["pixel_values"].shape == (3, 336, 336)

@@ -183,3 +183,36 @@ def test_extreme_aspect_ratio_refused(ours) -> None:
     # a strip that keeps one row of patches is fine
     mm = vision.processor.process(_ids(tok, PROMPT), [Image.new("RGB", (2000, 40))])
     assert mm.features[0].data["pixel_values"].shape == (3, 16, 64)
+
+
+def test_mistral_small_3_1_hub_files() -> None:
+    """mistralai/Mistral-Small-3.1-24B-Instruct-2503's config.json and processor settings: the decoder's config
+    and the [IMG] grid of a 1024 x 768 picture (28-pixel cells: 37 x 28)."""
+    from runlm.models.config import ModelConfig
+
+    cfg = {"architectures": ["Mistral3ForConditionalGeneration"], "image_token_index": 10, "model_type": "mistral3",
+           "multimodal_projector_bias": False, "projector_hidden_act": "gelu", "spatial_merge_size": 2,
+           "text_config": {"attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+                           "initializer_range": 0.02, "intermediate_size": 32768, "max_position_embeddings": 131072,
+                           "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 40,
+                           "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0,
+                           "sliding_window": None, "use_cache": True, "vocab_size": 131072},
+           "torch_dtype": "bfloat16",
+           "vision_config": {"attention_dropout": 0.0, "head_dim": 64, "hidden_act": "silu", "hidden_size": 1024,
+                             "image_size": 1540, "initializer_range": 0.02, "intermediate_size": 4096,
+                             "model_type": "pixtral", "num_attention_heads": 16, "num_channels": 3,
+                             "num_hidden_layers": 24, "patch_size": 14, "rope_theta": 10000.0},
+           "vision_feature_layer": -1}
+    pre = {"do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+           "image_processor_type": "PixtralImageProcessor", "image_std": [0.26862954, 0.26130258, 0.27577711],
+           "patch_size": {"height": 14, "width": 14}, "resample": 3, "rescale_factor": 0.00392156862745098,
+           "size": {"longest_edge": 1540}}
+    mc = ModelConfig.from_hf(pixtral.text_config(cfg))
+    assert (mc.family, mc.hidden_size, mc.head_dim, mc.num_layers, mc.num_kv_heads, mc.rope_theta, mc.sliding_window,
+            mc.tie_word_embeddings) == ("mistral", 5120, 128, 40, 8, 1e9, None, False)
+    assert pixtral.vision_config(cfg)["hidden_act"] == "silu"
+    processor = pixtral.PixtralImageProcessor(pre, 14 * 2, (10, 12, 13))
+    mm = processor.process([1, 3, 10, 4], [picture(1024, 768)])
+    f = mm.features[0]
+    assert f.data["pixel_values"].shape == (3, 784, 1036) and f.num_embeds == 28 * 37
+    assert len(mm.token_ids) == 3 + 28 * 38 and mm.token_ids.count(12) == 27 and mm.token_ids[-2] == 13
