@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from runlm.engine.llm import LLM
+from runlm.engine.types.errors import PromptError
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.formats.chat_template import ChatTemplateError
 from runlm.formats.tokenizer import Tokenizer
@@ -219,6 +220,12 @@ def test_end_to_end(model_dir, hf) -> None:
     other = [{"role": "user", "content": [{"type": "image", "image": picture(50, 80, seed=9)},
                                           {"type": "text", "text": question}]}]
     assert llm.chat(other, params, chat_template=_chat_template(llm))[0].outputs[0].token_ids != expected
+
+    # vLLM's prompt form: the rendered text with its <image>, the picture beside it
+    prompt = {"prompt": text, "multi_modal_data": {"image": image}}
+    assert llm.generate([prompt], params)[0].outputs[0].token_ids == expected
+    with pytest.raises(PromptError, match="placeholders for 2 images"):
+        llm.generate([{"prompt": text, "multi_modal_data": {"image": [image, image]}}], params)
 
 
 @pytest.mark.xfail(raises=ChatTemplateError, strict=False,
