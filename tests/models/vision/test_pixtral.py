@@ -171,6 +171,10 @@ def test_end_to_end(model_dir, hf) -> None:
     assert out.prompt_token_ids == ids
     expected = _hf_greedy(model, inputs)
     assert out.outputs[0].token_ids == expected
+    # 5-token prefill chunks: cuts between an image's rows and inside them, the [IMG_BREAK]s in between
+    chunked = LLM(str(model_dir), exact_numerics=True, block_size=4, kv_cache_memory="64MiB", max_model_len=512,
+                  max_num_batched_tokens=5)
+    assert chunked.chat(messages, params)[0].outputs[0].token_ids == expected
     other = [{"role": "user", "content": [{"type": "image", "image": picture(40, 70, seed=8)},
                                           {"type": "text", "text": question}]}]
     assert llm.chat(other, params)[0].outputs[0].token_ids != expected
