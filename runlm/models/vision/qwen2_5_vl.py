@@ -19,7 +19,7 @@ never crosses from one image to another.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,7 +54,8 @@ def text_config(hf_config: Mapping[str, Any]) -> dict[str, Any]:
     text.update(hf_config.get("text_config") or {})
     scaling = dict(text.pop("rope_scaling", None) or text.pop("rope_parameters", None) or {})
     text.pop("rope_parameters", None)
-    theta = text.get("rope_theta") or scaling.pop("rope_theta", None) or _DEFAULT_TEXT_THETA
+    theta = scaling.pop("rope_theta", None)
+    theta = text.get("rope_theta") or theta or _DEFAULT_TEXT_THETA
     kind = scaling.pop("rope_type", scaling.pop("type", "default"))
     section = list(scaling.pop("mrope_section", None) or _DEFAULT_MROPE_SECTION)
     rope = {"rope_type": "mrope" if kind in ("mrope", "default") else kind, **scaling, "mrope_section": section}
@@ -209,13 +210,18 @@ class _RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
 
+class _Kernel(nn.Module):
+    def __init__(self, *shape: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(*shape))
+
+
 class _PatchEmbed(nn.Module):
     """The Conv3d whose kernel is its stride: one matmul of each flattened patch by the flattened kernel."""
 
     def __init__(self, channels: int, temporal: int, patch: int, dim: int) -> None:
         super().__init__()
-        self.proj = nn.Module()
-        self.proj.weight = nn.Parameter(torch.empty(dim, channels, temporal, patch, patch))
+        self.proj = _Kernel(dim, channels, temporal, patch, patch)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.proj.weight
@@ -244,8 +250,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-                "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x)}
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+}
 
 
 class _MLP(nn.Module):
@@ -327,9 +335,9 @@ class Qwen2_5_VisionTransformer(nn.Module):
         """[N, head_dim / 2]: each patch's row frequencies then its column frequencies (merge-block order)."""
         m, rows = self.merge, []
         for t, h, w in grids:
-            hh, ww = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-            hh = hh.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).ravel()
-            ww = ww.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).ravel()
+            grid_h, grid_w = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+            hh = grid_h.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).ravel()
+            ww = grid_w.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).ravel()
             rows.append(np.tile(np.stack([hh, ww], axis=-1), (t, 1)))
         pos = torch.from_numpy(np.concatenate(rows)).float()  # [N, 2]
         return (pos[..., None] * self.inv_freq).flatten(1)
