@@ -292,22 +292,29 @@ class _Merger(nn.Module):
         return self.mlp(self.ln_q(x).view(-1, self.hidden))
 
 
+def _patch_size(cfg: Mapping[str, Any]) -> int:
+    """(the Hub's Qwen2.5-VL configs also name it spatial_patch_size, and the channels in_chans)"""
+    return int(cfg.get("patch_size") or cfg.get("spatial_patch_size") or 14)
+
+
 class Qwen2_5_VisionTransformer(nn.Module):
     """Parameters named as in transformers' Qwen2_5_VisionTransformerPretrainedModel (``visual.`` removed)."""
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         super().__init__()
         dim, heads = int(cfg.get("hidden_size", 1280)), int(cfg.get("num_heads", 16))
-        self.patch_size = int(cfg.get("patch_size", 14))
+        self.patch_size = _patch_size(cfg)
         self.merge = int(cfg.get("spatial_merge_size", 2))
         self.window_size = int(cfg.get("window_size", 112))
+        if self.window_size // self.merge // self.patch_size < 1:
+            raise ModelFormatError(f"Qwen2.5-VL vision: a window of {self.window_size} pixels holds no merged patch")
         self.fullatt = {int(i) for i in cfg.get("fullatt_block_indexes", (7, 15, 23, 31))}
         self.head_dim = dim // heads
         theta = float((cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta") or 10000.0)
         quarter = self.head_dim // 2  # the rotary frequencies of each axis: head_dim / 4
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, quarter, 2, dtype=torch.float) / quarter))
-        self.patch_embed = _PatchEmbed(int(cfg.get("in_channels", 3)), int(cfg.get("temporal_patch_size", 2)),
-                                       self.patch_size, dim)
+        channels = int(cfg.get("in_channels") or cfg.get("in_chans") or 3)
+        self.patch_embed = _PatchEmbed(channels, int(cfg.get("temporal_patch_size", 2)), self.patch_size, dim)
         act = str(cfg.get("hidden_act", "silu"))
         self.blocks = nn.ModuleList(_Block(dim, heads, int(cfg.get("intermediate_size", 3420)), act)
                                     for _ in range(int(cfg.get("depth", 32))))
@@ -412,10 +419,11 @@ def build(hf_config: Mapping[str, Any], preprocessor: Mapping[str, Any], weights
     if image_token is None:
         raise ModelFormatError("Qwen2.5-VL: neither the config's image_token_id nor the tokenizer's <|image_pad|>")
     processor = Qwen2VLProcessor(preprocessor, int(image_token), vision_cfg.get("spatial_merge_size"),
-                                 vision_cfg.get("patch_size"), vision_cfg.get("temporal_patch_size"))
-    if processor.patch_size != int(vision_cfg.get("patch_size", 14)) or \
-            processor.merge_size != int(vision_cfg.get("spatial_merge_size", 2)):
-        raise ModelFormatError("Qwen2.5-VL: the image processor's patch or merge size is not the tower's")
+                                 _patch_size(vision_cfg), vision_cfg.get("temporal_patch_size"))
+    if (processor.patch_size, processor.merge_size, processor.temporal_patch_size) != \
+            (_patch_size(vision_cfg), int(vision_cfg.get("spatial_merge_size", 2)),
+             int(vision_cfg.get("temporal_patch_size", 2))):
+        raise ModelFormatError("Qwen2.5-VL: the image processor's patch, merge or temporal size is not the tower's")
     model = Qwen2_5_VLVision(vision_cfg, processor)
     model.visual.load_hf((_strip(name), tensor) for name, tensor in weights)
     return model.eval()

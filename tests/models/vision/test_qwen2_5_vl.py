@@ -168,6 +168,12 @@ def test_text_config_of_both_layouts_and_weight_names(model_dir: Path) -> None:
     # no rope_theta anywhere: Qwen2.5-VL's own default, not Llama's
     bare = {k: v for k, v in flat.items() if k != "rope_theta"}
     assert ModelConfig.from_hf(qwen.text_config(bare)).rope_theta == 1000000.0
+    # the Hub's vision_config names: spatial_patch_size, in_chans
+    hub_vision = {**{k: v for k, v in nested["vision_config"].items() if k not in ("patch_size", "in_channels")},
+                  "spatial_patch_size": 7, "in_chans": 3}
+    shapes = {n: p.shape for n, p in qwen.Qwen2_5_VisionTransformer(hub_vision).named_parameters()}
+    assert shapes == {n: p.shape for n, p in qwen.Qwen2_5_VisionTransformer(nested["vision_config"]).named_parameters()}
+    assert shapes["patch_embed.proj.weight"] == (32, 3, 2, 7, 7)
     assert qwen.text_weight("model.language_model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
     assert qwen.text_weight("model.embed_tokens.weight") == "model.embed_tokens.weight"
     assert qwen.text_weight("lm_head.weight") == "lm_head.weight"
