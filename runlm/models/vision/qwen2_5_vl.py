@@ -5,7 +5,7 @@ Processor (transformers' Qwen2VLImageProcessor): each image is resized to multip
 within [min_pixels, max_pixels] (``smart_resize``, bicubic), rescaled and normalized (CLIP's mean and std), and
 cut into patches of temporal_patch_size copies of the frame: ``pixel_values`` [t*h*w, C*T*P*P] in merge-block
 order, ``grid_thw`` (1, h, w). The chat template's one ``<|image_pad|>`` per image becomes h*w/merge^2 of them,
-and the prompt's M-RoPE positions are those of the model's ``get_rope_index``: text tokens count on on all three
+and the prompt's M-RoPE positions are those of the model's ``get_rope_index``: text tokens count on all three
 axes, an image's tokens take (start, start + row, start + column), and the text after it starts at
 start + max(rows, columns).
 
