@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gemma3": (("gemma3",), ("gemma3",)),
     "idefics3": (("idefics3", "smolvlm"), ("idefics3",)),
-    "qwen2_5_vl": (("qwen2_5_vl",), ("qwen2.5vl",)),
+    "qwen2_5_vl": (("qwen2_5_vl",), ("qwen2.5vl_merger",)),
     "llava": (("llava",), ("mlp",)),
 }
 
