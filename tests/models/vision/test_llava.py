@@ -238,9 +238,8 @@ def test_chat_with_the_shipped_template(model_dir) -> None:
     assert len(out.outputs[0].token_ids) == 2
 
 
-@pytest.mark.xfail(strict=False, reason="open_image converts RGBA to RGB without compositing; transformers composites "
-                                        "a transparent image over white (convert_to_rgb)")
 def test_transparent_image(hf, ours) -> None:
+    """open_image lays a transparent picture over white, as transformers' convert_to_rgb does."""
     processor, _ = hf
     vision, tok = ours
     rgba = picture(40, 30, seed=7).convert("RGBA")

@@ -43,9 +43,9 @@ def model_dir() -> Path:
 
 @pytest.fixture(autouse=True)
 def registered(monkeypatch):
-    """Until the lead adds "pixtral" to runlm.models.vision._FAMILIES."""
-    if "pixtral" not in vlm._FAMILIES:
-        monkeypatch.setattr(vlm, "_FAMILIES", (*vlm._FAMILIES, "pixtral"))
+    """Until "pixtral" is in runlm.models.vision.FAMILIES."""
+    if "pixtral" not in vlm.FAMILIES:
+        monkeypatch.setitem(vlm.FAMILIES, "pixtral", (pixtral.MODEL_TYPES, pixtral.PROJECTOR_TYPES))
 
 
 @pytest.fixture(scope="module")
