@@ -184,12 +184,12 @@ def _read_capped(path: Path) -> str:
 
 def vision_text_config(cfg: dict) -> dict | None:
     """The text decoder's config of a vision-language model runlm serves (its model_type is a vision family's:
-    runlm.models.vision.hf_family), or None for any other model. Only configs with a vision part import the
-    families (they bring torch)."""
-    if not isinstance(cfg.get("vision_config"), dict) and not isinstance(cfg.get("text_config"), dict):
-        return None
-    from runlm.models.vision import hf_family
+    runlm.models.vision.hf_family), or None for any other model. Only a vision family's configs import the
+    family (it brings torch)."""
+    from runlm.models.vision import hf_family, is_vision_config
 
+    if not is_vision_config(cfg):
+        return None
     try:
         family = hf_family(cfg)
         text = family.text_config(cfg) if family is not None else None

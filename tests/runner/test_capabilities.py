@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from runlm.models.vision import FAMILIES
 from runlm.runner.app import create_app
 from runlm.runner.backends.llamacpp import LlamaCppBackend
 from runlm.runner.backends.native import NativeBackend, projector_bytes
@@ -119,6 +120,7 @@ def test_vision_language_safetensors_dir(monkeypatch: pytest.MonkeyPatch, tiny_m
     (folder / "config.json").write_text(json.dumps(cfg))
     family = types.SimpleNamespace(MODEL_TYPES=("toyvlm",), text_config=lambda c: dict(c["text_config"]))
     monkeypatch.setattr(vision, "hf_family", lambda c: family if c.get("model_type") == "toyvlm" else None)
+    monkeypatch.setattr(vision, "is_vision_config", lambda c: c.get("model_type") == "toyvlm")
     info = inspect_safetensors_dir(folder)
     assert info.capabilities == ["completion", "vision"]
     assert info.num_layers == text_cfg["num_hidden_layers"] and info.num_kv_heads == text_cfg["num_key_value_heads"]
@@ -127,12 +129,12 @@ def test_vision_language_safetensors_dir(monkeypatch: pytest.MonkeyPatch, tiny_m
     assert capabilities(model) == ["completion", "vision"] and model.mmproj is None
 
 
-@pytest.mark.parametrize("family", ["idefics3", "gemma3"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_safetensors_dirs_are_vision_models(family: str, tmp_path: Path) -> None:
-    """The families' tiny transformers checkpoints, as Hugging Face lays them out."""
+    """Each family's tiny transformers checkpoint, as Hugging Face lays them out."""
     from tests.fixtures.vlm import vlm_dir
 
-    pytest.importorskip(f"runlm.models.vision.{family}")
+    pytest.importorskip(f"tests.fixtures.vlm.{family}")
     folder = vlm_dir(family)
     text_layers = json.loads((folder / "config.json").read_text())["text_config"]["num_hidden_layers"]
     model = ModelStore(tmp_path / "home").pull(str(folder), family)
