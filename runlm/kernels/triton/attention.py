@@ -1,0 +1,186 @@
+"""Unified paged attention in Triton: one launch per layer for the whole step, prefill chunks and decodes mixed.
+
+The step's new tokens of every sequence are packed into q [T, H, D]; sequence b owns rows
+``cu_seqlens_q[b] .. cu_seqlens_q[b+1]`` and, after this step, ``seq_lens[b]`` tokens of context, so its query i
+sits at position ``seq_lens[b] - q_len + i`` and sees positions up to and including its own (and, with a sliding
+window w, only the last w of them). K/V live in a paged cache:
+
+    k_cache, v_cache: [num_blocks, block_size, KVH, D]   (any strides; D contiguous)
+    block_table:      [B, max_blocks] int32              (entry < 0: a block given back, never read)
+
+That layout is vLLM's and the torch runner's own ``[slots, KVH, D]`` cache viewed in blocks: slot
+``block * block_size + offset`` is a row of the flattened cache, so the KV store is a scatter by slot and a block
+is one contiguous chunk of ``block_size * KVH * D`` elements.
+
+The kernel (after vLLM's ``triton_unified_attention``, written anew): one program per (block of BLOCK_Q query
+tokens of one sequence, KV head). Its BLOCK_M = BLOCK_Q * (H / KVH) rows are those tokens' query heads that share
+the KV head (GQA: K/V are read once for the whole group), so even a 1-token decode fills a tensor-core tile. The
+grid has ``T // BLOCK_Q + B`` programs along axis 0 -- an upper bound of the q blocks, known without reading the
+lengths on the host, so a CUDA graph can capture the launch; a program finds its sequence by binary search over
+``cu_seqlens_q`` and leaves if its block is past the sequence's queries. It walks the context in tiles of TILE
+positions (each position's block looked up in the table), with an online softmax in fp32 and causal/window
+masks; tiles wholly outside the window or after the block's last query are skipped. Softcap (Gemma 2) is
+``softcap * tanh(s / softcap)`` on the scaled scores. fp32 inputs use IEEE dots (no TF32) so fp32 matches the
+reference to ~1e-6; bf16/fp16 multiply in their dtype with fp32 accumulation, P cast to V's dtype for P @ V
+(under the interpreter bf16 is computed in fp32: its bf16 arithmetic is wrong, only loads/stores are checked).
+
+Padded launches: sequences past the real ones get ``cu_seqlens_q`` equal to the last real end (no queries); rows
+past ``cu_seqlens_q[num_seqs]`` are not written.
+
+Candidates compared for issue 28 (bench/gpu_attention_bench.py measures them on a GPU):
+- this Triton kernel: one launch per layer, block table on the device, mixed prefill/decode, GQA, window,
+  softcap; runs on the machines we must prove it on (torch + Triton, no package index) and in CI under
+  TRITON_INTERPRET=1. Chosen.
+- torch flex_attention over the paged cache with a block mask: also one call per layer, but its block mask must
+  be rebuilt on every step from the block tables (create_block_mask, host-driven), it compiles a kernel per
+  mask/shape family through torch.compile (slow start, recompiles under dynamic batch shapes) and its sparsity
+  is coarse (128-position blocks versus 16-token pages scattered over the cache). A measured baseline.
+- SDPA per sequence (today's torch path): a Python loop and a gather per sequence per layer; what issue 28 profiled.
+- FlashInfer / flash-attn: not installable on the GPU machines (no index; 62 MB wheel plus CUTLASS DSL / no
+  wheel), so they cannot be proven there; usable later behind the same AttentionBackend where a user has them.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tanh(x):
+    # tanh from exp: portable across Triton versions and the interpreter; exact limits at +-inf
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def _unified_attention_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
+    scale, softcap, num_seqs,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+    WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+
+    # the sequence whose q blocks include this one: the last b with cu_seqlens_q[b] // BLOCK_Q + b <= q_block
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    seq = lo - 1
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    local = q_block - (q_start // BLOCK_Q + seq)
+    if local * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first_pos = seq_len - q_len  # the position of this sequence's first new token
+
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = local * BLOCK_Q + rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
+    dims = tl.arange(0, HEAD_DIM_P)
+    dim_ok = dims < HEAD_DIM
+    token = (q_start + q_idx).to(tl.int64)
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    q_pos = first_pos + q_idx
+
+    # the context this block's queries can see: [kv_lo, kv_hi)
+    kv_hi = tl.minimum(first_pos + local * BLOCK_Q + BLOCK_Q, seq_len)
+    kv_lo = 0
+    if WINDOW > 0:
+        kv_lo = tl.maximum(first_pos + local * BLOCK_Q - WINDOW + 1, 0)
+    tile_lo = kv_lo // TILE
+    tile_hi = (kv_hi + TILE - 1) // TILE
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], tl.float32)
+    offs = tl.arange(0, TILE)
+    table = block_table_ptr + seq.to(tl.int64) * stride_bt
+    for t in range(tile_lo, tile_hi):
+        pos = t * TILE + offs
+        pos_ok = pos < kv_hi
+        block = tl.load(table + pos // BLOCK_SIZE, mask=pos_ok, other=-1)
+        pos_ok = pos_ok & (block >= 0)
+        block = tl.maximum(block, 0).to(tl.int64)
+        within = pos % BLOCK_SIZE
+        k = tl.load(k_cache_ptr + block[None, :] * stride_kb + within[None, :] * stride_ks + kv_head * stride_kh
+                    + dims[:, None], mask=dim_ok[:, None] & pos_ok[None, :], other=0.0)  # [D, TILE]
+        v = tl.load(v_cache_ptr + block[:, None] * stride_vb + within[:, None] * stride_vs + kv_head * stride_vh
+                    + dims[None, :], mask=pos_ok[:, None] & dim_ok[None, :], other=0.0)  # [TILE, D]
+        s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * scale
+        if USE_SOFTCAP:
+            s = softcap * _tanh(s / softcap)
+        allowed = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        if WINDOW > 0:
+            allowed = allowed & (pos[None, :] > q_pos[:, None] - WINDOW)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays at zero
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+
+
+_INTERPRETED = type(_unified_attention_kernel).__name__ == "InterpretedFunction"
+
+
+def launch_shape(num_heads: int, num_kv_heads: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_Q): rows per program (a power of two, at least 16 for tensor cores) and the query tokens
+    they hold (BLOCK_M // group; rows past BLOCK_Q * group are idle)."""
+    group = num_heads // num_kv_heads
+    block_m = max(16, triton.next_power_of_2(group))
+    return block_m, block_m // group
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, window: int | None = None,
+                    softcap: float | None = None, num_seqs: int | None = None, out: torch.Tensor | None = None,
+                    tile: int = 32) -> torch.Tensor:
+    """q [T, H, D] (any row/head strides, D contiguous); caches [num_blocks, block_size, KVH, D]; block_table
+    [>= B, max_blocks] int32; cu_seqlens_q [>= B + 1] int32; seq_lens [>= B] int32, all on q's device. ``num_seqs``
+    (B, default len(seq_lens)) is a host int so nothing is read back. Returns out [T, H, D] in q's dtype."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("paged_attention needs a contiguous last (head_dim) dimension")
+    out = torch.empty_like(q) if out is None else out
+    n = seq_lens.shape[0] if num_seqs is None else num_seqs
+    if num_tokens == 0 or n == 0:
+        return out
+    block_m, block_q = launch_shape(num_heads, num_kv_heads)
+    # Triton's interpreter computes wrongly on bf16 operands (numpy has no bf16): there, compute in fp32
+    upcast = _INTERPRETED and q.dtype == torch.bfloat16
+    grid = (num_tokens // block_q + n, num_kv_heads)
+    _unified_attention_kernel[grid](
+        out, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
+        float(scale), float(softcap or 0.0), n,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
+        GROUP=num_heads // num_kv_heads, BLOCK_Q=block_q, BLOCK_M=block_m,
+        HEAD_DIM=head_dim, HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=k_cache.shape[1],
+        TILE=tile, WINDOW=int(window or 0), USE_SOFTCAP=bool(softcap),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
+    )
+    return out
