@@ -1,18 +1,17 @@
-"""The Triton paged kernels (runlm/kernels/triton): under Triton's interpreter on the CPU (small shapes), and
-compiled on CUDA where there is one, against the torch reference and per-sequence SDPA.
+"""The Triton paged kernels (runlm/kernels/triton): under Triton's interpreter on the CPU (small shapes), compiled
+for an H100 ahead of time (no GPU needed), and run on CUDA where there is one; against the torch reference and
+per-sequence SDPA.
 
-The interpreted kernels are private copies of the modules, loaded and called with TRITON_INTERPRET=1 (triton.jit
-decides at decoration time), so this file never changes how the rest of the process sees runlm.kernels.triton.
+One process cannot hold both: triton.jit decides at decoration time, Triton's own library included (interpreted
+kernels need it interpreted, compiled ones compiled). So ``test_kernels_under_interpreter`` runs this file's
+``test_interpreted_*`` in a child pytest with TRITON_INTERPRET=1; here they skip unless that is set.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
+import subprocess
+import sys
 import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -22,47 +21,29 @@ from runlm.kernels import triton as rtriton
 from runlm.kernels.triton import reference
 
 pytestmark = pytest.mark.skipif(not rtriton.available(), reason="triton is not installed")
-CUDA = torch.cuda.is_available()
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available() and not INTERPRETING
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
-_DIR = Path(rtriton.__file__).parent
+compiled = pytest.mark.skipif(INTERPRETING, reason="TRITON_INTERPRET is set: kernels are interpreted here")
 
 
-@contextmanager
-def _interpreting() -> Iterator[None]:
-    """triton.jit reads TRITON_INTERPRET when it decorates: the kernels loaded meanwhile stay interpreted."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-
-def _load(name: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_interpreted_{name}", _DIR / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _interpreted(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The interpreter reads TRITON_INTERPRET while it runs too; the rest of the process never sees it set."""
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with _interpreting():
-            return fn(*args, **kwargs)
-    return call
+def test_kernels_under_interpreter():
+    if INTERPRETING:
+        pytest.skip("this is the interpreter's process")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+                          "-k", "interpreted_"], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
 
 
 @pytest.fixture(scope="module")
 def interp() -> types.SimpleNamespace:
-    with _interpreting():
-        attention, kv_store = _load("attention"), _load("kv_store")
-    return types.SimpleNamespace(paged_attention=_interpreted(attention.paged_attention),
-                                 store_kv=_interpreted(kv_store.store_kv))
+    if not INTERPRETING:
+        pytest.skip("runs in test_kernels_under_interpreter's child process")
+    from runlm.kernels.triton.attention import paged_attention
+    from runlm.kernels.triton.kv_store import store_kv
+    return types.SimpleNamespace(paged_attention=paged_attention, store_kv=store_kv)
 
 
 # ---------------------------------------------------------------- a step's worth of paged data
@@ -133,6 +114,17 @@ def test_interpreted_attention_matches_reference_fp32(interp, heads, kv_heads, w
     assert (out.double() - exact).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize(("seqs", "window", "softcap", "segments"), [
+    ([(1, 100), (1, 37), (1, 5), (1, 64)], None, None, 4),   # decodes: some segments get no tiles
+    (MIXED, 13, 30.0, 2),                                    # split-KV is right for prefill rows too
+], ids=["decode", "mixed-window-softcap"])
+def test_interpreted_split_kv(interp, seqs, window, softcap, segments):
+    q, kc, vc, table, cu, lens = _step(seqs, 8, 2, 32, seed=6)
+    out = interp.paged_attention(q, kc, vc, table, cu, lens, 0.2, window, softcap, num_segments=segments)
+    ref = reference.paged_attention_ref(q, kc, vc, table, cu, lens, 0.2, window, softcap)
+    assert (out - ref).abs().max() <= 1e-5
+
+
 def test_interpreted_odd_group_and_head_dim(interp):
     """3 query heads per KV head (rows past BLOCK_Q * 3 idle) and a head_dim that is no power of two."""
     q, kc, vc, table, cu, lens = _step([(3, 20), (1, 5), (6, 6)], 6, 2, 24, seed=1)
@@ -158,10 +150,11 @@ def test_interpreted_released_blocks_and_padding(interp):
     pad_cu = torch.cat([cu, cu[-1:]])
     pad_lens = torch.cat([lens, torch.zeros(1, dtype=torch.int32)])
     pad_table = torch.cat([table, torch.zeros_like(table[:1])])
-    out = torch.full_like(pad_q, 7.0)
-    interp.paged_attention(pad_q, kc, vc, pad_table, pad_cu, pad_lens, 0.25, 16, out=out)
-    assert (out[:3] - ref).abs().max() <= 1e-5
-    assert bool((out[3:] == 7.0).all())
+    for segments in (1, 2):
+        out = torch.full_like(pad_q, 7.0)
+        interp.paged_attention(pad_q, kc, vc, pad_table, pad_cu, pad_lens, 0.25, 16, out=out, num_segments=segments)
+        assert (out[:3] - ref).abs().max() <= 1e-5
+        assert bool((out[3:] == 7.0).all())
 
 
 def _check_store(store_kv, device: str) -> None:
@@ -198,7 +191,8 @@ def test_interpreted_kv_store_matches_index_copy(interp):
 # ---------------------------------------------------------------- the backend
 
 def _two_steps(backend_factory):
-    """A prefill of two sequences (5 and 12 tokens), then a step decoding one while the other's chunk goes on."""
+    """A prefill of two sequences (5 and 12 tokens), a step decoding one while the other's chunk goes on, then a
+    decode of both."""
     from runlm.kernels.triton.backend import PagedAttentionBackend
     g = torch.Generator().manual_seed(5)
     backend: PagedAttentionBackend = backend_factory()
@@ -209,32 +203,29 @@ def _two_steps(backend_factory):
         return torch.tensor([int(table[b, p // bs]) * bs + p % bs for p in range(start, end)])
 
     outs = []
-    for layer_steps in [((0, 5), (0, 12)), ((5, 6), (12, 20))]:
-        (s0, e0), (s1, e1) = layer_steps
+    for (s0, e0), (s1, e1) in [((0, 5), (0, 12)), ((5, 6), (12, 20)), ((6, 7), (20, 21))]:  # the last: split-KV
         n = (e0 - s0) + (e1 - s1)
         cu = torch.tensor([0, e0 - s0, n], dtype=torch.int32)
         backend.set_step(table, cu, torch.tensor([e0, e1], dtype=torch.int32),
-                         torch.cat([slots(0, s0, e0), slots(1, s1, e1)]))
+                         torch.cat([slots(0, s0, e0), slots(1, s1, e1)]), max_query_len=max(e0 - s0, e1 - s1))
+        assert backend.num_segments() == (16 if n == 2 else 1)
         for layer in range(2):
             q, k, v = (torch.randn(n, h, d, generator=g) for h in (heads, kv_heads, kv_heads))
             outs.append(backend.forward(layer, q, k, v, 0.25, None if layer == 0 else 4, None))
     return backend, outs
 
 
-def test_backend_triton_matches_reference_path(interp, monkeypatch):
+def test_interpreted_backend_matches_reference_path(interp, monkeypatch):
     from runlm.kernels.triton import backend as backend_module
-    monkeypatch.setattr(backend_module, "kernels",
-                        lambda: (interp.store_kv, interp.paged_attention))
+    assert backend_module.use_triton_on(torch.device("cpu"))  # TRITON_INTERPRET=1 here
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not backend_module.use_triton_on(torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
     def make(use_triton):
         return lambda: backend_module.PagedAttentionBackend(2, 6, 16, 2, 16, torch.float32, "cpu", max_num_seqs=4,
                                                             max_num_tokens=32, max_blocks_per_seq=4,
                                                             use_triton=use_triton)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not backend_module.use_triton_on(torch.device("cpu"))
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert backend_module.use_triton_on(torch.device("cpu"))
-    monkeypatch.delenv("TRITON_INTERPRET")
     tri, tri_out = _two_steps(make(True))
     ref, ref_out = _two_steps(make(False))
     for a, b in zip(tri_out, ref_out):
@@ -270,22 +261,28 @@ def _compile_for_h100(fn, args: dict[str, str], constants: dict[str, object]):
     return compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32))
 
 
+@compiled
 def test_kernels_compile_for_sm90():
     """The interpreter runs Python, not Triton's compiler: compile both kernels ahead of time for an H100 (no GPU
     needed; ptxas ships in the triton wheel), so a kernel that only the compiler rejects fails here."""
     import runlm.kernels.triton.attention as attention
     import runlm.kernels.triton.kv_store as kv_store
-    if attention._INTERPRETED:
-        pytest.skip("TRITON_INTERPRET is set for the whole process")
     kernel = attention._unified_attention_kernel
-    for dtype, window, softcap in [("bf16", 0, False), ("fp32", 128, True)]:
+    for dtype, window, softcap, segments in [("bf16", 0, False, 1), ("fp32", 128, True, 1), ("bf16", 0, False, 16)]:
         args = {name: "i32" for name in kernel.arg_names if name.startswith("stride")}
         args |= {name: f"*{dtype}" for name in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")}
+        args |= {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32"}
         args |= {"block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32", "scale": "fp32",
                  "softcap": "fp32", "num_seqs": "i32"}
         _compile_for_h100(kernel, args, dict(
             GROUP=6, BLOCK_Q=2, BLOCK_M=16, HEAD_DIM=128, HEAD_DIM_P=128, BLOCK_SIZE=16, TILE=32, WINDOW=window,
-            USE_SOFTCAP=softcap, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False))
+            USE_SOFTCAP=softcap, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False,
+            NUM_HEADS=12, NUM_SEGMENTS=segments))
+    merge = attention._merge_segments_kernel
+    _compile_for_h100(merge, {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
+                              "part_l_ptr": "*fp32", "cu_seqlens_q_ptr": "*i32", "num_seqs": "i32",
+                              "stride_ot": "i32", "stride_oh": "i32"},
+                      dict(NUM_HEADS=12, NUM_SEGMENTS=16, HEAD_DIM=128, HEAD_DIM_P=128))
     store = kv_store._store_kv_kernel
     args = {name: "i32" for name in store.arg_names if name.startswith("stride")}
     args |= {"k_ptr": "*fp32", "v_ptr": "*fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "slot_ptr": "*i64"}

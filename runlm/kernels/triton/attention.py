@@ -19,7 +19,9 @@ grid has ``T // BLOCK_Q + B`` programs along axis 0 -- an upper bound of the q b
 lengths on the host, so a CUDA graph can capture the launch; a program finds its sequence by binary search over
 ``cu_seqlens_q`` and leaves if its block is past the sequence's queries. It walks the context in tiles of TILE
 positions (each position's block looked up in the table), with an online softmax in fp32 and causal/window
-masks; tiles wholly outside the window or after the block's last query are skipped. Softcap (Gemma 2) is
+masks; tiles wholly outside the window or after the block's last query are skipped. Split-KV (``num_segments``,
+for decode steps of few sequences): a third grid axis splits each context's tiles into runs whose unnormalised
+partials and softmax statistics a second small kernel merges (vLLM's 3D path). Softcap (Gemma 2) is
 ``softcap * tanh(s / softcap)`` on the scaled scores. fp32 inputs use IEEE dots (no TF32) so fp32 matches the
 reference to ~1e-6; bf16/fp16 multiply in their dtype with fp32 accumulation, P cast to V's dtype for P @ V
 (under the interpreter bf16 is computed in fp32: its bf16 arithmetic is wrong, only loads/stores are checked).
@@ -54,13 +56,15 @@ def _tanh(x):
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def _unified_attention_kernel(
-    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
     scale, softcap, num_seqs,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -103,6 +107,11 @@ def _unified_attention_kernel(
         kv_lo = tl.maximum(first_pos + local * BLOCK_Q - WINDOW + 1, 0)
     tile_lo = kv_lo // TILE
     tile_hi = (kv_hi + TILE - 1) // TILE
+    if NUM_SEGMENTS > 1:  # split-KV: this program takes one of NUM_SEGMENTS equal runs of those tiles
+        segment = tl.program_id(2)
+        per_segment = (tile_hi - tile_lo + NUM_SEGMENTS - 1) // NUM_SEGMENTS
+        tile_lo = tile_lo + segment * per_segment
+        tile_hi = tl.minimum(tile_lo + per_segment, tile_hi)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -135,9 +144,37 @@ def _unified_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         m_i = m_new
 
-    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    if NUM_SEGMENTS > 1:  # the unnormalised partial and its softmax statistics, merged by _merge_segments_kernel
+        part = (token * NUM_HEADS + head) * NUM_SEGMENTS + segment
+        tl.store(part_m_ptr + part, m_i, mask=row_ok)
+        tl.store(part_l_ptr + part, l_i, mask=row_ok)
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_ok[:, None] & dim_ok[None, :])
+    else:
+        acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def _merge_segments_kernel(
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, cu_seqlens_q_ptr, num_seqs, stride_ot, stride_oh,
+    NUM_HEADS: tl.constexpr, NUM_SEGMENTS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    if token >= tl.load(cu_seqlens_q_ptr + num_seqs):
+        return  # a padding row: never written
+    segments = tl.arange(0, NUM_SEGMENTS)
+    dims = tl.arange(0, HEAD_DIM_P)
+    dim_ok = dims < HEAD_DIM
+    part = (token * NUM_HEADS + head) * NUM_SEGMENTS + segments
+    m = tl.load(part_m_ptr + part)
+    big = tl.max(m, 0)
+    weight = tl.exp(m - tl.where(big == float("-inf"), 0.0, big))  # an empty segment weighs 0
+    total = tl.sum(tl.load(part_l_ptr + part) * weight, 0)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=dim_ok[None, :], other=0.0)
+    out = tl.sum(acc * weight[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dim_ok)
 
 
 _INTERPRETED = type(_unified_attention_kernel).__name__ == "InterpretedFunction"
@@ -154,10 +191,13 @@ def launch_shape(num_heads: int, num_kv_heads: int) -> tuple[int, int]:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, window: int | None = None,
                     softcap: float | None = None, num_seqs: int | None = None, out: torch.Tensor | None = None,
-                    tile: int = 32) -> torch.Tensor:
+                    tile: int = 32, num_segments: int = 1) -> torch.Tensor:
     """q [T, H, D] (any row/head strides, D contiguous); caches [num_blocks, block_size, KVH, D]; block_table
     [>= B, max_blocks] int32; cu_seqlens_q [>= B + 1] int32; seq_lens [>= B] int32, all on q's device. ``num_seqs``
-    (B, default len(seq_lens)) is a host int so nothing is read back. Returns out [T, H, D] in q's dtype."""
+    (B, default len(seq_lens)) is a host int so nothing is read back. ``num_segments`` > 1 (a power of two) splits
+    each sequence's context into that many runs done by separate programs, then merges them (a second launch):
+    for decode steps of few sequences, where one program per (sequence, KV head) leaves the GPU idle.
+    Returns out [T, H, D] in q's dtype."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     if num_heads % num_kv_heads:
@@ -171,16 +211,31 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_m, block_q = launch_shape(num_heads, num_kv_heads)
     # Triton's interpreter computes wrongly on bf16 operands (numpy has no bf16): there, compute in fp32
     upcast = _INTERPRETED and q.dtype == torch.bfloat16
-    grid = (num_tokens // block_q + n, num_kv_heads)
+    if num_segments > 1:
+        if num_segments & (num_segments - 1):
+            raise ValueError(f"num_segments must be a power of two, not {num_segments}")
+        part_m = torch.empty(num_tokens, num_heads, num_segments, dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(num_tokens, num_heads, num_segments, head_dim, dtype=torch.float32, device=q.device)
+    else:
+        part_m = part_l = part_acc = out  # never touched
+    grid = (num_tokens // block_q + n, num_kv_heads, num_segments)
     _unified_attention_kernel[grid](
-        out, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
+        out, part_acc, part_m, part_l, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
         float(scale), float(softcap or 0.0), n,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
-        GROUP=num_heads // num_kv_heads, BLOCK_Q=block_q, BLOCK_M=block_m,
+        NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, BLOCK_Q=block_q, BLOCK_M=block_m,
         HEAD_DIM=head_dim, HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=k_cache.shape[1],
         TILE=tile, WINDOW=int(window or 0), USE_SOFTCAP=bool(softcap),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
+        NUM_SEGMENTS=num_segments,
     )
+    if num_segments > 1:
+        _merge_segments_kernel[(num_tokens, num_heads)](
+            out, part_acc, part_m, part_l, cu_seqlens_q, n, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, NUM_SEGMENTS=num_segments, HEAD_DIM=head_dim,
+            HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)),
+        )
     return out

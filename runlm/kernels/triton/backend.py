@@ -22,7 +22,10 @@ How a runner drives it::
   nothing (padding rows);
 - ``groups``: for a cache in KV groups (runlm/engine/core/kv_groups.py; the constructor's ``layer_group``), the
   (block_table, slot_mapping) of groups 1.. (group 0 is the arguments above);
-- ``max_query_len``: optional host hint (kept for kernel choice; unused today).
+- ``max_query_len``: the longest sequence's new tokens, a host int if the runner knows it (None: unknown). A
+  decode-only step (1) of few sequences (sequences x KV heads < SPLIT_BELOW_PROGRAMS) uses split-KV: each
+  context in SPLIT_SEGMENTS runs by separate programs, merged by a second launch (the GPU is otherwise idle
+  while one program per sequence and KV head walks a long context). Capture a decode graph with the same hint.
 Arguments may be host or device tensors (or numpy arrays); they are copied into the buffers with
 ``non_blocking=True`` (pass pinned host tensors for an asynchronous upload). B and T are remembered as host ints:
 a CUDA graph captured after ``set_step`` with B sequences and T rows replays correctly whenever ``set_step`` is
@@ -32,6 +35,10 @@ slot -1). Rows of q past cu[B] are left unwritten in the output. Rows past T in 
 ``forward(layer, q [T, H, D], k [T, KVH, D], v, scale, window, softcap) -> [T, H, D]`` stores the new K/V in the
 layer's cache, then attends. ``caches[layer]`` is (k_cache, v_cache), each [num_blocks, block_size, KVH, D];
 ``flat_caches()`` gives the same memory as [slots, KVH, D] (ForwardContext.kv_caches' layout).
+
+On the CPU, ``use_triton=None`` picks the interpreter when TRITON_INTERPRET=1 was set before Triton was first
+imported in the process (triton.jit decides when it decorates, Triton's own library included: one process runs
+interpreted or compiled kernels, never both), and the torch reference otherwise.
 """
 from __future__ import annotations
 
@@ -43,6 +50,9 @@ import numpy as np
 import torch
 
 from runlm.kernels.triton import available, reference
+
+SPLIT_SEGMENTS = 16
+SPLIT_BELOW_PROGRAMS = 128  # about an H100's 132 SMs; not tuned on a GPU yet
 
 
 @dataclass(slots=True)
@@ -81,6 +91,7 @@ class PagedAttentionBackend:
                  use_triton: bool | None = None) -> None:
         self.device = torch.device(device)
         self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
         self.layer_group = list(layer_group) if layer_group is not None else [0] * num_layers
         num_groups = max(self.layer_group) + 1
         blocks = [num_blocks] * num_groups if isinstance(num_blocks, int) else list(num_blocks)
@@ -137,6 +148,12 @@ class PagedAttentionBackend:
         self._host_starts = None
         self.num_seqs, self.num_tokens, self.max_query_len = b, t, max_query_len
 
+    def num_segments(self) -> int:
+        """Split-KV for this step's attention: SPLIT_SEGMENTS for a decode-only step of few sequences, else 1."""
+        if self.max_query_len == 1 and self.num_seqs * self.num_kv_heads < SPLIT_BELOW_PROGRAMS:
+            return SPLIT_SEGMENTS
+        return 1
+
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                 window: int | None, softcap: float | None) -> torch.Tensor:
         k_cache, v_cache = self.caches[layer]
@@ -147,7 +164,7 @@ class PagedAttentionBackend:
             q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
             store_kv(k, v, k_cache, v_cache, buf.slot_mapping)
             return paged_attention(q, k_cache, v_cache, buf.block_table, self.cu_seqlens_q, self.seq_lens, scale,
-                                   window, softcap, num_seqs=self.num_seqs)
+                                   window, softcap, num_seqs=self.num_seqs, num_segments=self.num_segments())
         reference.store_kv_ref(k, v, k_cache, v_cache, buf.slot_mapping[:num_tokens])
         return self._attend_ref(buf, q, k_cache, v_cache, scale, window, softcap)
 
