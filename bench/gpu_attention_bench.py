@@ -7,10 +7,11 @@ torch path: a gather and an SDPA call per sequence).
 
 Per batch size (1/8/64/256 sequences) and mode -- decode (1 new token over --decode-context positions) and prefill
 (--prefill-len new tokens from position 0) -- it prints microseconds per layer call (median of CUDA-event timed
-runs): Triton eager (host launch included) and replayed from a CUDA graph (how the GPU runner calls it), the KV
-store kernel, the bandwidth the graphed attention reaches on K/V bytes, flex_attention's call and the block mask it
-must rebuild every step from the block tables, and the SDPA loop. "max |d|" is the Triton output against the SDPA
-loop. Without CUDA it says so and exits 0. The cache is freshly allocated: each sequence's blocks are contiguous
+runs): Triton eager (host launch included) and replayed from a CUDA graph (how the GPU runner calls it), for decode
+also split-KV (16 segments, graphed; the backend's choice below 128 sequences x KV heads), the KV store kernel, the
+bandwidth the graphed attention reaches on K/V bytes, flex_attention's call and the block mask it must rebuild
+every step from the block tables, and the SDPA loop. "max |d|" is the Triton output against the SDPA loop. Without
+CUDA it says so and exits 0. The cache is freshly allocated: each sequence's blocks are contiguous
 (flex_attention's best case; the Triton kernel does not care).
 """
 from __future__ import annotations
@@ -79,10 +80,10 @@ class Step:
     def kv_bytes(self) -> int:
         return 2 * self.batch * self.context * self.k_cache[0, 0].numel() * self.k_cache.element_size()
 
-    def triton(self) -> torch.Tensor:
+    def triton(self, segments: int = 1) -> torch.Tensor:
         from runlm.kernels.triton.attention import paged_attention
         return paged_attention(self.q, self.k_cache, self.v_cache, self.table, self.cu, self.lens, self.scale,
-                               num_seqs=self.batch, out=self.out)
+                               num_seqs=self.batch, out=self.out, num_segments=segments)
 
     def store(self) -> None:
         from runlm.kernels.triton.kv_store import store_kv
@@ -149,9 +150,13 @@ class Flex:
 
 def measure(step: Step, skip_sdpa_over: int) -> dict[str, object]:
     row: dict[str, object] = {}
-    out = step.triton()
+    out = step.triton().clone()  # the calls below write the same buffer
     row["triton_us"] = cuda_time_us(step.triton)
     row["triton_graph_us"] = cuda_time_us(graphed(step.triton))
+    if step.q_len == 1:
+        split = step.triton(16).clone()
+        row["split_graph_us"] = cuda_time_us(graphed(lambda: step.triton(16)))
+        row["split_max_d"] = (split.float() - out.float()).abs().max().item()
     row["store_us"] = cuda_time_us(graphed(step.store))
     row["kv_GBps"] = step.kv_bytes() / (row["triton_graph_us"] * 1e-6) / 1e9  # type: ignore[operator]
     try:
@@ -197,8 +202,8 @@ def main() -> int:
             setattr(torch._dynamo.config, knob, 64)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, H={args.heads} KVH={args.kv_heads} "
           f"D={args.head_dim} block={args.block_size} {args.dtype}; microseconds per layer call\n")
-    cols = ["triton_us", "triton_graph_us", "store_us", "kv_GBps", "flex_us", "flex_mask_us", "sdpa_loop_us",
-            "max_d", "flex_max_d"]
+    cols = ["triton_us", "triton_graph_us", "split_graph_us", "store_us", "kv_GBps", "flex_us", "flex_mask_us",
+            "sdpa_loop_us", "max_d", "split_max_d", "flex_max_d"]
     print("| seqs | mode | new tok | context | " + " | ".join(cols) + " |")
     print("|" + "---|" * (4 + len(cols)))
     rows = []
