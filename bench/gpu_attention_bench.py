@@ -80,10 +80,10 @@ class Step:
     def kv_bytes(self) -> int:
         return 2 * self.batch * self.context * self.k_cache[0, 0].numel() * self.k_cache.element_size()
 
-    def triton(self, segments: int = 1) -> torch.Tensor:
+    def triton(self, segments: int = 1, rows: int = 16) -> torch.Tensor:
         from runlm.kernels.triton.attention import paged_attention
         return paged_attention(self.q, self.k_cache, self.v_cache, self.table, self.cu, self.lens, self.scale,
-                               num_seqs=self.batch, out=self.out, num_segments=segments)
+                               num_seqs=self.batch, out=self.out, num_segments=segments, block_rows=rows)
 
     def store(self) -> None:
         from runlm.kernels.triton.kv_store import store_kv
@@ -157,6 +157,8 @@ def measure(step: Step, skip_sdpa_over: int) -> dict[str, object]:
         split = step.triton(16).clone()
         row["split_graph_us"] = cuda_time_us(graphed(lambda: step.triton(16)))
         row["split_max_d"] = (split.float() - out.float()).abs().max().item()
+    else:
+        row["rows64_graph_us"] = cuda_time_us(graphed(lambda: step.triton(rows=64)))
     row["store_us"] = cuda_time_us(graphed(step.store))
     row["kv_GBps"] = step.kv_bytes() / (row["triton_graph_us"] * 1e-6) / 1e9  # type: ignore[operator]
     try:
@@ -202,8 +204,8 @@ def main() -> int:
             setattr(torch._dynamo.config, knob, 64)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, H={args.heads} KVH={args.kv_heads} "
           f"D={args.head_dim} block={args.block_size} {args.dtype}; microseconds per layer call\n")
-    cols = ["triton_us", "triton_graph_us", "split_graph_us", "store_us", "kv_GBps", "flex_us", "flex_mask_us",
-            "sdpa_loop_us", "max_d", "split_max_d", "flex_max_d"]
+    cols = ["triton_us", "triton_graph_us", "split_graph_us", "rows64_graph_us", "store_us", "kv_GBps", "flex_us",
+            "flex_mask_us", "sdpa_loop_us", "max_d", "split_max_d", "flex_max_d"]
     print("| seqs | mode | new tok | context | " + " | ".join(cols) + " |")
     print("|" + "---|" * (4 + len(cols)))
     rows = []

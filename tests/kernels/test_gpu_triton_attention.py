@@ -125,11 +125,13 @@ def test_interpreted_split_kv(interp, seqs, window, softcap, segments):
     assert (out - ref).abs().max() <= 1e-5
 
 
-def test_interpreted_odd_group_and_head_dim(interp):
-    """3 query heads per KV head (rows past BLOCK_Q * 3 idle) and a head_dim that is no power of two."""
-    q, kc, vc, table, cu, lens = _step([(3, 20), (1, 5), (6, 6)], 6, 2, 24, seed=1)
-    out = interp.paged_attention(q, kc, vc, table, cu, lens, 0.3)
-    assert (out - reference.paged_attention_ref(q, kc, vc, table, cu, lens, 0.3)).abs().max() <= 1e-5
+@pytest.mark.parametrize("rows", [16, 64])
+def test_interpreted_odd_group_and_head_dim(interp, rows):
+    """3 query heads per KV head (rows past BLOCK_Q * 3 idle), a head_dim that is no power of two; 16 rows per
+    program, and 64 (21 query tokens of a prefill)."""
+    q, kc, vc, table, cu, lens = _step([(3, 20), (1, 5), (30, 40)], 6, 2, 24, seed=1)
+    out = interp.paged_attention(q, kc, vc, table, cu, lens, 0.3, 8, block_rows=rows)
+    assert (out - reference.paged_attention_ref(q, kc, vc, table, cu, lens, 0.3, 8)).abs().max() <= 1e-5
 
 
 def test_interpreted_attention_bf16(interp):

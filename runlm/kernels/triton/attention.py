@@ -180,24 +180,25 @@ def _merge_segments_kernel(
 _INTERPRETED = type(_unified_attention_kernel).__name__ == "InterpretedFunction"
 
 
-def launch_shape(num_heads: int, num_kv_heads: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_Q): rows per program (a power of two, at least 16 for tensor cores) and the query tokens
-    they hold (BLOCK_M // group; rows past BLOCK_Q * group are idle)."""
+def launch_shape(num_heads: int, num_kv_heads: int, min_rows: int = 16) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_Q): rows per program (a power of two, at least ``min_rows`` and 16 for tensor cores) and the
+    query tokens they hold (BLOCK_M // group; rows past BLOCK_Q * group are idle)."""
     group = num_heads // num_kv_heads
-    block_m = max(16, triton.next_power_of_2(group))
+    block_m = max(16, triton.next_power_of_2(min_rows), triton.next_power_of_2(group))
     return block_m, block_m // group
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, window: int | None = None,
                     softcap: float | None = None, num_seqs: int | None = None, out: torch.Tensor | None = None,
-                    tile: int = 32, num_segments: int = 1) -> torch.Tensor:
+                    tile: int = 32, num_segments: int = 1, block_rows: int = 16) -> torch.Tensor:
     """q [T, H, D] (any row/head strides, D contiguous); caches [num_blocks, block_size, KVH, D]; block_table
     [>= B, max_blocks] int32; cu_seqlens_q [>= B + 1] int32; seq_lens [>= B] int32, all on q's device. ``num_seqs``
     (B, default len(seq_lens)) is a host int so nothing is read back. ``num_segments`` > 1 (a power of two) splits
     each sequence's context into that many runs done by separate programs, then merges them (a second launch):
     for decode steps of few sequences, where one program per (sequence, KV head) leaves the GPU idle.
-    Returns out [T, H, D] in q's dtype."""
+    ``block_rows``: query rows (tokens x heads of a group) per program; more (64) reads K/V fewer times in long
+    prefills, 16 wastes least on decodes. Returns out [T, H, D] in q's dtype."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     if num_heads % num_kv_heads:
@@ -208,7 +209,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     n = seq_lens.shape[0] if num_seqs is None else num_seqs
     if num_tokens == 0 or n == 0:
         return out
-    block_m, block_q = launch_shape(num_heads, num_kv_heads)
+    block_m, block_q = launch_shape(num_heads, num_kv_heads, block_rows)
     # Triton's interpreter computes wrongly on bf16 operands (numpy has no bf16): there, compute in fp32
     upcast = _INTERPRETED and q.dtype == torch.bfloat16
     if num_segments > 1:
