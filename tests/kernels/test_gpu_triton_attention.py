@@ -270,14 +270,15 @@ def test_kernels_compile_for_sm90():
     import runlm.kernels.triton.attention as attention
     import runlm.kernels.triton.kv_store as kv_store
     kernel = attention._unified_attention_kernel
-    for dtype, window, softcap, segments in [("bf16", 0, False, 1), ("fp32", 128, True, 1), ("bf16", 0, False, 16)]:
+    for dtype, window, softcap, segments, rows in [("bf16", 0, False, 1, 16), ("fp32", 128, True, 1, 16),
+                                                   ("bf16", 0, False, 16, 16), ("bf16", 0, False, 1, 64)]:
         args = {name: "i32" for name in kernel.arg_names if name.startswith("stride")}
         args |= {name: f"*{dtype}" for name in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")}
         args |= {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32"}
         args |= {"block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32", "scale": "fp32",
                  "softcap": "fp32", "num_seqs": "i32"}
         _compile_for_h100(kernel, args, dict(
-            GROUP=6, BLOCK_Q=2, BLOCK_M=16, HEAD_DIM=128, HEAD_DIM_P=128, BLOCK_SIZE=16, TILE=32, WINDOW=window,
+            GROUP=6, BLOCK_Q=rows // 6, BLOCK_M=rows, HEAD_DIM=128, HEAD_DIM_P=128, BLOCK_SIZE=16, TILE=32, WINDOW=window,
             USE_SOFTCAP=softcap, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False,
             NUM_HEADS=12, NUM_SEGMENTS=segments))
     merge = attention._merge_segments_kernel
