@@ -25,7 +25,8 @@ How a runner drives it::
 - ``max_query_len``: the longest sequence's new tokens, a host int if the runner knows it (None: unknown). A
   decode-only step (1) of few sequences (sequences x KV heads < SPLIT_BELOW_PROGRAMS) uses split-KV: each
   context in SPLIT_SEGMENTS runs by separate programs, merged by a second launch (the GPU is otherwise idle
-  while one program per sequence and KV head walks a long context). Capture a decode graph with the same hint.
+  while one program per sequence and KV head walks a long context). The choice is made when forward runs, so a
+  decode graph captured without the hint replays the one-pass kernel: capture with ``max_query_len=1``.
 Arguments may be host or device tensors (or numpy arrays); they are copied into the buffers with
 ``non_blocking=True`` (pass pinned host tensors for an asynchronous upload). B and T are remembered as host ints:
 a CUDA graph captured after ``set_step`` with B sequences and T rows replays correctly whenever ``set_step`` is
@@ -116,6 +117,11 @@ class PagedAttentionBackend:
         self.max_query_len: int | None = None
         self._slots_high = 0  # slot_mapping rows that may hold a real slot (past them: -1)
         self._host_starts: list[int] | None = None  # the reference path's cu_seqlens_q, read once per step
+
+    @property
+    def graphable(self) -> bool:
+        """Whether a CUDA graph can be captured over forward: the Triton path reads nothing on the host."""
+        return self.use_triton
 
     def flat_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's (k, v) cache as [slots, KVH, D]: the same memory."""
