@@ -29,17 +29,26 @@ reference to ~1e-6; bf16/fp16 multiply in their dtype with fp32 accumulation, P 
 Padded launches: sequences past the real ones get ``cu_seqlens_q`` equal to the last real end (no queries); rows
 past ``cu_seqlens_q[num_seqs]`` are not written.
 
-Candidates compared for issue 28 (bench/gpu_attention_bench.py measures them on a GPU):
+Batch invariance: a row's arithmetic depends only on its own position and context (tiles sit at absolute
+positions; tiles past a row's position add exact zeros), never on the other rows of the step -- except that
+split-KV sums a decode row in another order than the one-pass kernel (last bits differ).
+
+Candidates for issue 28, and why this one (bench/gpu_attention_bench.py measures all three on a GPU; none was lent
+to the session that wrote this, so its figures are still to be taken):
 - this Triton kernel: one launch per layer, block table on the device, mixed prefill/decode, GQA, window,
-  softcap; runs on the machines we must prove it on (torch + Triton, no package index) and in CI under
-  TRITON_INTERPRET=1. Chosen.
-- torch flex_attention over the paged cache with a block mask: also one call per layer, but its block mask must
-  be rebuilt on every step from the block tables (create_block_mask, host-driven), it compiles a kernel per
-  mask/shape family through torch.compile (slow start, recompiles under dynamic batch shapes) and its sparsity
-  is coarse (128-position blocks versus 16-token pages scattered over the cache). A measured baseline.
-- SDPA per sequence (today's torch path): a Python loop and a gather per sequence per layer; what issue 28 profiled.
-- FlashInfer / flash-attn: not installable on the GPU machines (no index; 62 MB wheel plus CUTLASS DSL / no
-  wheel), so they cannot be proven there; usable later behind the same AttentionBackend where a user has them.
+  softcap, nothing read on the host (CUDA-graph capturable); needs only torch + Triton, which the GPU machines
+  hold, and runs in CI under TRITON_INTERPRET=1. vLLM serves with the same design (``triton_attn``) wherever
+  FlashAttention is absent. Chosen.
+- torch flex_attention with a paged block mask: one call per layer too, but the mask maps every physical slot
+  to its sequence and position, so create_block_mask must run every step from the block tables (host-driven,
+  sized by the whole cache, not the batch); the kernel comes from torch.compile per shape family (slow start,
+  recompiles as batch shapes change, hard to capture per padded batch size); its sparsity is 128-position blocks
+  over 16-token pages from many sequences. Kept as the bench's baseline.
+- SDPA per sequence (today's torch path): a Python loop with a gather and a launch per sequence per layer --
+  what issue 28 profiled (75% of host time); the bench's floor.
+- FlashInfer / flash-attn: not installable on the GPU machines (no package index; a 62 MB wheel plus CUTLASS DSL,
+  or no wheel and a long source build), so they cannot be proven there; they could sit behind the same
+  AttentionBackend where a user has them.
 """
 from __future__ import annotations
 
