@@ -145,16 +145,22 @@ def test_interpreted_attention_bf16(interp):
 def test_interpreted_released_blocks_and_padding(interp):
     """A window sequence whose first blocks were given back (-1 in its table), a padded launch (an extra sequence
     with no new tokens, extra rows): the real rows are right, the padding rows are never written."""
-    q, kc, vc, table, cu, lens = _step([(2, 50), (1, 9)], 4, 2, 16, seed=3)
-    table[0, :2] = -1  # positions 0..31: outside a window of 16 for queries at 48 and 49
-    ref = reference.paged_attention_ref(q, kc, vc, table, cu, lens, 0.25, 16)
+    q, kc, vc, table, cu, lens = _step([(2, 50), (1, 9)], 4, 2, 16, block_size=4, seed=3)
+    # block 0 among the released: an entry of -1 read as a block id would land in it
+    for b, i in (table == 0).nonzero().tolist():
+        table[b, i] = table[0, 8]
+    table[0, 8] = 0
+    released = table[0, :9].long()
+    table[0, :9] = -1  # positions 0..35: outside a window of 10 for queries at 48 and 49 (a tile reads 32..63)
+    ref = reference.paged_attention_ref(q, kc, vc, table, cu, lens, 0.25, 10)
+    kc[released], vc[released] = float("nan"), float("nan")  # what released blocks may hold by now: never read
     pad_q = torch.cat([q, torch.randn(3, *q.shape[1:])])
     pad_cu = torch.cat([cu, cu[-1:]])
     pad_lens = torch.cat([lens, torch.zeros(1, dtype=torch.int32)])
     pad_table = torch.cat([table, torch.zeros_like(table[:1])])
     for segments in (1, 2):
         out = torch.full_like(pad_q, 7.0)
-        interp.paged_attention(pad_q, kc, vc, pad_table, pad_cu, pad_lens, 0.25, 16, out=out, num_segments=segments)
+        interp.paged_attention(pad_q, kc, vc, pad_table, pad_cu, pad_lens, 0.25, 10, out=out, num_segments=segments)
         assert (out[:3] - ref).abs().max() <= 1e-5
         assert bool((out[3:] == 7.0).all())
 
