@@ -65,7 +65,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="adapters kept loaded, least recently used evicted first (default: --max-loras)")
     p.add_argument("--mmproj", default=None, metavar="FILE",
                    help="llama.cpp's multimodal projector (mmproj GGUF) for a vision model's text GGUF")
-    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda; auto: cuda where a GPU is found)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
+                   help="on a GPU, the share of its memory for weights, activations and the KV cache (default 0.9)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="on a GPU, run every step eagerly (no CUDA graphs for decode)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="compute dtype (default float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -232,7 +236,10 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                        kv_cache_memory=_kv_cache_memory(args.kv_cache_memory), device=args.device,
                        exact_numerics=args.exact_numerics, threads=args.threads,
                        enable_lora=settings.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
-                       max_cpu_loras=args.max_cpu_loras, speculative_config=spec, mmproj=args.mmproj)
+                       max_cpu_loras=args.max_cpu_loras, speculative_config=spec, mmproj=args.mmproj,
+                       gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager)
+    if args.device == "auto":
+        engine_args["device"] = args.device = _auto_device()
     if args.dtype or args.device.startswith("cuda"):
         engine_args["dtype"] = args.dtype or "bfloat16"
     try:
@@ -271,3 +278,14 @@ def run_serve_engine(args: argparse.Namespace) -> int:
         print(f"runlm serve-engine: the model failed to load: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _auto_device() -> str:
+    """cuda where torch sees a GPU, else cpu (torch is imported only to ask)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
