@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from runlm.dtypes import torch_dtype
@@ -137,9 +136,9 @@ class GPURunner:
             add_prompt_logprobs(rows.seq, logits.float().cpu().numpy(), rows.first_pos)
         if not plan.sample_seqs:
             return []
-        rows = plan.sample_rows
-        last = hidden[:len(rows)] if rows == list(range(len(rows))) else \
-            hidden[torch.as_tensor(rows, device=self.device)]
+        sample_rows = plan.sample_rows
+        last = hidden[:len(sample_rows)] if sample_rows == list(range(len(sample_rows))) else \
+            hidden[torch.as_tensor(sample_rows, device=self.device)]
         return sample_on_device(self.loaded.model.compute_logits(last), plan.sample_seqs, self.structured)
 
     def run_model(self, sched: SchedulerOutput, plan: BatchPlan) -> torch.Tensor:
@@ -183,7 +182,7 @@ def _sync_free_rope(model: torch.nn.Module, max_len: int, device: torch.device) 
         def tables(positions: torch.Tensor, dev: torch.device, r: RotaryEmbedding = rope
                    ) -> tuple[torch.Tensor, torch.Tensor]:
             return r.cos[positions], r.sin[positions]
-        rope._tables = tables  # type: ignore[method-assign]
+        rope._tables = tables  # type: ignore[method-assign,assignment]
 
 
 def gpu_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, bytes_per_token: int, max_model_len: int) -> int:

@@ -37,10 +37,11 @@ class ReferencePagedAttention:
         self.caches = [(torch.zeros(blocks[g], block_size, num_kv_heads, head_dim, dtype=dtype, device=self.device),
                         torch.zeros(blocks[g], block_size, num_kv_heads, head_dim, dtype=dtype, device=self.device))
                        for g in self.layer_group]
-        i32 = dict(dtype=torch.int32, device=self.device)
-        self.cu_seqlens_q = torch.zeros(max_num_seqs + 1, **i32)
-        self.seq_lens = torch.zeros(max_num_seqs, **i32)
-        self.block_tables = [torch.zeros(max_num_seqs, max_blocks_per_seq, **i32) for _ in range(groups)]
+        i32, dev = torch.int32, self.device
+        self.cu_seqlens_q = torch.zeros(max_num_seqs + 1, dtype=i32, device=dev)
+        self.seq_lens = torch.zeros(max_num_seqs, dtype=i32, device=dev)
+        self.block_tables = [torch.zeros(max_num_seqs, max_blocks_per_seq, dtype=i32, device=dev)
+                             for _ in range(groups)]
         self.slot_mappings = [torch.full((max_num_tokens,), -1, dtype=torch.int64, device=self.device)
                               for _ in range(groups)]
         self.num_seqs = self.num_tokens = 0

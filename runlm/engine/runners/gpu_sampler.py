@@ -82,7 +82,8 @@ def apply_penalties(logits: torch.Tensor, params: Seq[SamplingParams], prompt_id
         counts = torch.zeros(vocab, dtype=torch.float32, device=dev).index_add_(
             0, ids, torch.ones(ids.shape[0], dtype=torch.float32, device=dev))
         p = params[i]
-        logits[i] -= np.float32(p.frequency_penalty) * counts + np.float32(p.presence_penalty) * (counts > 0)
+        logits[i] -= counts * float(np.float32(p.frequency_penalty)) + (counts > 0).float() * float(
+            np.float32(p.presence_penalty))
     return logits
 
 
@@ -169,7 +170,7 @@ def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
         for i in want:
             p = params[i]
             if p.logprobs_mode == "processed_logprobs":
-                rows.append(logits[i] if p.greedy else logits[i] / np.float32(p.temperature))
+                rows.append(logits[i] if p.greedy else logits[i] / float(np.float32(p.temperature)))
             else:
                 rows.append(raw[i])
         lps = torch.log_softmax(torch.stack(rows), dim=-1)
