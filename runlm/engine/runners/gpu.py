@@ -6,9 +6,9 @@ the host out of the decode loop.
   array (runlm.engine.runners.gpu_graphs.pack_step) and uploaded by ONE host->device copy, then spread on the
   device into the model's input buffers and the attention backend's.
 - Attention is the runner's own AttentionBackend (ForwardContext.backend): every layer stores K/V in a paged
-  cache and attends over block tables in one call. Today the torch reference (gpu_attention_ref); the Triton
-  backend (runlm.kernels.triton.backend.PagedAttentionBackend, same constructor and set_step) replaces it by
-  changing ``_backend_class``.
+  cache and attends over block tables in one call: the Triton backend
+  (runlm.kernels.triton.backend.PagedAttentionBackend) where it runs, else the torch reference
+  (gpu_attention_ref, same constructor and set_step; see ``attention_backend_class``).
 - CUDA graphs, captured at start-up for padded decode batch sizes (gpu_graphs.graph_batch_sizes) unless
   ``enforce_eager`` or the backend reads the host (the reference): a decode-only step pads to the next size and
   replays; prefill and mixed steps run eagerly.
@@ -20,6 +20,7 @@ layers use different KV groups (sliding-window layers beside global ones).
 """
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass
 
@@ -41,7 +42,17 @@ from runlm.models.load import LoadedModel
 
 log = logging.getLogger("runlm.gpu")
 
-_backend_class = ReferencePagedAttention  # -> runlm.kernels.triton.backend.PagedAttentionBackend once on main
+
+
+def attention_backend_class(device: torch.device) -> type[ReferencePagedAttention]:
+    """The Triton backend (runlm.kernels.triton.backend) where it runs -- CUDA, or any device under
+    TRITON_INTERPRET=1 -- and is there; else the torch reference. Both take the same constructor and set_step."""
+    try:
+        mod = importlib.import_module("runlm.kernels.triton.backend")
+    except ImportError:
+        return ReferencePagedAttention
+    cls: type[ReferencePagedAttention] = mod.PagedAttentionBackend
+    return cls if mod.use_triton_on(device) else ReferencePagedAttention
 
 
 @dataclass(slots=True)
@@ -76,17 +87,18 @@ class GPURunner:
         self.backend: ReferencePagedAttention | None = None
         self.graphs: dict[int, _Graph] = {}
         self.graph_sizes = graph_batch_sizes(self.max_seqs)
-        _sync_free_rope(loaded.model, self.max_model_len, self.device)
         self.allocate_kv_cache()
 
     # ---- the cache, and the graphs captured over it -------------------------------------------
     def allocate_kv_cache(self) -> None:
         mc = self.loaded.config
-        self.backend = _backend_class(mc.num_layers, self.blocks.layer_blocks(0), self.blocks.block_size,
-                                      mc.num_kv_heads, mc.head_dim, self.dtype, self.device, self.max_seqs,
-                                      self.max_tokens, self.max_blocks_per_seq)
+        _sync_free_rope(self.loaded.model, self.max_model_len, self.device)  # (the weights may be new: wake_up)
+        cls = attention_backend_class(self.device)
+        self.backend = cls(mc.num_layers, self.blocks.layer_blocks(0), self.blocks.block_size, mc.num_kv_heads,
+                           mc.head_dim, self.dtype, self.device, self.max_seqs, self.max_tokens,
+                           self.max_blocks_per_seq)
         if self.device.type == "cuda" and not self.config.enforce_eager:
-            if getattr(self.backend, "graphable", True):
+            if getattr(self.backend, "graphable", getattr(self.backend, "use_triton", True)):
                 self.capture_graphs()
             else:
                 log.info("CUDA graphs off: the attention backend %s reads the host", type(self.backend).__name__)
