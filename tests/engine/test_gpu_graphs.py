@@ -1,10 +1,9 @@
 """The GPU runner's host side as plain functions (runlm.engine.runners.gpu_graphs): which decode batches get a
-CUDA graph, how a step pads to one, and the packed step metadata. The capture itself needs CUDA."""
+CUDA graph, how a step pads to one, and the packed step metadata. The capture itself needs CUDA
+(tests/engine/test_gpu_cuda.py)."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
-import torch
 
 from runlm.engine.core.batch_plan import BatchPlan
 from runlm.engine.core.kv_cache import RELEASED
@@ -72,21 +71,3 @@ def test_packed_mixed_step_is_not_padded() -> None:
     assert parts["cu_seqlens_q"].tolist() == [0, 3, 4]
     assert parts["positions"].tolist() == [0, 1, 2, 6]
     assert block_table_rows([[0], [1, 2]], 2).tolist() == [[0, -1], [1, 2]]
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
-def test_graph_replay_gives_the_eager_tokens(tiny_model, monkeypatch) -> None:
-    from runlm.engine.llm import LLM
-    from runlm.engine.types.sampling_params import SamplingParams
-
-    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    prompts = [{"prompt_token_ids": list(range(10 + i, 30 + 2 * i))} for i in range(5)]
-    kw = dict(device="cuda", dtype="float32", max_num_seqs=8, kv_cache_memory="64MiB")
-    graphs = LLM(str(tiny_model("qwen2")), **kw)
-    eager = LLM(str(tiny_model("qwen2")), enforce_eager=True, **kw)
-    if not graphs.engine.runner.graphs:
-        pytest.skip("the attention backend in use cannot be captured (the torch reference)")
-    assert sorted(graphs.engine.runner.graphs) == [1, 2, 4, 8]
-    assert [o.outputs[0].token_ids for o in graphs.generate(prompts, params)] == \
-        [o.outputs[0].token_ids for o in eager.generate(prompts, params)]

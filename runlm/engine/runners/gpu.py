@@ -82,6 +82,8 @@ class GPURunner:
         self.host = torch.empty(layout.size, dtype=torch.int64, pin_memory=pinned)
         self.host_np = self.host.numpy()
         self.staging = torch.empty(layout.size, dtype=torch.int64, device=self.device)
+        # the last upload: the pinned array is written again only once the copy out of it is done
+        self.uploaded = torch.cuda.Event() if pinned else None
         self.input_ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=self.device)
         self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=self.device)
         self.backend: ReferencePagedAttention | None = None
@@ -156,6 +158,8 @@ class GPURunner:
     def run_model(self, sched: SchedulerOutput, plan: BatchPlan) -> torch.Tensor:
         assert self.backend is not None, "the KV cache was freed (sleep)"
         b = len(plan.query_lens)
+        if self.uploaded is not None:
+            self.uploaded.synchronize()
         size = padded_batch_size(b, list(self.graphs)) if self.graphs and is_decode_only(plan) else None
         layout = pack_step(plan, [s.table.blocks for s in sched.seqs], self.blocks.block_size, self.host_np,
                            pad_seqs=size)
@@ -176,7 +180,9 @@ class GPURunner:
     def upload(self, layout: StepLayout) -> dict[str, torch.Tensor]:
         """The packed step to the device in one copy; its parts as views of the staging buffer."""
         n = layout.size
-        self.staging[:n].copy_(self.host[:n], non_blocking=self.device.type == "cuda")
+        self.staging[:n].copy_(self.host[:n], non_blocking=self.uploaded is not None)
+        if self.uploaded is not None:
+            self.uploaded.record()
         return {name: self.staging[off:off + length] for name, (off, length) in layout.parts().items()}
 
 
