@@ -74,14 +74,21 @@ def test_prefix_cache_hits_give_the_same_tokens(pair) -> None:
     assert _tokens([second]) == _tokens([first]) == _tokens(torch_llm.generate(prompt, GREEDY))
 
 
-def test_structured_outputs_through_the_numpy_sampler(pair) -> None:
+def test_structured_outputs_with_an_uploaded_grammar_mask(pair) -> None:
     torch_llm, gpu_llm = pair
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    params = SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=StructuredOutputsParams(json=schema))
-    got = gpu_llm.generate(["JSON:"], params)[0].outputs[0]
-    assert got.token_ids == torch_llm.generate(["JSON:"], params)[0].outputs[0].token_ids
-    if got.finish_reason == "stop":
-        assert isinstance(json.loads(got.text)["a"], int)
+    for params in (SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=StructuredOutputsParams(
+            json=schema)), SamplingParams(temperature=0.9, seed=5, max_tokens=24, logprobs=1,
+                                          structured_outputs=StructuredOutputsParams(choice=["yes", "no", "maybe"]))):
+        got = gpu_llm.generate(["JSON:", "Answer:"], params)
+        want = torch_llm.generate(["JSON:", "Answer:"], params)
+        assert _tokens(got) == _tokens(want)
+        assert params.structured_outputs is not None
+        first = got[0].outputs[0]
+        if params.structured_outputs.json is not None and first.finish_reason == "stop":
+            assert isinstance(json.loads(first.text)["a"], int)
+        if params.structured_outputs.choice is not None:
+            assert all(o.outputs[0].text in ("yes", "no", "maybe") for o in got)
 
 
 def test_chunked_prefill_and_preemption(tiny_model, monkeypatch) -> None:

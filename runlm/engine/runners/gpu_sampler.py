@@ -12,8 +12,11 @@ seed), drawn on the host -- exactly the number the numpy sampler would draw. So 
 same tokens whatever else is in the batch, on either sampler, and a step that falls back to numpy keeps the
 stream in step. Unseeded rows draw from one process-wide generator. The CDF is float64, as numpy's.
 
+Structured outputs: the grammar's mask of each constrained row is computed on the host (the structured-output
+manager's own mask_logits, applied to zeros: 0 where allowed, -inf where not) and uploaded as a boolean row.
+
 Everything else falls back to the numpy sampler for that step, by name, logged once per name: logit bias,
-allowed token ids, min_tokens (stop ids masked), DRY, structured outputs (grammar masks).
+allowed token ids, min_tokens (stop ids masked), DRY.
 """
 from __future__ import annotations
 
@@ -39,8 +42,6 @@ _LOGGED: set[str] = set()
 
 def fallback_reason(seqs: Seq[Sequence], structured: StructuredOutputManager | None) -> str | None:
     """Why this step's rows need the numpy sampler (None: the device sampler does them all)."""
-    if structured is not None and structured.seqs:
-        return "structured outputs (grammar masks)"
     for s in seqs:
         p = s.params
         if p.logit_bias:
@@ -84,6 +85,23 @@ def apply_penalties(logits: torch.Tensor, params: Seq[SamplingParams], prompt_id
         p = params[i]
         logits[i] -= counts * float(np.float32(p.frequency_penalty)) + (counts > 0).float() * float(
             np.float32(p.presence_penalty))
+    return logits
+
+
+def apply_grammar_masks(logits: torch.Tensor, raw: torch.Tensor, seqs: list[Sequence],
+                        structured: StructuredOutputManager) -> torch.Tensor:
+    """The grammar masks of the constrained rows, computed on the host and uploaded; a copy of the logits where
+    they are still ``raw`` (logprobs of the raw distribution stay unmasked)."""
+    rows = [i for i, s in enumerate(seqs) if s.seq_id in structured.seqs]
+    if not rows:
+        return logits
+    bias = np.zeros((len(rows), logits.shape[-1]), dtype=np.float32)
+    structured.mask_logits(bias, [seqs[i] for i in rows])
+    banned = torch.from_numpy(np.isneginf(bias)).to(logits.device, non_blocking=True)
+    if logits is raw:
+        logits = logits.clone()
+    idx = torch.as_tensor(rows, device=logits.device)
+    logits[idx] = logits[idx].masked_fill(banned, float("-inf"))
     return logits
 
 
@@ -147,6 +165,8 @@ def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
     raw = raw.float()
     logits = apply_penalties(raw, params, [s.token_ids[:s.num_prompt_tokens] for s in seqs],
                              [s.output_token_ids for s in seqs])
+    if structured is not None and structured.seqs:
+        logits = apply_grammar_masks(logits, raw, seqs, structured)
     tokens = logits.argmax(dim=-1)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
