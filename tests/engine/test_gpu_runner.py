@@ -123,3 +123,14 @@ def test_what_it_does_not_run_is_refused_by_name(tiny_model, monkeypatch, kw: di
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
     with pytest.raises(ValueError, match=f"the GPU runner does not run {what}"):
         LLM(str(tiny_model("qwen2")), **{**KW, **kw})
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_and_wake_up_keep_the_tokens(tiny_model, monkeypatch, level: int) -> None:
+    llm = _llm(tiny_model("qwen2"), True, monkeypatch)
+    prompts = [{"prompt_token_ids": prompt_ids(12, seed=8)}]
+    before = _tokens(llm.generate(prompts, GREEDY))
+    llm.engine.sleep(level)
+    assert llm.engine.runner.kv_caches == []
+    llm.engine.wake_up()
+    assert _tokens(llm.generate(prompts, GREEDY)) == before
