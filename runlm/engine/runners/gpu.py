@@ -34,6 +34,7 @@ from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.gpu_attention_ref import ReferencePagedAttention
 from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
 from runlm.engine.runners.gpu_sampler import sample_on_device
+from runlm.engine.runners.gpu_select import check_gpu
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig, kv_cache_blocks
@@ -64,6 +65,7 @@ class _Graph:
 class GPURunner:
     def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
+        check_gpu(config)  # LoRA, speculative decoding, images: refused by name
         if isinstance(blocks, HybridBlockManager):
             raise ValueError("the GPU runner does not run models whose layers keep KV caches of different sizes "
                              "(sliding-window layers beside global ones) yet; use --device cpu")
