@@ -255,6 +255,7 @@ def _configs(kind: str, v: ClipVision, mmproj: GGUFFile, layout: _Layout) -> tup
                  "do_pan_and_scan": False, "image_seq_length": side * side, **rescale})
     # mlp: LLaVA-1.5 (CLIPImageProcessor: shortest edge, center crop; clip.cpp pads to a square first)
     vision = v.hf("clip_vision_model" if layout.clip else "siglip_vision_model")
+    square = {"height": v.image_size, "width": v.image_size}
     patches = (v.image_size // v.patch_size) ** 2
     return ({"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "vision_config": vision,
              "text_config": {"model_type": "llama", "hidden_size": v.projection_dim},
@@ -264,8 +265,8 @@ def _configs(kind: str, v: ClipVision, mmproj: GGUFFile, layout: _Layout) -> tup
              "image_seq_length": patches},
             {"image_processor_type": "CLIPImageProcessor" if layout.clip else "SiglipImageProcessor",
              "do_resize": True, "resample": 3,
-             "size": {"shortest_edge": v.image_size} if layout.clip else {"height": v.image_size, "width": v.image_size},
-             "do_center_crop": layout.clip, "crop_size": {"height": v.image_size, "width": v.image_size}, **rescale})
+             "size": {"shortest_edge": v.image_size} if layout.clip else square,
+             "do_center_crop": layout.clip, "crop_size": square, **rescale})
 
 
 def _weights(mmproj: GGUFFile, names: dict[str, str], kind: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,0 +1,276 @@
+"""Vision-language models from GGUF files: a text GGUF plus llama.cpp's mmproj GGUF, both written by llama.cpp's
+converter (tests/fixtures/vlm/gguf.py) from the tiny transformers models.
+
+* runlm.models.vision.mmproj translates the projector file back into the family's HF config, processor config and
+  checkpoint tensors: with an f32 file the tensors are the safetensors' bit for bit and the tower's embeddings
+  equal (<= 1e-5 asked); with an f16 file (the converter stores the 2-D weights and the patch convolution in
+  F16) within 1e-3; the processor's token ids and pixels are the directory's.
+* End to end: the text GGUF (f32) + mmproj on the native runner answers a chat with an image with the same
+  greedy tokens as the safetensors directory on the torch runner in exact mode, and the native path is taken.
+* Bad files: a wrong shape, an unknown tensor, metadata out of range are refused before any tensor is read.
+"""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runlm.formats import ModelFormatError
+from runlm.formats.gguf import GGUFFile
+from tests.fixtures.vlm import png_bytes
+from tests.fixtures.vlm import test_image as make_image
+
+FAMILIES = [f for f in ("idefics3",) if importlib.util.find_spec(f"runlm.models.vision.{f}") is not None
+            and importlib.util.find_spec(f"tests.fixtures.vlm.{f}") is not None]
+pytestmark = pytest.mark.skipif(not FAMILIES, reason="no vision family with a fixture on this branch yet")
+
+GREEDY_TOKENS = 12
+
+
+def _hf_weights(path: Path, family) -> dict:
+    from safetensors.torch import load_file
+
+    return {n: t for n, t in load_file(str(path / "model.safetensors")).items() if family.text_weight(n) is None}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+    from runlm.models.vision import family_module
+
+    return family_module(request.param)
+
+
+@pytest.fixture(scope="module")
+def files(family):
+    from tests.fixtures.vlm.gguf import vlm_gguf
+
+    return vlm_gguf(family.__name__.rsplit(".", 1)[-1], "f32")
+
+
+@pytest.fixture(scope="module")
+def model_dir(family):
+    from tests.fixtures.vlm import vlm_dir
+
+    return vlm_dir(family.__name__.rsplit(".", 1)[-1])
+
+
+def test_f32_mmproj_tensors_are_the_checkpoints(family, files, model_dir) -> None:
+    from runlm.models.vision import mmproj
+
+    hf_config, preprocessor, weights = mmproj.as_hf(GGUFFile(files[1]), family)
+    ours = dict(weights)
+    theirs = _hf_weights(model_dir, family)
+    assert sorted(ours) == sorted(theirs)
+    for name, tensor in ours.items():
+        assert tensor.dtype == theirs[name].dtype and tensor.shape == theirs[name].shape, name
+        assert (tensor - theirs[name]).abs().max().item() == 0.0, name
+    import json
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    for key, value in hf_config["vision_config"].items():
+        if key != "model_type" and key in cfg["vision_config"]:
+            assert cfg["vision_config"][key] == value, key
+
+
+def _reference(family, model_dir: Path, tokenizer):
+    """The family's tower from the safetensors directory."""
+    import json
+
+    from runlm.models.vision import processor_config
+
+    hf_config = json.loads((model_dir / "config.json").read_text())
+    return family.build(hf_config, processor_config(model_dir), list(_hf_weights(model_dir, family).items()),
+                        tokenizer)
+
+
+@pytest.mark.parametrize("outtype,tol", [("f32", 1e-5), ("f16", 1e-3), ("q8_0", 5e-2)])
+def test_mmproj_tower_matches_safetensors(outtype, tol, family, model_dir) -> None:
+    from runlm.formats.tokenizer import Tokenizer
+    from runlm.models.vision import build_mmproj
+    from tests.fixtures.vlm.gguf import vlm_gguf
+
+    name = family.__name__.rsplit(".", 1)[-1]
+    text, mmproj_file = vlm_gguf(name, outtype)
+    tokenizer = Tokenizer.from_dir(model_dir)
+    ref = _reference(family, model_dir, tokenizer)
+    ours = build_mmproj(GGUFFile(mmproj_file), Tokenizer.from_gguf(GGUFFile(text)))
+    images = [make_image(96, 64, seed=1), make_image(40, 100, seed=2)]
+    placeholder = ours.processor.image_token_id
+    prompt = [1, placeholder, 5, placeholder, 7]
+    a, b = ref.processor.process(prompt, images), ours.processor.process(prompt, images)
+    assert a.token_ids == b.token_ids
+    for fa, fb in zip(a.features, b.features):
+        assert np.array_equal(fa.positions, fb.positions) and fa.hash == fb.hash
+        assert np.array_equal(fa.data["pixel_values"], fb.data["pixel_values"])
+    for ea, eb in zip(ref.encode(a.features), ours.encode(b.features)):
+        assert ea.shape == eb.shape
+        scale = max(ea.abs().max().item(), 1.0)
+        assert (ea - eb).abs().max().item() <= tol * scale
+
+
+def test_native_decoder_takes_embedding_rows_over_the_token_embeddings(family) -> None:
+    """Rows given as embeddings are the same step as the tokens whose embeddings they are, bit for bit (q8_0
+    table: the rows given are its dequantized rows); rows outside the step are refused."""
+    from runlm.models.native import load_native
+    from runlm.native import kernels
+
+    if not kernels.available():
+        pytest.skip("the native kernels are unavailable here")
+    text = _gguf_files(family, "q8_0")[0]
+    loaded = load_native(text)
+    assert loaded is not None
+    decoder = loaded.model.decoder
+    cfg = loaded.config
+    t = 9
+    caches = [(np.zeros((64, cfg.num_kv_heads, cfg.head_dim), np.float32),
+               np.zeros((64, cfg.num_kv_heads, cfg.head_dim), np.float32)) for _ in range(cfg.num_layers)]
+    decoder.set_kv_caches(caches)
+    ids = np.arange(100, 100 + t, dtype=np.int64)
+    slots = np.arange(t, dtype=np.int64)
+    lens = np.array([t], dtype=np.int64)
+
+    def run(ids, embeds=None):
+        return decoder.forward(ids, slots, slots, lens, lens, slots, np.empty((t, cfg.hidden_size), np.float32),
+                               embeds).copy()
+
+    table = loaded.model.gguf.load_array("token_embd.weight")
+    rows = np.array([2, 3, 7], dtype=np.int64)
+    swapped = ids.copy()
+    swapped[rows] = [500, 501, 502]
+    want = run(swapped)
+    assert not np.array_equal(want, run(ids))
+    got = run(ids, (rows, np.ascontiguousarray(table[[500, 501, 502]])))
+    assert np.array_equal(got, want)
+    assert np.array_equal(run(ids, (rows[:0], np.empty((0, cfg.hidden_size), np.float32))), run(ids))
+    with pytest.raises(ValueError, match="outside the step"):
+        run(ids, (np.array([t], dtype=np.int64), np.zeros((1, cfg.hidden_size), np.float32)))
+
+
+def _chat(llm, image) -> list[int]:
+    from runlm import SamplingParams
+
+    messages = [{"role": "user", "content": [{"type": "image", "image": png_bytes(image)},
+                                             {"type": "text", "text": "What is in this picture?"}]}]
+    out = llm.chat(messages, SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True))
+    return list(out[0].outputs[0].token_ids)
+
+
+def _gguf_files(family, outtype: str) -> tuple[Path, Path]:
+    from tests.fixtures.vlm.gguf import vlm_gguf
+
+    return vlm_gguf(family.__name__.rsplit(".", 1)[-1], outtype)
+
+
+def test_f32_gguf_and_mmproj_match_the_safetensors_model_exactly(family, files, model_dir) -> None:
+    """The torch runner in exact mode on the text GGUF (f32) + mmproj: the same greedy tokens as on the directory."""
+    from runlm import LLM
+
+    image = make_image(96, 64, seed=3)
+    want = _chat(LLM(str(model_dir), exact_numerics=True), image)
+    gguf = LLM(str(files[0]), mmproj=str(files[1]), exact_numerics=True)
+    assert not gguf.engine.native and gguf.engine.modalities == ("text", "image")
+    assert _chat(gguf, image) == want
+
+
+def test_native_runner_splices_image_rows_as_the_torch_runner_does(family, files, monkeypatch) -> None:
+    """A q8_0 text GGUF + the f32 mmproj on the native runner (the native kernels take F16 and block types, not
+    F32 matrices) against the torch runner's fast path on the same files, whose fused layer loop the native
+    decoder reproduces bit for bit: the same greedy tokens; a second turn on the image runs no tower work."""
+    from runlm import LLM
+    from runlm.native import kernels
+
+    if not kernels.available():
+        pytest.skip("the native kernels are unavailable here")
+    text = _gguf_files(family, "q8_0")[0]
+    image = make_image(96, 64, seed=3)
+    native = LLM(str(text), mmproj=str(files[1]))
+    assert native.engine.native, "the text GGUF runs on the native runner"
+    assert native.engine.modalities == ("text", "image")
+    got = _chat(native, image)
+    encoded = native.engine.encoder_cache.images_encoded
+    assert encoded == 1
+    assert _chat(native, image) == got  # the second turn: the encoder cache has the image
+    assert native.engine.encoder_cache.images_encoded == encoded
+    monkeypatch.setenv("RUNLM_NATIVE_RUNNER", "0")
+    torch_llm = LLM(str(text), mmproj=str(files[1]))
+    assert not torch_llm.engine.native
+    assert _chat(torch_llm, image) == got
+    text_only = [{"role": "user", "content": "Hello there"}]
+    from runlm import SamplingParams
+
+    params = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
+    assert (native.chat(text_only, params)[0].outputs[0].token_ids
+            == torch_llm.chat(text_only, params)[0].outputs[0].token_ids)
+
+
+# ---- bad files ----------------------------------------------------------------------------------------------
+
+def _rewrite(src: Path, dst: Path, metadata: dict | None = None, rename: dict | None = None,
+             reshape: dict | None = None) -> Path:
+    """A copy of an mmproj file with metadata changed, tensors renamed or reshaped (gguf-py's writer)."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        value = (metadata or {}).get(field.name, field.contents())
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            writer.add_array(field.name, value)
+        else:
+            writer.add_key_value(field.name, value, vtype)
+    for t in reader.tensors:
+        data = np.array(t.data)
+        shape = (reshape or {}).get(t.name)
+        if shape is not None:
+            data = np.resize(data, shape)
+        writer.add_tensor((rename or {}).get(t.name, t.name), data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(metadata={"clip.vision.block_count": 100000}), "block_count"),
+    (dict(metadata={"clip.vision.attention.head_count": 5}), "multiple"),
+    (dict(metadata={"clip.vision.image_mean": [0.5, 0.5]}), "image_mean"),
+    (dict(rename={"v.post_ln.bias": "v.something_else.bias"}), "something_else"),
+    (dict(reshape={"v.blk.0.attn_q.weight": (8, 8)}), "attn_q"),
+    (dict(metadata={"clip.projector_type": "resampler"}), "resampler"),
+])
+def test_bad_mmproj_files_are_refused(change, message, files, family, tmp_path) -> None:
+    from runlm.models.vision import mmproj
+
+    bad = _rewrite(files[1], tmp_path / "mmproj-bad.gguf", **change)
+    with pytest.raises(ModelFormatError, match=message):
+        mmproj.as_hf(GGUFFile(bad), None)
+
+
+def test_a_text_gguf_is_not_an_mmproj(files) -> None:
+    from runlm.models.vision import mmproj
+
+    with pytest.raises(ModelFormatError, match="not an mmproj"):
+        mmproj.clip_vision(GGUFFile(files[0]))
+
+
+def test_find_mmproj_beside_the_model(files, tmp_path) -> None:
+    from runlm.models.vision.mmproj import find_mmproj, is_mmproj
+
+    assert is_mmproj(files[1]) and not is_mmproj(files[0])
+    assert find_mmproj(files[0]) == files[1]
+    assert find_mmproj(files[0].parent) == files[1]
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "model.gguf").symlink_to(files[0])
+    assert find_mmproj(lone / "model.gguf") is None
+    (lone / "mmproj-a.gguf").symlink_to(files[1])
+    assert find_mmproj(lone / "model.gguf") == lone / "mmproj-a.gguf"
+    shutil.copy(files[1], lone / "b.mmproj")
+    assert find_mmproj(lone / "model.gguf") is None  # two: ambiguous
