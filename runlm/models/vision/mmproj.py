@@ -202,9 +202,10 @@ def _layout(kind: str, v: ClipVision, mmproj: GGUFFile) -> _Layout:
                        {"mm.model.fc.weight": (t, h * s * s)},
                        frozenset([*tower, "v.patch_embd.bias", "mm.model.fc.weight"]))
     if kind == "gemma3":
-        return _Layout("model.vision_tower.vision_model", False,
-                       {"mm.input_projection.weight": "model.multi_modal_projector.mm_input_projection_weight",
-                        "mm.soft_emb_norm.weight": "model.multi_modal_projector.mm_soft_emb_norm.weight"},
+        # transformers 5 saves Gemma 3's tower as vision_tower.* (the hub's files: vision_tower.vision_model.*)
+        return _Layout("vision_tower", False,
+                       {"mm.input_projection.weight": "multi_modal_projector.mm_input_projection_weight",
+                        "mm.soft_emb_norm.weight": "multi_modal_projector.mm_soft_emb_norm.weight"},
                        {"mm.input_projection.weight": (h, t), "mm.soft_emb_norm.weight": (h,)},
                        frozenset([*tower, "v.patch_embd.bias", "mm.input_projection.weight",
                                   "mm.soft_emb_norm.weight"]))
