@@ -136,7 +136,7 @@ def clip_vision(mmproj: GGUFFile) -> ClipVision:
                       num_attention_heads=heads,
                       layer_norm_eps=_float(mmproj, p + "attention.layer_norm_epsilon", 1e-6),
                       hidden_act=_activation(mmproj),
-                      projection_dim=_int(mmproj, p + "projection_dim", 1, _MAX_WIDTH),
+                      projection_dim=_int(mmproj, p + "projection_dim", 0, _MAX_WIDTH, 0),
                       image_mean=_triple(mmproj, p + "image_mean", [0.5, 0.5, 0.5]),
                       image_std=_triple(mmproj, p + "image_std", [0.5, 0.5, 0.5]))
 
@@ -210,24 +210,23 @@ def _layout(kind: str, v: ClipVision, mmproj: GGUFFile) -> _Layout:
                        frozenset([*tower, "v.patch_embd.bias", "mm.input_projection.weight",
                                   "mm.soft_emb_norm.weight"]))
     if kind == "mlp":
-        # LLaVA-1.5's files carry the layers up to the feature layer; mm.0 -> GELU -> mm.2
-        inner = mmproj.tensors.get("mm.0.weight")
-        width = inner.shape[0] if inner is not None and len(inner.shape) == 2 else t
-        if not 1 <= width <= _MAX_WIDTH * 8:
-            raise ModelFormatError(f"{mmproj.path}: mm.0.weight has an implausible shape")
+        # LLaVA-1.5's files (tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py): the tower's layers up to
+        # the feature layer (clip.vision.block_count counts those), mm.0 -> GELU -> mm.2 into the text model
+        # (clip.vision.projection_dim is CLIP's own projection, not the text width)
+        inner, out = mmproj.tensors.get("mm.0.weight"), mmproj.tensors.get("mm.2.weight")
+        if inner is None or out is None or len(inner.shape) != 2 or len(out.shape) != 2:
+            raise ModelFormatError(f"{mmproj.path}: an mlp projector needs 2-D mm.0.weight and mm.2.weight")
+        width, t = inner.shape[0], out.shape[0]
+        if not (1 <= width <= _MAX_WIDTH * 8 and 1 <= t <= _MAX_WIDTH):
+            raise ModelFormatError(f"{mmproj.path}: mm.0.weight / mm.2.weight have implausible shapes")
         clip = "v.class_embd" in mmproj.tensors
-        proj = {f"mm.{i}.{wb}": f"model.multi_modal_projector.linear_{1 if i == 0 else 2}.{wb}"
+        proj = {f"mm.{i}.{wb}": f"multi_modal_projector.linear_{1 if i == 0 else 2}.{wb}"
                 for i in (0, 2) for wb in ("weight", "bias")}
-        return _Layout("model.vision_tower.vision_model", clip, proj,
+        return _Layout("vision_tower", clip, proj,
                        {"mm.0.weight": (width, h), "mm.0.bias": (width,), "mm.2.weight": (t, width), "mm.2.bias": (t,)},
-                       frozenset(["v.patch_embd.weight", "v.position_embd.weight", "mm.0.weight", "mm.2.weight"]))
+                       frozenset([*tower[:2], *tower[4:], "mm.0.weight", "mm.2.weight",
+                                  *(["v.class_embd", "v.pre_ln.weight", "v.pre_ln.bias"] if clip else [])]))
     raise ModelFormatError(f"{mmproj.path}: runlm does not read mmproj files of projector type {kind!r}")
-
-
-def _feature_layer(mmproj: GGUFFile, v: ClipVision) -> int:
-    """LLaVA's vision_feature_layer from the layers the file holds (the legacy converter drops those after it)."""
-    kept = max((int(m.group(1)) for name in mmproj.tensors if (m := _BLOCK.fullmatch(name))), default=-1) + 1
-    return -1 if kept >= v.num_hidden_layers else kept - v.num_hidden_layers - 1
 
 
 def _configs(kind: str, v: ClipVision, mmproj: GGUFFile, layout: _Layout) -> tuple[dict, dict]:
@@ -254,13 +253,16 @@ def _configs(kind: str, v: ClipVision, mmproj: GGUFFile, layout: _Layout) -> tup
                 {"image_processor_type": "Gemma3ImageProcessor", "do_resize": True,
                  "size": {"height": v.image_size, "width": v.image_size}, "resample": 2,  # BILINEAR
                  "do_pan_and_scan": False, "image_seq_length": side * side, **rescale})
-    # mlp: LLaVA-1.5 (CLIPImageProcessor: shortest edge, center crop; clip.cpp pads to a square first)
-    vision = v.hf("clip_vision_model" if layout.clip else "siglip_vision_model")
+    # mlp: LLaVA-1.5 (CLIPImageProcessor: shortest edge, center crop, as llava-hf ships it; clip.cpp pads to a
+    # square and resizes instead). The file holds the layers up to the feature layer and no final norm: a tower
+    # one layer deeper read at -2 is the same (the layer after it is never built).
+    vision = {**v.hf("clip_vision_model" if layout.clip else "siglip_vision_model"),
+              "num_hidden_layers": v.num_hidden_layers + 1}
     square = {"height": v.image_size, "width": v.image_size}
     patches = (v.image_size // v.patch_size) ** 2
     return ({"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "vision_config": vision,
-             "text_config": {"model_type": "llama", "hidden_size": v.projection_dim},
-             "vision_feature_layer": _feature_layer(mmproj, v),
+             "text_config": {"model_type": "llama", "hidden_size": layout.projector_shapes["mm.2.weight"][0]},
+             "vision_feature_layer": -2,
              "vision_feature_select_strategy": "default" if layout.clip else "full",
              "projector_hidden_act": "gelu", "multimodal_projector_bias": "mm.0.bias" in mmproj.tensors,
              "image_seq_length": patches},
@@ -290,9 +292,6 @@ def as_hf(mmproj: GGUFFile, family: ModuleType | None = None) -> tuple[dict, dic
     layout = _layout(kind, v, mmproj)
     shapes = {**_tower_shapes(v, layout.clip), **layout.projector_shapes}
     required = set(layout.required)
-    if kind == "mlp":  # the tower's layers after the feature layer may be dropped; those before must be there
-        layers = {int(m.group(1)) for n in mmproj.tensors if (m := _BLOCK.fullmatch(n))}
-        required |= {f"v.blk.{n}.{part}.weight" for n in range(max(layers, default=-1) + 1) for part in _BLOCK_NAMES}
     swapped = _swapped_ffn(mmproj, v)
     names: dict[str, str] = {}
     for name, info in mmproj.tensors.items():
