@@ -237,6 +237,11 @@ def test_native_runner_splices_image_rows_as_the_torch_runner_does(family, files
     params = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
     assert (native.generate("Hello there", params)[0].outputs[0].token_ids  # text alone: unchanged
             == torch_llm.generate("Hello there", params)[0].outputs[0].token_ids)
+    monkeypatch.delenv("RUNLM_NATIVE_RUNNER")
+    # prefill in chunks of 8 tokens: every image's rows land in several steps, each step given its slice
+    chunked = LLM(str(text), mmproj=str(files[1]), max_num_batched_tokens=8)
+    assert chunked.engine.native
+    assert _generate(chunked, image) == got
 
 
 # ---- bad files ----------------------------------------------------------------------------------------------
