@@ -322,7 +322,7 @@ def is_mmproj(path: Path) -> bool:
 
     try:
         return path.is_file() and GGUFFile(path).architecture == "clip"
-    except (OSError, ModelFormatError):
+    except (OSError, ValueError, OverflowError):  # ModelFormatError is a ValueError
         return False
 
 

@@ -38,6 +38,17 @@ GREEDY_TOKENS = 12
 ALL_F32 = {"idefics3"}
 # the families whose mmproj says everything their processor needs
 SAME_PROCESSOR = {"idefics3", "gemma3"}
+# the families whose text model the native runner runs (Gemma's is the torch runner's)
+NATIVE_TEXT = {"idefics3", "llava"}
+
+
+def _needs_native(family) -> None:
+    from runlm.native import kernels
+
+    if _name(family) not in NATIVE_TEXT:
+        pytest.skip(f"the {_name(family)} text model is not on the native runner")
+    if not kernels.available():
+        pytest.skip("the native kernels are unavailable here")
 
 
 def _name(family) -> str:
@@ -135,10 +146,8 @@ def test_native_decoder_takes_embedding_rows_over_the_token_embeddings(family) -
     """Rows given as embeddings are the same step as the tokens whose embeddings they are, bit for bit (q8_0
     table: the rows given are its dequantized rows); rows outside the step are refused."""
     from runlm.models.native import load_native
-    from runlm.native import kernels
 
-    if not kernels.available():
-        pytest.skip("the native kernels are unavailable here")
+    _needs_native(family)
     text = _gguf_files(family, "q8_0")[0]
     loaded = load_native(text)
     assert loaded is not None
@@ -214,10 +223,8 @@ def test_native_runner_splices_image_rows_as_the_torch_runner_does(family, files
     F32 matrices) against the torch runner's fast path on the same files, whose fused layer loop the native
     decoder reproduces bit for bit: the same greedy tokens; a second turn on the image runs no tower work."""
     from runlm import LLM
-    from runlm.native import kernels
 
-    if not kernels.available():
-        pytest.skip("the native kernels are unavailable here")
+    _needs_native(family)
     text = _gguf_files(family, "q8_0")[0]
     image = make_image(96, 64, seed=3)
     native = LLM(str(text), mmproj=str(files[1]))
