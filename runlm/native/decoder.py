@@ -2,7 +2,9 @@
 exactly LlamaModel._forward_fused's ops (rms_norm; qkv linear; qkv_rope_store; paged_attention; o linear;
 add_rms_norm; gate_up linear; act·mul; down linear; add_rms_norm into the next layer's input norm or the
 final norm), returning the final-normed hidden states, the same bits as the per-op path. Python runs once
-per step; the scratch buffers live in the native decoder and are reused across steps."""
+per step; the scratch buffers live in the native decoder and are reused across steps. A vision-language
+model's image rows go in as embeddings written over their tokens' (``forward(..., embeds=(rows, values))``,
+a separate entry point: a text-only step calls exactly what it called before)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,7 +3,9 @@ computes a step's layers, and the numpy sampler picks the tokens. Nothing here i
 
 The same phases as runlm.engine.runners.torch_runner (prepare -> forward -> prompt logprobs -> logits ->
 sample), over the same plan (runlm.engine.core.batch_plan) and sampler, so the two runners differ only
-in what computes the forward pass.
+in what computes the forward pass. A vision-language model (a text GGUF + llama.cpp's mmproj) keeps its tower
+in torch: a step's image rows (runlm.engine.core.mm_step) come from the encoder cache, or one batched tower
+call, and go into the native step as embeddings written over their tokens'.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 // A whole decoder step in one native call, for runlm's torch-free runner: the token embedding, then
 // per layer exactly LlamaModel._forward_fused's sequence of ops (the same impl functions, in the same
 // order, on the same values, so the hidden states are the per-op path's bit for bit), then the final
-// norm. Scratch buffers live here and are reused across steps (grown when a step has more rows).
+// norm. Rows given as embeddings (a vision tower's, for an image's tokens) replace their tokens' after the
+// embedding scale, as the torch model's ForwardContext.mm_embeds does. Scratch buffers live here and are reused across steps (grown when a step has more rows).
 #pragma once
 
 #include <cstdint>
