@@ -160,6 +160,43 @@ def _tower_shapes(v: ClipVision, clip: bool) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# Pixtral's tower: RMS norms without biases, a SwiGLU MLP, no position table (2-D RoPE), no patch bias
+_PIXTRAL_BLOCK = {"attn_q": "attention.q_proj", "attn_k": "attention.k_proj", "attn_v": "attention.v_proj",
+                  "attn_out": "attention.o_proj", "ln1": "attention_norm", "ln2": "ffn_norm",
+                  "ffn_gate": "feed_forward.gate_proj", "ffn_up": "feed_forward.up_proj",
+                  "ffn_down": "feed_forward.down_proj"}
+
+
+def _pixtral_shapes(v: ClipVision) -> dict[str, tuple[int, ...]]:
+    h, i, p = v.hidden_size, v.intermediate_size, v.patch_size
+    shapes: dict[str, tuple[int, ...]] = {"v.patch_embd.weight": (h, 3, p, p), "v.pre_ln.weight": (h,)}
+    for n in range(v.num_hidden_layers):
+        b = f"v.blk.{n}"
+        for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            shapes[f"{b}.{proj}.weight"] = (h, h)
+        shapes[f"{b}.ln1.weight"] = shapes[f"{b}.ln2.weight"] = (h,)
+        shapes[f"{b}.ffn_gate.weight"] = shapes[f"{b}.ffn_up.weight"] = (i, h)
+        shapes[f"{b}.ffn_down.weight"] = (h, i)
+    return shapes
+
+
+def _pixtral_name(name: str) -> str | None:
+    if name == "v.patch_embd.weight":
+        return "vision_tower.patch_conv.weight"
+    if name == "v.pre_ln.weight":
+        return "vision_tower.ln_pre.weight"
+    m = _BLOCK.fullmatch(name)
+    if m is None or m.group(2) not in _PIXTRAL_BLOCK or m.group(3) != "weight":
+        return None
+    return f"vision_tower.transformer.layers.{m.group(1)}.{_PIXTRAL_BLOCK[m.group(2)]}.weight"
+
+
+def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo convert_hf_to_gguf.py's LlamaModel.permute of Pixtral's q/k rows (rotate-half pairs made adjacent for
+    ggml's RoPE): [heads, 2, d/2, ...] was stored as [heads, d/2, 2, ...]."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def _swapped_ffn(mmproj: GGUFFile, v: ClipVision) -> bool:
     """Older scripts wrote the tower's fc1 as ffn_down and fc2 as ffn_up; clip.cpp tells them by ffn_down taking
     the tower's width (its ggml ne[0], our last dimension) and swaps them back."""
@@ -226,6 +263,19 @@ def _layout(kind: str, v: ClipVision, mmproj: GGUFFile) -> _Layout:
                        {"mm.0.weight": (width, h), "mm.0.bias": (width,), "mm.2.weight": (t, width), "mm.2.bias": (t,)},
                        frozenset([*tower[:2], *tower[4:], "mm.0.weight", "mm.2.weight",
                                   *(["v.class_embd", "v.pre_ln.weight", "v.pre_ln.bias"] if clip else [])]))
+    if kind == "pixtral":
+        # Pixtral-12B (LlavaForConditionalGeneration with a Pixtral tower): mm.1 -> GELU -> mm.2. Mistral Small
+        # 3.1's files add mm.input_norm and mm.patch_merger (Mistral3's projector): not read yet.
+        if "mm.patch_merger.weight" in mmproj.tensors:
+            raise ModelFormatError(f"{mmproj.path}: Mistral 3's pixtral projector (a patch merger) is not read yet")
+        out = mmproj.tensors.get("mm.2.weight")
+        if out is None or len(out.shape) != 2 or not 1 <= out.shape[0] <= _MAX_WIDTH:
+            raise ModelFormatError(f"{mmproj.path}: a pixtral projector needs a 2-D mm.2.weight")
+        t = out.shape[0]
+        proj = {f"mm.{i}.{wb}": f"multi_modal_projector.linear_{i}.{wb}" for i in (1, 2) for wb in ("weight", "bias")}
+        shapes = {"mm.1.weight": (t, h), "mm.1.bias": (t,), "mm.2.weight": (t, t), "mm.2.bias": (t,)}
+        required = [*_pixtral_shapes(v), "mm.1.weight", "mm.2.weight"]
+        return _Layout("vision_tower", False, proj, shapes, frozenset(required))
     raise ModelFormatError(f"{mmproj.path}: runlm does not read mmproj files of projector type {kind!r}")
 
 
@@ -253,6 +303,21 @@ def _configs(kind: str, v: ClipVision, mmproj: GGUFFile, layout: _Layout) -> tup
                 {"image_processor_type": "Gemma3ImageProcessor", "do_resize": True,
                  "size": {"height": v.image_size, "width": v.image_size}, "resample": 2,  # BILINEAR
                  "do_pan_and_scan": False, "image_seq_length": side * side, **rescale})
+    if kind == "pixtral":
+        heads = v.num_attention_heads
+        vision = {**v.hf("pixtral"), "head_dim": v.hidden_size // heads,
+                  # convert_hf_to_gguf.py writes use_gelu for Pixtral's "gelu" (erf); its RoPE base is not in the file
+                  "hidden_act": {"gelu_pytorch_tanh": "gelu"}.get(v.hidden_act, v.hidden_act),
+                  "rope_parameters": {"rope_theta": 10000.0, "rope_type": "axial"}}
+        vision.pop("layer_norm_eps")
+        text_hidden = layout.projector_shapes["mm.2.weight"][0]
+        return ({"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "vision_config": vision,
+                 "text_config": {"model_type": "mistral", "hidden_size": text_hidden},
+                 "vision_feature_layer": -1, "vision_feature_select_strategy": "full",
+                 "projector_hidden_act": "gelu", "multimodal_projector_bias": "mm.1.bias" in mmproj.tensors},
+                {"image_processor_type": "PixtralImageProcessor", "do_resize": True,
+                 "size": {"longest_edge": v.image_size},
+                 "patch_size": {"height": v.patch_size, "width": v.patch_size}, "resample": 3, **rescale})
     # mlp: LLaVA-1.5 (CLIPImageProcessor: shortest edge, center crop, as llava-hf ships it; clip.cpp pads to a
     # square and resizes instead). The file holds the layers up to the feature layer and no final norm: a tower
     # one layer deeper read at -2 is the same (the layer after it is never built).
@@ -272,11 +337,13 @@ def _configs(kind: str, v: ClipVision, mmproj: GGUFFile, layout: _Layout) -> tup
              "do_center_crop": layout.clip, "crop_size": square, **rescale})
 
 
-def _weights(mmproj: GGUFFile, names: dict[str, str], kind: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _weights(mmproj: GGUFFile, names: dict[str, str], kind: str, heads: int) -> Iterator[tuple[str, torch.Tensor]]:
     for name, hf in names.items():
         tensor = mmproj.load(name)  # dequantized / upcast to float32
         if kind == "gemma3" and name == "mm.soft_emb_norm.weight":
             tensor = tensor - 1.0  # stored as 1 + w (llama.cpp's RMS norm takes the weight as is)
+        if kind == "pixtral" and name.endswith((".attn_q.weight", ".attn_k.weight")):
+            tensor = _unpermute(tensor, heads)
         yield hf, tensor
 
 
@@ -290,12 +357,16 @@ def as_hf(mmproj: GGUFFile, family: ModuleType | None = None) -> tuple[dict, dic
         raise ModelFormatError(f"{mmproj.path}: projector type {kind!r} is not the {family.__name__} family's")
     v = clip_vision(mmproj)
     layout = _layout(kind, v, mmproj)
-    shapes = {**_tower_shapes(v, layout.clip), **layout.projector_shapes}
+    pixtral = kind == "pixtral"
+    shapes = {**(_pixtral_shapes(v) if pixtral else _tower_shapes(v, layout.clip)), **layout.projector_shapes}
     required = set(layout.required)
-    swapped = _swapped_ffn(mmproj, v)
+    swapped = not pixtral and _swapped_ffn(mmproj, v)
     names: dict[str, str] = {}
     for name, info in mmproj.tensors.items():
-        hf = layout.projector.get(name) or _tower_name(name, layout.tower_prefix, swapped)
+        if pixtral and name == "v.token_embd.img_break":
+            continue  # [IMG_BREAK]'s embedding: runlm's prompt keeps the token, the text model embeds it
+        hf = layout.projector.get(name) or (_pixtral_name(name) if pixtral else
+                                            _tower_name(name, layout.tower_prefix, swapped))
         if hf is None:
             raise ModelFormatError(f"{mmproj.path}: tensor {name!r} is not one runlm reads in a {kind!r} mmproj "
                                    f"file")
@@ -311,7 +382,7 @@ def as_hf(mmproj: GGUFFile, family: ModuleType | None = None) -> tuple[dict, dic
     if missing:
         raise ModelFormatError(f"{mmproj.path}: the mmproj file lacks {len(missing)} tensors, e.g. {missing[:3]}")
     hf_config, preprocessor = _configs(kind, v, mmproj, layout)
-    return hf_config, preprocessor, _weights(mmproj, names, kind)
+    return hf_config, preprocessor, _weights(mmproj, names, kind, v.num_attention_heads)
 
 
 # ---- finding the projector beside a model file ------------------------------------------------------------

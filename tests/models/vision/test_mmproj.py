@@ -251,6 +251,45 @@ def test_native_runner_splices_image_rows_as_the_torch_runner_does(family, files
     assert _generate(chunked, image) == got
 
 
+def test_pixtral_mmproj_reads_back_unpermuted() -> None:
+    """Pixtral-12B's mmproj (projector type pixtral): the converter permuted the q/k rows for ggml's RoPE; read
+    back, every tensor is the checkpoint's and the tower's rows equal the directory's."""
+    if (importlib.util.find_spec("runlm.models.vision.pixtral") is None
+            or importlib.util.find_spec("tests.fixtures.vlm.llava") is None):
+        pytest.skip("no Pixtral family on this branch yet")
+    from tests.fixtures.vlm import llava as llava_fixture
+
+    if not hasattr(llava_fixture, "pixtral_dir"):
+        pytest.skip("no Pixtral fixture on this branch yet")
+    from runlm.formats.tokenizer import Tokenizer
+    from runlm.models.vision import mmproj, pixtral, processor_config
+    from tests.fixtures.vlm.gguf import pixtral_gguf
+
+    try:
+        _, mmproj_file = pixtral_gguf("f32")
+    except RuntimeError as exc:  # the converter maps multi_modal_projector.linear_N only for N < the tower's layers
+        if "Can not map tensor" in str(exc):
+            pytest.skip("convert_hf_to_gguf.py cannot map a Pixtral tower of fewer than 3 layers")
+        raise
+    source = llava_fixture.pixtral_dir()
+    hf_config, preprocessor, weights = mmproj.as_hf(GGUFFile(mmproj_file), None)
+    ours = dict(weights)
+    theirs = {n: t for n, t in _hf_weights(source, pixtral).items()}
+    assert sorted(ours) == sorted(theirs)
+    for name, tensor in ours.items():
+        assert (tensor - theirs[name]).abs().max().item() == 0.0, name
+    tokenizer = Tokenizer.from_dir(source)
+    ours_model = pixtral.build(hf_config, preprocessor, ours.items(), tokenizer, llava=True)
+    ref = pixtral.build(json.loads((source / "config.json").read_text()), processor_config(source),
+                        theirs.items(), tokenizer, llava=True)
+    image_id = tokenizer.hf.token_to_id(pixtral.IMAGE_TOKEN)
+    a = ref.processor.process([1, image_id, 5], [make_image(96, 64, seed=1)])
+    b = ours_model.processor.process([1, image_id, 5], [make_image(96, 64, seed=1)])
+    assert a.token_ids == b.token_ids
+    assert np.abs(a.features[0].data["pixel_values"] - b.features[0].data["pixel_values"]).max() <= 1e-6
+    assert (ref.encode(a.features)[0] - ours_model.encode(a.features)[0]).abs().max().item() <= 1e-5
+
+
 # ---- bad files ----------------------------------------------------------------------------------------------
 
 def _rewrite(src: Path, dst: Path, metadata: dict | None = None, rename: dict | None = None,
