@@ -353,8 +353,13 @@ def as_hf(mmproj: GGUFFile, family: ModuleType | None = None) -> tuple[dict, dic
     kind = mmproj.metadata.get("clip.projector_type")
     if not isinstance(kind, str):
         raise ModelFormatError(f"{mmproj.path}: an mmproj file needs clip.projector_type")
-    if family is not None and kind not in getattr(family, "PROJECTOR_TYPES", ()):
-        raise ModelFormatError(f"{mmproj.path}: projector type {kind!r} is not the {family.__name__} family's")
+    if family is not None:
+        from runlm.models.vision import FAMILIES
+
+        short = family.__name__.rsplit(".", 1)[-1]
+        kinds = FAMILIES[short][1] if short in FAMILIES else getattr(family, "PROJECTOR_TYPES", ())
+        if kind not in kinds:
+            raise ModelFormatError(f"{mmproj.path}: projector type {kind!r} is not the {short} family's")
     v = clip_vision(mmproj)
     layout = _layout(kind, v, mmproj)
     pixtral = kind == "pixtral"

@@ -55,6 +55,11 @@ def _name(family) -> str:
     return family.__name__.rsplit(".", 1)[-1]
 
 
+def _placeholder(processor) -> int:
+    """The token a chat template writes for an image: Gemma 3's <start_of_image>, else the family's image token."""
+    return int(getattr(processor, "boi", None) or processor.image_token_id)
+
+
 def _hf_weights(path: Path, family) -> dict:
     from safetensors.torch import load_file
 
@@ -127,7 +132,7 @@ def test_mmproj_tower_matches_safetensors(outtype, tol, family, model_dir) -> No
     ref = _reference(family, model_dir, Tokenizer.from_dir(model_dir))
     ours = build_mmproj(GGUFFile(mmproj_file), Tokenizer.from_gguf(GGUFFile(text)))
     images = [make_image(96, 64, seed=1), make_image(40, 100, seed=2)]
-    placeholder = ref.processor.image_token_id
+    placeholder = _placeholder(ref.processor)
     prompt = [1, placeholder, 5, placeholder, 7]
     a = ref.processor.process(prompt, images)
     if _name(family) in SAME_PROCESSOR:
@@ -183,7 +188,7 @@ def _generate(llm, image) -> list[int]:
     from runlm import SamplingParams
 
     tok, engine = llm.get_tokenizer(), llm.engine
-    ids = [*tok.encode("User:", add_special_tokens=False), engine.vision.processor.image_token_id,
+    ids = [*tok.encode("User:", add_special_tokens=False), _placeholder(engine.vision.processor),
            *tok.encode(" What is in this picture?\nAssistant:", add_special_tokens=False)]
     out = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": png_bytes(image)}},
                        SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True))
