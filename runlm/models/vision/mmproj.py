@@ -361,6 +361,8 @@ def as_hf(mmproj: GGUFFile, family: ModuleType | None = None) -> tuple[dict, dic
         if kind not in kinds:
             raise ModelFormatError(f"{mmproj.path}: projector type {kind!r} is not the {short} family's")
     v = clip_vision(mmproj)
+    if kind == "qwen2.5vl_merger":
+        return _qwen_as_hf(mmproj, v)
     layout = _layout(kind, v, mmproj)
     pixtral = kind == "pixtral"
     shapes = {**(_pixtral_shapes(v) if pixtral else _tower_shapes(v, layout.clip)), **layout.projector_shapes}
@@ -388,6 +390,100 @@ def as_hf(mmproj: GGUFFile, family: ModuleType | None = None) -> tuple[dict, dic
         raise ModelFormatError(f"{mmproj.path}: the mmproj file lacks {len(missing)} tensors, e.g. {missing[:3]}")
     hf_config, preprocessor = _configs(kind, v, mmproj, layout)
     return hf_config, preprocessor, _weights(mmproj, names, kind, v.num_attention_heads)
+
+
+# ---- Qwen2.5-VL ------------------------------------------------------------------------------------------------
+# convert_hf_to_gguf.py splits Qwen2.5-VL's fused qkv into attn_q/k/v and its Conv3d patch embedding (two frames)
+# into v.patch_embd.weight and .weight.1: both are put back together here. The file holds no window size (clip.cpp
+# uses 112 pixels, the size of every released model) nor the processor's pixel bounds (clip.cpp: 8 to 4096 merged
+# tokens); this reads what clip.cpp computes with.
+_QWEN_BLOCK = {"attn_out": "attn.proj", "ln1": "norm1", "ln2": "norm2", "ffn_gate": "mlp.gate_proj",
+               "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "attn_q": "attn.qkv", "attn_k": "attn.qkv",
+               "attn_v": "attn.qkv"}
+_QWEN_WINDOW = 112
+
+
+def _qwen_shapes(v: ClipVision, out: int) -> dict[str, tuple[int, ...]]:
+    h, i, p = v.hidden_size, v.intermediate_size, v.patch_size
+    merged = h * 4  # the merger's input: a 2 x 2 block of patches
+    shapes: dict[str, tuple[int, ...]] = {"v.patch_embd.weight": (h, 3, p, p), "v.patch_embd.weight.1": (h, 3, p, p),
+                                          "v.post_ln.weight": (h,), "mm.0.weight": (merged, merged),
+                                          "mm.0.bias": (merged,), "mm.2.weight": (out, merged), "mm.2.bias": (out,)}
+    for n in range(v.num_hidden_layers):
+        b = f"v.blk.{n}"
+        for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            shapes[f"{b}.{proj}.weight"], shapes[f"{b}.{proj}.bias"] = (h, h), (h,)
+        shapes[f"{b}.ln1.weight"] = shapes[f"{b}.ln2.weight"] = (h,)
+        for proj in ("ffn_gate", "ffn_up"):
+            shapes[f"{b}.{proj}.weight"], shapes[f"{b}.{proj}.bias"] = (i, h), (i,)
+        shapes[f"{b}.ffn_down.weight"], shapes[f"{b}.ffn_down.bias"] = (h, i), (h,)
+    return shapes
+
+
+def _qwen_name(name: str) -> str | None:
+    fixed = {"v.patch_embd.weight": "visual.patch_embed.proj.weight",
+             "v.patch_embd.weight.1": "visual.patch_embed.proj.weight", "v.post_ln.weight": "visual.merger.ln_q.weight",
+             "mm.0.weight": "visual.merger.mlp.0.weight", "mm.0.bias": "visual.merger.mlp.0.bias",
+             "mm.2.weight": "visual.merger.mlp.2.weight", "mm.2.bias": "visual.merger.mlp.2.bias"}
+    if name in fixed:
+        return fixed[name]
+    m = _BLOCK.fullmatch(name)
+    if m is None or m.group(2) not in _QWEN_BLOCK:
+        return None
+    return f"visual.blocks.{m.group(1)}.{_QWEN_BLOCK[m.group(2)]}.{m.group(3)}"
+
+
+def _qwen_as_hf(mmproj: GGUFFile, v: ClipVision) -> tuple[dict, dict, Iterator[tuple[str, torch.Tensor]]]:
+    out = mmproj.tensors.get("mm.2.weight")
+    if out is None or len(out.shape) != 2 or not 1 <= out.shape[0] <= _MAX_WIDTH:
+        raise ModelFormatError(f"{mmproj.path}: a Qwen2.5-VL projector needs a 2-D mm.2.weight")
+    merge = _int(mmproj, "clip.vision.spatial_merge_size", 1, _MAX_SCALE, 2)
+    if merge != 2:
+        raise ModelFormatError(f"{mmproj.path}: a Qwen2.5-VL merger of {merge} x {merge} patches (runlm reads 2 x 2)")
+    pattern = _int(mmproj, "clip.vision.n_wa_pattern", 1, _MAX_LAYERS)
+    window = _int(mmproj, "clip.vision.window_size", 1, _MAX_IMAGE_SIZE, _QWEN_WINDOW)
+    shapes = _qwen_shapes(v, out.shape[0])
+    for name, info in mmproj.tensors.items():
+        if _qwen_name(name) is None or shapes.get(name) != tuple(info.shape):
+            raise ModelFormatError(f"{mmproj.path}: tensor {name!r} of shape {tuple(info.shape)} is not one runlm "
+                                   f"reads in a Qwen2.5-VL mmproj file (expected {shapes.get(name)})")
+    missing = sorted(shapes.keys() - mmproj.tensors.keys())
+    if missing:
+        raise ModelFormatError(f"{mmproj.path}: the mmproj file lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    area = (v.patch_size * merge) ** 2
+    hf_config = {"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+                 "vision_config": {"model_type": "qwen2_5_vl_vision", "depth": v.num_hidden_layers,
+                                   "hidden_size": v.hidden_size, "intermediate_size": v.intermediate_size,
+                                   "num_heads": v.num_attention_heads, "patch_size": v.patch_size,
+                                   "spatial_merge_size": merge, "temporal_patch_size": 2, "window_size": window,
+                                   "fullatt_block_indexes": list(range(pattern - 1, v.num_hidden_layers, pattern)),
+                                   "out_hidden_size": out.shape[0], "hidden_act": v.hidden_act, "in_channels": 3},
+                 "text_config": {"model_type": "qwen2", "hidden_size": out.shape[0]}}
+    preprocessor = {"image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3,
+                    "size": {"shortest_edge": 8 * area, "longest_edge": 4096 * area}, "patch_size": v.patch_size,
+                    "merge_size": merge, "temporal_patch_size": 2, "do_rescale": True, "rescale_factor": 1 / 255,
+                    "do_normalize": True, "do_convert_rgb": True, "image_mean": v.image_mean, "image_std": v.image_std}
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        import torch
+
+        yield "visual.patch_embed.proj.weight", torch.stack([mmproj.load("v.patch_embd.weight"),
+                                                              mmproj.load("v.patch_embd.weight.1")], dim=2)
+        for name in shapes:
+            hf = _qwen_name(name)
+            assert hf is not None
+            if name.startswith("v.patch_embd"):
+                continue
+            m = _BLOCK.fullmatch(name)
+            if m is not None and m.group(2) in ("attn_k", "attn_v"):
+                continue  # with attn_q
+            if m is not None and m.group(2) == "attn_q":
+                b, wb = f"v.blk.{m.group(1)}", m.group(3)
+                yield hf, torch.cat([mmproj.load(f"{b}.attn_{x}.{wb}") for x in "qkv"])
+            else:
+                yield hf, mmproj.load(name)
+
+    return hf_config, preprocessor, weights()
 
 
 # ---- finding the projector beside a model file ------------------------------------------------------------

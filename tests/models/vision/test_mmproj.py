@@ -28,18 +28,23 @@ from runlm.formats.gguf import GGUFFile
 from tests.fixtures.vlm import png_bytes
 from tests.fixtures.vlm import test_image as make_image
 
-FAMILIES = [f for f in ("idefics3", "gemma3", "llava")
+FAMILIES = [f for f in ("idefics3", "gemma3", "llava", "qwen2_5_vl")
             if importlib.util.find_spec(f"runlm.models.vision.{f}") is not None
             and importlib.util.find_spec(f"tests.fixtures.vlm.{f}") is not None]
 pytestmark = pytest.mark.skipif(not FAMILIES, reason="no vision family with a fixture on this branch yet")
 
 GREEDY_TOKENS = 12
 # the families whose f32 mmproj holds every tensor in F32 (the others keep some in F16 whatever they are asked)
-ALL_F32 = {"idefics3"}
-# the families whose mmproj says everything their processor needs
-SAME_PROCESSOR = {"idefics3", "gemma3"}
+ALL_F32 = {"idefics3", "qwen2_5_vl"}
+# the families whose mmproj says everything their processor needs (Qwen2.5-VL's pixel bounds are clip.cpp's, which
+# the small test images fall within)
+SAME_PROCESSOR = {"idefics3", "gemma3", "qwen2_5_vl"}
+# what the file does not carry, set in the directory's config as clip.cpp computes it
+FILE_SETTINGS = {"qwen2_5_vl": {"window_size": 112}}
+# text GGUFs runlm does not read yet
+NO_TEXT_GGUF = {"qwen2_5_vl": "runlm reads no qwen2vl text GGUF yet (M-RoPE sections from the file)"}
 # the families whose text model the native runner runs (Gemma's is the torch runner's)
-NATIVE_TEXT = {"idefics3", "llava"}
+NATIVE_TEXT = {"idefics3", "llava"}  # (Qwen2.5-VL's needs M-RoPE)
 
 
 def _needs_native(family) -> None:
@@ -107,7 +112,8 @@ def test_f32_mmproj_tensors_are_the_checkpoints(family, files, model_dir) -> Non
         assert (tensor - theirs[name]).abs().max().item() <= tol, name
     cfg = json.loads((model_dir / "config.json").read_text())
     for key, value in hf_config["vision_config"].items():
-        if key not in ("model_type", "num_hidden_layers") and key in cfg["vision_config"]:
+        if (key not in ("model_type", "num_hidden_layers", *FILE_SETTINGS.get(_name(family), {}))
+                and key in cfg["vision_config"]):
             assert cfg["vision_config"][key] == value, key
 
 
@@ -116,6 +122,7 @@ def _reference(family, model_dir: Path, tokenizer):
     from runlm.models.vision import processor_config
 
     hf_config = json.loads((model_dir / "config.json").read_text())
+    hf_config["vision_config"].update(FILE_SETTINGS.get(_name(family), {}))
     return family.build(hf_config, processor_config(model_dir), list(_hf_weights(model_dir, family).items()),
                         tokenizer)
 
@@ -214,8 +221,10 @@ def test_f32_gguf_and_mmproj_match_the_safetensors_model_exactly(family, files, 
     """The torch runner in exact mode on the text GGUF (f32) + mmproj: the same greedy tokens as on the directory."""
     from runlm import LLM
 
-    if _name(family) not in SAME_PROCESSOR:
-        pytest.skip("the file does not say all the directory's processor settings")
+    if _name(family) not in SAME_PROCESSOR or _name(family) in FILE_SETTINGS:
+        pytest.skip("the file does not say all the directory's settings")
+    if _name(family) in NO_TEXT_GGUF:
+        pytest.skip(NO_TEXT_GGUF[_name(family)])
     image = make_image(96, 64, seed=3)
     want = _chat(LLM(str(model_dir), exact_numerics=True), image)
     gguf = LLM(str(files[0]), mmproj=str(files[1]), exact_numerics=True)
@@ -330,7 +339,7 @@ def _rewrite(src: Path, dst: Path, metadata: dict | None = None, rename: dict | 
     (dict(metadata={"clip.vision.block_count": 100000}), "block_count"),
     (dict(metadata={"clip.vision.attention.head_count": 5}), "multiple"),
     (dict(metadata={"clip.vision.image_mean": [0.5, 0.5]}), "image_mean"),
-    (dict(rename={"v.blk.0.ln1.bias": "v.something_else.bias"}), "something_else"),
+    (dict(rename={"v.blk.0.ln1.weight": "v.something_else.weight"}), "something_else"),
     (dict(reshape={"v.blk.0.attn_q.weight": (8, 8)}), "attn_q"),
     (dict(metadata={"clip.projector_type": "resampler"}), "resampler"),
 ])
