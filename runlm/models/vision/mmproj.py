@@ -10,7 +10,8 @@ projector's kind in ``clip.projector_type`` and its tensors under llama.cpp's na
     v.patch_embd.{weight,bias}  v.position_embd.weight  v.class_embd  v.pre_ln.*  v.post_ln.*
     v.blk.N.{attn_q,attn_k,attn_v,attn_out,ln1,ln2,ffn_up,ffn_down}.{weight,bias}
     mm.model.fc.weight (idefics3)  mm.input_projection.weight, mm.soft_emb_norm.weight (gemma3)
-    mm.0.*, mm.2.* (mlp: LLaVA-1.5's two-layer projector)
+    mm.0.*, mm.2.* (mlp: LLaVA-1.5's two-layer projector)  mm.1.*, mm.2.* (pixtral: Pixtral-12B)
+    v.blk.N.ffn_gate, v.patch_embd.weight.1, mm.0.*, mm.2.* (qwen2.5vl_merger: Qwen2.5-VL)
 
 What the converter changed is undone here (tools/mtmd/clip.cpp reads the files the same way):
 
@@ -19,7 +20,9 @@ What the converter changed is undone here (tools/mtmd/clip.cpp reads the files t
 * Gemma 3's ``mm.soft_emb_norm`` was stored as ``1 + w`` (llama.cpp's RMS norm multiplies by the weight;
   Gemma3RMSNorm by 1 + weight): 1 is taken off again;
 * files written by older scripts name the tower's MLP the wrong way round (``ffn_down`` [hidden -> inner]);
-  clip.cpp swaps them back when ``ffn_down`` takes the tower's width, and so does this.
+  clip.cpp swaps them back when ``ffn_down`` takes the tower's width, and so does this;
+* Pixtral's q/k rows were permuted for ggml's RoPE (LlamaModel.permute): un-permuted; Qwen2.5-VL's fused qkv
+  was split in three and its two-frame patch convolution in two: put back together.
 
 The file is untrusted input: every size the metadata gives is bounded before a tensor is shaped from it, every
 tensor's shape is checked against the config before it is dequantized, and a file with tensors this reader
