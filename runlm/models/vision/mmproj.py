@@ -269,6 +269,9 @@ def _layout(kind: str, v: ClipVision, mmproj: GGUFFile) -> _Layout:
     if kind == "pixtral":
         # Pixtral-12B (LlavaForConditionalGeneration with a Pixtral tower): mm.1 -> GELU -> mm.2. Mistral Small
         # 3.1's files add mm.input_norm and mm.patch_merger (Mistral3's projector): not read yet.
+        head = h // v.num_attention_heads
+        if head % 2:
+            raise ModelFormatError(f"{mmproj.path}: Pixtral's RoPE needs an even head size, not {head}")
         if "mm.patch_merger.weight" in mmproj.tensors:
             raise ModelFormatError(f"{mmproj.path}: Mistral 3's pixtral projector (a patch merger) is not read yet")
         out = mmproj.tensors.get("mm.2.weight")
