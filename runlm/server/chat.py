@@ -14,7 +14,7 @@ from runlm.server.body import parse_body
 from runlm.server.errors import APIError, bad_request
 from runlm.server.generation import Generation, Ticket, TicketedStreamingResponse, new_id, start_generation
 from runlm.server.logprobs import TokenTexts, chat_logprobs
-from runlm.server.prompts import chat_prompt_ids, check_room_for_completion
+from runlm.server.prompts import chat_prompt, check_room_for_completion
 from runlm.server.protocol import ChatCompletionRequest
 from runlm.server.reasoning import ReasoningPlan, reasoning_plan, template_kwargs, thinking_params
 from runlm.server.sampling import to_sampling_params
@@ -67,14 +67,15 @@ async def start_chat(request: Request, req: ChatCompletionRequest) -> ChatRun:
     params = to_sampling_params(req, plan.structured_outputs, state.settings.sampling_defaults)
     if plan.parser is not None and plan.parser.needs_special_tokens:
         params.skip_special_tokens = False  # the call markers are special tokens
-    prompt = await chat_prompt_ids(engine, req.messages, req.add_generation_prompt, plan.template_tools,
-                                   template_kwargs(req), state.settings.trust_request_chat_template,
-                                   req.continue_final_message)
+    prompt, images = await chat_prompt(engine, req.messages, req.add_generation_prompt, plan.template_tools,
+                                       template_kwargs(req), state.settings.trust_request_chat_template,
+                                       req.continue_final_message, state.settings.media, state.model_name)
     reasoning = reasoning_plan(req, state, engine, prompt)
     params.thinking = thinking_params(reasoning, req, engine, params.structured_outputs is not None)
     check_room_for_completion(engine, [prompt], params, "messages")
     gen, ticket = await start_generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority,
-                                         "messages", constraint_source(req, plan.structured_outputs), lora)
+                                         "messages", constraint_source(req, plan.structured_outputs), lora,
+                                         images=images)
     texts = TokenTexts(engine.tokenizer) if params.logprobs is not None else None
     model_name = lora.lora_name if lora else state.model_name  # answers name the adapter asked for, as vLLM's
     return ChatRun(gen, ticket, req, model_name, texts, plan, reasoning)

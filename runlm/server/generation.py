@@ -85,12 +85,13 @@ class TicketedStreamingResponse(StreamingResponse):
 
 async def start_generation(state: ServerState, engine: AsyncLLM, http_request: Request, prompts: list[list[int]],
                            params: SamplingParams, request_id: str, priority: int, prompt_param: str,
-                           constraint_source: str | None, lora_request: LoRARequest | None = None
-                           ) -> tuple[Generation, Ticket]:
-    """Admit the request, then add it to the engine; on a refusal the places are given back."""
+                           constraint_source: str | None, lora_request: LoRARequest | None = None,
+                           images: list[bytes] | None = None) -> tuple[Generation, Ticket]:
+    """Admit the request, then add it to the engine; on a refusal the places are given back. ``images``: the
+    encoded images of a chat prompt (checked already), in the order of its placeholders."""
     ticket = admit(state, engine, params.n * len(prompts))
     gen = Generation(state, engine, http_request, prompts, params, request_id, priority, prompt_param,
-                     constraint_source, lora_request)
+                     constraint_source, lora_request, images=images or [])
     try:
         await gen.start()
     except BaseException:
@@ -113,6 +114,7 @@ class Generation:
     prompt_param: str = "prompt"              # the request field that holds the prompt, for errors
     constraint_source: str | None = None      # the request field a structured-output constraint came from
     lora_request: LoRARequest | None = None   # the adapter the request's model names
+    images: list[bytes] = field(default_factory=list)  # a chat prompt's images (encoded), for multi_modal_data
     disconnected: bool = False
     arrival: float = field(default_factory=time.monotonic)
     streams: list[RequestStream] = field(default_factory=list)
@@ -122,8 +124,11 @@ class Generation:
         pin = data_parallel_rank(self.http_request, self.engine)
         try:
             for i, prompt in enumerate(self.prompts):
+                inputs: dict[str, Any] = {"prompt_token_ids": prompt}
+                if self.images:
+                    inputs["multi_modal_data"] = {"image": list(self.images)}
                 self.streams.append(await self.engine.add_request(
-                    f"{self.request_id}-{i}", {"prompt_token_ids": prompt}, replace(self.params), self.priority,
+                    f"{self.request_id}-{i}", inputs, replace(self.params), self.priority,
                     lora_request=self.lora_request, data_parallel_rank=pin))
         except BaseException as exc:
             self.close()
