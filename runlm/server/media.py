@@ -192,8 +192,8 @@ async def take_images(messages: Sequence[Mapping[str, Any]], media: MediaSetting
     count, first = len(found), found[0]
     if "image" not in modalities:
         name = f"the model {model!r}" if model else "this model"
-        raise bad_request(f"{name} does not accept images (image inputs are not supported by a text-only model)", first,
-                          "image_input_not_supported")
+        raise bad_request(f"{name} does not accept images (image inputs are not supported by a text-only model)",
+                          first, "image_input_not_supported")
     if count > media.limit_per_prompt:
         raise bad_request(f"the request has {count} images; at most {media.limit_per_prompt} are allowed per "
                           f"prompt (--limit-mm-per-prompt)", first, "too_many_images")
