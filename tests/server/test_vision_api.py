@@ -1,0 +1,245 @@
+"""Images on serve-engine's APIs, driven by the official clients over real sockets: OpenAI chat ``image_url`` parts
+(data: URLs, and http URLs from a host --allowed-media-domains names), the Responses API's ``input_image`` and
+Anthropic's ``image`` blocks answer from the image (its tokens are counted in the prompt; another image gives other
+logits); every bad image is a 400 in the API's own shape naming the part, and the server answers the next request."""
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.fixtures.vlm import png_bytes, test_image, vlm_dir
+from tests.server.conftest import API_KEY
+from tests.server.process import ServerProcess
+
+MODEL = "tiny-vlm"
+GREEDY = {"temperature": 0.0, "max_tokens": 3}
+
+
+def data_url(data: bytes, media_type: str = "image/png") -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+PICTURE = png_bytes(test_image(96, 64, seed=0))
+OTHER = png_bytes(test_image(96, 64, seed=3))
+
+
+def ask(url: str, text: str = "What is in the picture?") -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}]
+
+
+class _Images(BaseHTTPRequestHandler):
+    """/cat.png: the picture; /big.png: more bytes than a server takes; /hop: a redirect to another host."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path == "/cat.png":
+            body = PICTURE
+        elif self.path == "/hop":
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/cat.png")
+            self.end_headers()
+            return
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def vlm_server() -> Iterator[ServerProcess]:
+    server = ServerProcess(str(vlm_dir("idefics3")), [
+        "--kv-cache-memory", "64MiB", "--api-key", API_KEY, "--served-model-name", MODEL,
+        "--limit-mm-per-prompt", "image=2", "--allowed-media-domains", "127.0.0.1", "--media-fetch-timeout", "5"]).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(vlm_server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=vlm_server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def first_logprobs(client: openai.OpenAI, messages: list[dict]) -> tuple[int, list[float]]:
+    r = client.chat.completions.create(model=MODEL, messages=messages, logprobs=True, top_logprobs=5, **GREEDY)
+    assert r.choices[0].logprobs is not None
+    return r.usage.prompt_tokens, [t.logprob for t in r.choices[0].logprobs.content[0].top_logprobs]
+
+
+def test_an_image_chat_answers_from_the_image(client: openai.OpenAI) -> None:
+    tokens, seen = first_logprobs(client, ask(data_url(PICTURE)))
+    text_only = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is in the picture?"}], **GREEDY)
+    assert tokens > text_only.usage.prompt_tokens + 16  # the image's tokens are in the prompt
+    again_tokens, again = first_logprobs(client, ask(data_url(PICTURE)))
+    assert (again_tokens, again) == (tokens, seen)  # the same image: the same prompt, the same answer
+    other_tokens, other = first_logprobs(client, ask(data_url(OTHER)))
+    assert other_tokens == tokens and other != seen  # other pixels, other logits
+    # streamed, with usage, and as a JPEG
+    import PIL.Image
+
+    jpeg = io.BytesIO()
+    PIL.Image.open(io.BytesIO(PICTURE)).save(jpeg, format="JPEG")
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ask(data_url(jpeg.getvalue(), "image/jpeg")),
+                                                 stream=True, stream_options={"include_usage": True}, **GREEDY))
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == tokens
+
+
+def test_two_images_in_order(client: openai.OpenAI) -> None:
+    one = client.chat.completions.create(model=MODEL, messages=ask(data_url(PICTURE)), **GREEDY).usage.prompt_tokens
+    both = [{"role": "user", "content": [{"type": "text", "text": "Compare"},
+                                         {"type": "image_url", "image_url": {"url": data_url(PICTURE)}},
+                                         {"type": "image_url", "image_url": {"url": data_url(OTHER)}}]}]
+    two = client.chat.completions.create(model=MODEL, messages=both, **GREEDY).usage.prompt_tokens
+    assert two > one + 16
+
+
+def test_image_urls_only_from_allowed_hosts(client: openai.OpenAI, image_host: str) -> None:
+    fetched, _ = first_logprobs(client, ask(f"{image_host}/cat.png"))
+    inline, _ = first_logprobs(client, ask(data_url(PICTURE)))
+    assert fetched == inline
+    for url, code, text in [(f"{image_host}/hop", "image_url_not_allowed", "localhost"),
+                            (f"{image_host}/missing.png", "image_fetch_failed", "404"),
+                            ("http://example.com/cat.png", "image_url_not_allowed", "example.com"),
+                            ("file:///etc/passwd", "image_url_not_allowed", "'file'"),
+                            ("ftp://127.0.0.1/cat.png", "image_url_not_allowed", "'ftp'")]:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=MODEL, messages=ask(url), **GREEDY)
+        body = err.value.body
+        assert body["code"] == code and body["param"] == "messages[0].content[0]" and text in body["message"], body
+
+
+def _truncated() -> bytes:
+    return PICTURE[: len(PICTURE) // 2]
+
+
+def _huge_in_pixels() -> bytes:
+    import PIL.Image
+
+    out = io.BytesIO()
+    PIL.Image.new("1", (8000, 6000)).save(out, format="PNG")  # 48M pixels in a few kB
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("url, code, text", [
+    (data_url(b"this is not a picture"), "invalid_image", "not an image"),
+    (data_url(b""), "invalid_image", ""),
+    ("data:image/png;base64,@@@@", "invalid_image", "base64"),
+    ("data:image/png,rawbytes", "invalid_image", "base64"),
+    (data_url(_truncated()), "invalid_image", "truncated"),
+    (data_url(_huge_in_pixels()), "image_too_large", "pixels"),
+])
+def test_bad_images_are_400s_naming_the_part(client: openai.OpenAI, url: str, code: str, text: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=ask(url), **GREEDY)
+    body = err.value.body
+    assert body["type"] == "invalid_request_error" and body["code"] == code, body
+    assert body["param"] == "messages[0].content[0]" and text in body["message"], body
+
+
+def test_too_many_and_too_large(client: openai.OpenAI, vlm_server: ServerProcess) -> None:
+    three = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(PICTURE)}}] * 3}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=three, **GREEDY)
+    assert err.value.body["code"] == "too_many_images" and "at most 2" in err.value.body["message"]
+    # more bytes than an image may have (20 MiB), in a body the server still reads (32 MiB by default)
+    big = data_url(bytes(21 << 20))
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=ask(big), **GREEDY)
+    assert err.value.body["code"] == "image_too_large" and "bytes" in err.value.body["message"]
+    # other media are refused by name; the server goes on answering
+    audio = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=audio, **GREEDY)
+    assert err.value.body["param"] == "messages[0].content[0]" and "input_audio" in err.value.body["message"]
+    assert client.chat.completions.create(model=MODEL, messages=ask(data_url(PICTURE)), **GREEDY).choices
+
+
+def test_responses_input_image(client: openai.OpenAI) -> None:
+    chat_tokens, _ = first_logprobs(client, ask(data_url(PICTURE)))
+    r = client.responses.create(model=MODEL, max_output_tokens=3, temperature=0.0, input=[{"role": "user", "content": [
+        {"type": "input_image", "image_url": data_url(PICTURE), "detail": "auto"},
+        {"type": "input_text", "text": "What is in the picture?"}]}])
+    assert r.status in ("completed", "incomplete") and r.usage is not None
+    assert r.usage.input_tokens == chat_tokens
+    follow = client.responses.create(model=MODEL, max_output_tokens=3, temperature=0.0, previous_response_id=r.id,
+                                     input="And its colours?")
+    assert follow.usage is not None and follow.usage.input_tokens > chat_tokens  # the image is in the history
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": data_url(b"nope")}]}])
+    assert err.value.body["param"] == "input[0].content[1]" and "not an image" in err.value.body["message"]
+
+
+def test_anthropic_image_blocks(vlm_server: ServerProcess) -> None:
+    client = anthropic.Anthropic(base_url=vlm_server.url, api_key=API_KEY, max_retries=0, timeout=120)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(PICTURE).decode()}}
+    message = client.messages.create(model=MODEL, max_tokens=3, extra_body={"temperature": 0}, messages=[
+        {"role": "user", "content": [image, {"type": "text", "text": "What is in the picture?"}]}])
+    assert message.content and message.usage.input_tokens > 16
+    counted = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": [image]}])
+    assert counted.input_tokens > 0
+    bad = {**image, "source": {**image["source"], "data": base64.b64encode(_truncated()).decode()}}
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model=MODEL, max_tokens=3, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, bad]}])
+    assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "invalid_request_error"
+    assert "messages[0].content[1]" in err.value.body["error"]["message"]
+    assert "truncated" in err.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError, match="media_type"):
+        client.messages.create(model=MODEL, max_tokens=3, messages=[{"role": "user", "content": [
+            {**image, "source": {**image["source"], "media_type": "image/tiff"}}]}])
+    with pytest.raises(anthropic.BadRequestError, match="does not fetch"):
+        client.messages.create(model=MODEL, max_tokens=3, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}])
+
+
+def test_reset_mm_cache_route(vlm_server: ServerProcess, client: openai.OpenAI) -> None:
+    _, before = first_logprobs(client, ask(data_url(PICTURE)))
+    r = httpx.post(f"{vlm_server.url}/reset_mm_cache", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 200
+    _, after = first_logprobs(client, ask(data_url(PICTURE)))
+    assert after == before
+
+
+def test_a_text_only_model_refuses_images_on_every_api(smollm2_server: ServerProcess) -> None:
+    oa = openai.OpenAI(base_url=smollm2_server.base_url, api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model="smollm2", messages=ask(data_url(PICTURE)), max_tokens=2)
+    body = err.value.body
+    assert body["code"] == "image_input_not_supported" and body["param"] == "messages[0].content[0]"
+    assert "'smollm2' does not accept images" in body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.responses.create(model="smollm2", input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": data_url(PICTURE)}]}])
+    assert err.value.body["param"] == "input[0].content[0]" and "does not accept images" in err.value.body["message"]
+    an = anthropic.Anthropic(base_url=smollm2_server.url, api_key=API_KEY, max_retries=0)
+    with pytest.raises(anthropic.BadRequestError, match="does not accept images"):
+        an.messages.create(model="smollm2", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(PICTURE).decode()}}]}])
+    assert oa.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=2).choices
