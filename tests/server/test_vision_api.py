@@ -243,3 +243,19 @@ def test_a_text_only_model_refuses_images_on_every_api(smollm2_server: ServerPro
                                          "data": base64.b64encode(PICTURE).decode()}}]}])
     assert oa.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}],
                                       max_tokens=2).choices
+
+
+def test_runlm_run_through_a_server_sends_image_url_parts(vlm_server: ServerProcess, monkeypatch) -> None:
+    """`runlm run MODEL PROMPT --image FILE` with a daemon: the images go as data: URLs, stay in the conversation."""
+    from runlm.cli.client import CLIError, Daemon
+    from runlm.cli.run_daemon import DaemonChat
+    from runlm.engine.types.sampling_params import SamplingParams
+
+    monkeypatch.setenv("RUNLM_API_KEY", API_KEY)
+    chat = DaemonChat(Daemon(vlm_server.url), MODEL, SamplingParams(temperature=0.0, max_tokens=3), None)
+    first = chat.reply("What is in the picture?", io.StringIO(), [PICTURE])
+    assert first and chat.history[0]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert chat.reply("And its colours?", io.StringIO()) is not None and len(chat.history) == 4
+    with pytest.raises(CLIError, match="not an image"):
+        chat.reply("and this?", io.StringIO(), [b"GIF89a-not-really"])
+    assert len(chat.history) == 4  # the refused turn is not kept
