@@ -72,7 +72,9 @@ def image_host() -> Iterator[str]:
 def vlm_server() -> Iterator[ServerProcess]:
     server = ServerProcess(str(vlm_dir("idefics3")), [
         "--kv-cache-memory", "64MiB", "--api-key", API_KEY, "--served-model-name", MODEL,
-        "--limit-mm-per-prompt", "image=2", "--allowed-media-domains", "127.0.0.1", "--media-fetch-timeout", "5"]).start()
+        "--limit-mm-per-prompt", "image=2", "--allowed-media-domains", "127.0.0.1", "--media-fetch-timeout", "5",
+        # short answers for what does not say (the chat page): a random-weight model never stops by itself
+        "--override-generation-config", '{"max_new_tokens": 4}']).start()
     yield server
     server.stop()
 
@@ -259,3 +261,57 @@ def test_runlm_run_through_a_server_sends_image_url_parts(vlm_server: ServerProc
     with pytest.raises(CLIError, match="not an image"):
         chat.reply("and this?", io.StringIO(), [b"GIF89a-not-really"])
     assert len(chat.history) == 4  # the refused turn is not kept
+
+
+def test_chat_page_attaches_and_pastes_images(vlm_server: ServerProcess, tmp_path) -> None:
+    """The chat page in Chromium: an attached image shows beside the question and goes as an image_url data: URL;
+    a pasted one is attached too."""
+    import os
+    import shutil
+
+    chromium = os.environ.get("RUNLM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no Chromium installed (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    picture = tmp_path / "cat.png"
+    picture.write_bytes(PICTURE)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            problems: list[str] = []
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            sent: list[dict] = []
+            page.on("request", lambda r: sent.append(r.post_data_json) if r.url.endswith("/chat/completions") else None)
+            page.goto(f"{vlm_server.url}/")
+            page.fill("#api-key", API_KEY)
+            page.dispatch_event("#api-key", "change")
+            page.locator("#model option").first.wait_for(state="attached")
+            page.fill("#temperature", "0")
+            page.dispatch_event("#temperature", "change")
+            page.set_input_files("#image-file", str(picture))
+            page.wait_for_selector("#attachments img")
+            page.fill("#prompt", "What is in the picture?")
+            page.press("#prompt", "Enter")
+            page.wait_for_selector(".msg.assistant[data-done]", timeout=120_000)
+            assert page.locator(".msg.assistant").first.get_attribute("data-done") == "complete"
+            assert page.locator(".msg.error").count() == 0, page.locator(".msg.assistant .body").first.inner_text()
+            shown = page.locator(".msg.user .images img").first.get_attribute("src")
+            assert shown is not None and shown.startswith("data:image/png;base64,")
+            assert page.locator("#attachments img").count() == 0  # sent: the composer is empty again
+            part = sent[0]["messages"][-1]["content"][0]
+            assert part["type"] == "image_url" and base64.b64decode(part["image_url"]["url"].split(",", 1)[1]) == PICTURE
+            # a pasted image is attached (a paste event carrying a file, as the browser makes one)
+            page.evaluate("""(b64) => {
+                const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+                const data = new DataTransfer();
+                data.items.add(new File([bytes], "pasted.png", { type: "image/png" }));
+                document.getElementById("prompt").dispatchEvent(
+                    new ClipboardEvent("paste", { clipboardData: data, bubbles: true, cancelable: true }));
+            }""", base64.b64encode(PICTURE).decode())
+            page.wait_for_selector("#attachments img")
+            page.screenshot(path=os.environ.get("RUNLM_SCREENSHOT", str(tmp_path / "chat-image.png")))
+            assert not [p for p in problems if "401" not in p], problems  # (the key-less first /v1/models: 401)
+        finally:
+            browser.close()
