@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,11 @@ class GroupSlots:
         self.flat_context_slots = torch.cat(self.context_slots)
 
 
+class AttentionBackend(Protocol):
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                window: int | None, softcap: float | None) -> torch.Tensor: ...
+
+
 @dataclass(slots=True)
 class ForwardContext:
     query_lens: list[int]              # new tokens per sequence, in batch order
@@ -46,6 +52,9 @@ class ForwardContext:
     # token embeddings; and per sequence, spans (absolute positions) whose tokens attend to each other both ways
     mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
     bidirectional: list[list[tuple[int, int]]] | None = None
+    # a runner's own attention (the GPU runner's paged kernels): write_kv_and_attend hands every layer to
+    # ``backend.forward(layer, q, k, v, scale, window, softcap) -> [T, H, D]``
+    backend: AttentionBackend | None = None
 
     def slots_of(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor, list[torch.Tensor] | None]:
         """(slot_mapping, flat context slots, per-sequence context slots) addressing layer ``layer``'s cache."""
@@ -117,6 +126,8 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
     context (kernels.paged_attention, or torch). q: [T, H, D]; k, v: [T, KVH, D].
     Returns [T, H, D]."""
     ctx = get_forward_context()
+    if ctx.backend is not None:
+        return ctx.backend.forward(layer, q, k, v, scale, window, softcap)
     if ctx.kv_caches is not None:
         k_cache, v_cache = ctx.kv_caches[layer]
         slot_mapping, flat_slots, _ = ctx.slots_of(layer)

@@ -143,7 +143,7 @@ class LlamaModel(nn.Module):
             rows, values = ctx.mm_embeds
             x[rows] = values.to(x.dtype)
         # (M-RoPE's [3, T] positions take the layers' torch path)
-        if self.fused and ctx.kv_caches is not None and positions.ndim == 1:
+        if self.fused and ctx.kv_caches is not None and ctx.backend is None and positions.ndim == 1:
             return self._forward_fused(x, positions)
         for layer in self.layers:
             x = layer(positions, x)

@@ -5,6 +5,10 @@ transformers' ``ROPE_INIT_FUNCTIONS``, so logits match HF to fp32 rounding). Rot
 "rotate half" (NeoX) layout, or, for GGUF Q/K weights kept as stored in the interleaved layout
 (Llama-arch files), rotation of adjacent pairs: q and k then carry the same
 per-head permutation of their features, which leaves every attention score unchanged.
+
+M-RoPE (Qwen2.5-VL; a scaling with ``mrope_section``): positions are [3, T], one row per axis (time, height,
+width), and the frequencies are split in three sections, each rotated by its own axis's position, as
+transformers' ``apply_multimodal_rotary_pos_emb`` does; [T] positions rotate as plain RoPE (all axes equal).
 """
 from __future__ import annotations
 
@@ -23,12 +27,22 @@ class RotaryEmbedding(nn.Module):
 
     ``rotary_dim`` < head_dim rotates only the first rotary_dim features of each head (partial rotary).
     LongRoPE keeps a second table for the long factors, used for every token of a sequence whose context
-    is longer than original_max_position_embeddings (transformers' rule: the length decides, per sequence)."""
+    is longer than original_max_position_embeddings (transformers' rule: the length decides, per sequence).
+    A scaling with ``mrope_section`` (M-RoPE, rope_type "mrope" or another type's with the section) takes
+    [3, T] positions as well as [T]."""
 
     def __init__(self, head_dim: int, base: float, scaling: Mapping[str, Any] | None, max_position: int,
                  freq_factors: torch.Tensor | None = None, rotary_dim: int | None = None) -> None:
         super().__init__()
         self.head_dim, self.rotary_dim = head_dim, rotary_dim or head_dim
+        self.mrope_section: list[int] | None = None
+        if scaling is not None and scaling.get("mrope_section"):
+            self.mrope_section = [int(s) for s in scaling["mrope_section"]]
+            if sum(self.mrope_section) != self.rotary_dim // 2:
+                raise ValueError(f"mrope_section {self.mrope_section} does not cover the {self.rotary_dim // 2} "
+                                 f"rotary frequencies")
+            if rope_kind(scaling) == "mrope":  # the frequencies themselves are RoPE's default ones
+                scaling = None
         inv_np, attn = inverse_frequencies(self.rotary_dim, base, scaling, max_position)
         inv = torch.from_numpy(inv_np)
         if freq_factors is not None:  # GGUF llama3 models carry their scaling as a rope_freqs tensor
@@ -46,6 +60,7 @@ class RotaryEmbedding(nn.Module):
             self.long_after = int(scaling["original_max_position_embeddings"])
         self.interleaved = False
         self._build(max_position)
+        self._mrope_axis: torch.Tensor | None = None  # [rotary_dim]: the axis (0, 1, 2) each table column takes
 
     @property
     def fusable(self) -> bool:
@@ -55,7 +70,19 @@ class RotaryEmbedding(nn.Module):
     def use_interleaved_pairs(self) -> None:
         """Rotate features (2i, 2i+1) together, as llama.cpp does for its "normal" RoPE layout."""
         self.interleaved = True
+        self._mrope_axis = None
         self._build(self.cos.shape[0])
+
+    def _mrope_tables(self, positions: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, rotary_dim] for [3, T] positions: frequency i of section s takes axis s's position."""
+        assert self.mrope_section is not None
+        if self._mrope_axis is None or self._mrope_axis.device != device:
+            axis = torch.repeat_interleave(torch.arange(3), torch.tensor(self.mrope_section))
+            axis = axis.repeat_interleave(2) if self.interleaved else axis.repeat(2)
+            self._mrope_axis = axis.to(device)
+        cos, sin = self._tables(positions, device)  # [3, T, D]
+        index = self._mrope_axis.view(1, 1, -1).expand(1, positions.shape[1], -1)
+        return cos.gather(0, index)[0], sin.gather(0, index)[0]
 
     def _build(self, length: int) -> None:
         cos, sin = rope_tables(self.inv_freq.numpy(), self.attention_scaling, length, self.interleaved)
@@ -73,8 +100,13 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions], self.sin[positions]
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, H, D], k: [T, KVH, D], positions: [T]."""
-        cos, sin = self._tables(positions, q.device)
+        """q: [T, H, D], k: [T, KVH, D], positions: [T] (or [3, T] with M-RoPE)."""
+        if positions.ndim == 2:
+            if self.mrope_section is None:
+                raise ValueError("[3, T] positions need an M-RoPE model (a rope scaling with mrope_section)")
+            cos, sin = self._mrope_tables(positions, q.device)
+        else:
+            cos, sin = self._tables(positions, q.device)
         if self.long is not None:
             long = _long_context_rows(self.long_after).to(q.device)
             if bool(long.any()):

@@ -27,14 +27,15 @@ def seq_with(features: list[ImageFeature], length: int = 40) -> Sequence:
     return seq
 
 
-def test_chunks_stop_before_an_image_or_take_it_whole() -> None:
-    seq = seq_with([feature(10, 8)])
+def test_chunks_stop_before_a_bidirectional_image_or_take_it_whole() -> None:
+    seq = seq_with([feature(10, 8, bidirectional=True)])
     assert seq.chunk_end(0, 12) == 10      # would split the image: stop before it
     assert seq.chunk_end(0, 10) == 10 and seq.chunk_end(0, 18) == 18 and seq.chunk_end(0, 25) == 25
     assert seq.chunk_end(10, 12) == 18     # starts at the image: the whole image, over the budget
     assert seq.chunk_end(14, 16) == 18     # starts inside it (a prefix-cache hit ended there): to its end
     assert seq.chunk_end(0, 40) == 40      # the whole prompt
     assert seq_with([]).chunk_end(0, 12) == 12
+    assert seq_with([feature(10, 8)]).chunk_end(0, 12) == 12  # a causal model's image may be split
 
 
 def test_image_blocks_are_keyed_by_the_image() -> None:

@@ -58,12 +58,14 @@ class Sequence:
     mm: MultiModalPrompt | None = None  # the prompt's images: where their embeddings go (runlm.models.vision)
 
     def chunk_end(self, start: int, end: int) -> int:
-        """Where a step computing tokens start..end should stop so that no image's tokens are split between
-        steps: before the image if it starts after ``start``, else past its end (over the step's budget)."""
+        """Where a step computing tokens start..end should stop so that no image whose tokens attend to each
+        other both ways (Gemma 3) is split between steps: before the image if it starts after ``start``, else
+        past its end (over the step's budget). A causal model's image may be split anywhere: each step takes
+        its slice of the image's embeddings."""
         if self.mm is None or end >= self.num_tokens:
             return end
         for f in self.mm.features:
-            if f.start < end < f.end:
+            if f.bidirectional and f.start < end < f.end:
                 return f.start if f.start > start else f.end
         return end
 

@@ -60,6 +60,10 @@ class EngineConfig:
     # bring (vLLM's limit_mm_per_prompt: {"image": N}, or N)
     mmproj: str | None = None
     limit_mm_per_prompt: dict[str, int] | int = 16
+    # a GPU (vLLM's names): the share of the device's memory runlm may use (weights, activations, then the KV
+    # cache gets what a profiled largest step leaves), and whether to run steps eagerly (no CUDA graphs)
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
@@ -79,6 +83,8 @@ class EngineConfig:
             raise ValueError("max_loras and max_lora_rank must be at least 1")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError("max_cpu_loras must be at least max_loras")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be a fraction in (0, 1]")
         limit = self.limit_mm_per_prompt
         if isinstance(limit, dict):
             unknown = [k for k in limit if k != "image"]

@@ -33,7 +33,14 @@ if TYPE_CHECKING:
     from runlm.formats.tokenizer import Tokenizer
     from runlm.models.vision.inputs import ImageFeature, MultiModalPrompt
 
-_FAMILIES = ("gemma3", "idefics3", "qwen2_5_vl", "llava")
+# family module -> (Hugging Face model_type values, llama.cpp clip.projector_type values): looked up without importing
+# the family (its tower is torch's), so the store can tell a vision model from its config alone
+FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gemma3": (("gemma3",), ("gemma3",)),
+    "idefics3": (("idefics3", "smolvlm"), ("idefics3",)),
+    "qwen2_5_vl": (("qwen2_5_vl",), ("qwen2.5vl_merger",)),
+    "llava": (("llava",), ("mlp",)),
+}
 
 
 class ImageProcessor(Protocol):
@@ -60,25 +67,23 @@ def family_module(name: str) -> ModuleType:
     return importlib.import_module(f"runlm.models.vision.{name}")
 
 
-def _families() -> list[ModuleType]:
-    found = []
-    for name in _FAMILIES:
-        try:
-            found.append(family_module(name))
-        except ModuleNotFoundError as exc:  # a family not written yet
-            if exc.name != f"runlm.models.vision.{name}":
-                raise
-    return found
+def _lookup(value: object, index: int) -> ModuleType | None:
+    name = next((f for f, types in FAMILIES.items() if value in types[index]), None)
+    return None if name is None else family_module(name)
+
+
+def is_vision_config(hf_config: dict) -> bool:
+    """Whether a Hugging Face config is a vision-language model runlm runs (nothing imported)."""
+    return any(hf_config.get("model_type") in types for types, _ in FAMILIES.values())
 
 
 def hf_family(hf_config: dict) -> ModuleType | None:
     """The family module of a Hugging Face config, or None for a text-only model."""
-    model_type = hf_config.get("model_type")
-    return next((m for m in _families() if model_type in m.MODEL_TYPES), None)
+    return _lookup(hf_config.get("model_type"), 0)
 
 
 def mmproj_family(projector_type: str) -> ModuleType | None:
-    return next((m for m in _families() if projector_type in m.PROJECTOR_TYPES), None)
+    return _lookup(projector_type, 1)
 
 
 def processor_config(path: Path) -> dict:

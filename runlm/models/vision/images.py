@@ -32,6 +32,8 @@ def open_image(data: Any, max_bytes: int = MAX_IMAGE_BYTES, max_pixels: int = MA
             image = PILImage.open(io.BytesIO(bytes(data)))
         except UnidentifiedImageError:
             raise ImageError("the data is not an image runlm can read (PNG, JPEG, WebP, GIF, BMP, ...)") from None
+        except PILImage.DecompressionBombError as exc:  # Pillow's own guard, far above ours
+            raise ImageError(f"the image is too large: {exc}") from None
     w, h = image.size
     if w < 1 or h < 1:
         raise ImageError(f"the image is {w}x{h} pixels")
@@ -41,4 +43,14 @@ def open_image(data: Any, max_bytes: int = MAX_IMAGE_BYTES, max_pixels: int = MA
         image.load()
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageError(f"the image could not be decoded (truncated or corrupt): {exc}") from None
-    return image if image.mode == "RGB" else image.convert("RGB")
+    return to_rgb(image)
+
+
+def to_rgb(image: Image) -> Image:
+    """RGB pixels as transformers' processors make them: a transparent image is laid over white first."""
+    from PIL import Image as PILImage
+
+    if image.mode == "RGB":
+        return image
+    rgba = image.convert("RGBA")
+    return PILImage.alpha_composite(PILImage.new("RGBA", rgba.size, (255, 255, 255)), rgba).convert("RGB")
