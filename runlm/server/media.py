@@ -63,14 +63,14 @@ def parse_mm_limit(value: str | None) -> int:
         except json.JSONDecodeError as exc:
             raise ValueError(f"--limit-mm-per-prompt is not JSON: {exc}") from None
     elif "=" in text:
-        found = dict(item.split("=", 1) for item in text.split(","))
+        found = {key.strip(): number for key, _, number in (item.partition("=") for item in text.split(","))}
     else:
         found = {"image": text}
     if not isinstance(found, dict):
         raise ValueError("--limit-mm-per-prompt takes image=N or {\"image\": N}")
-    unknown = [k for k in found if str(k).strip() != "image"]
+    unknown = [k for k in found if k != "image"]
     if unknown:
-        raise ValueError(f"--limit-mm-per-prompt: runlm takes images only, not {str(unknown[0]).strip()!r}")
+        raise ValueError(f"--limit-mm-per-prompt: runlm takes images only, not {unknown[0]!r}")
     try:
         limit = int(str(found.get("image", DEFAULT_IMAGE_LIMIT)).strip())
     except ValueError:
