@@ -315,3 +315,10 @@ def test_chat_page_attaches_and_pastes_images(vlm_server: ServerProcess, tmp_pat
             assert not [p for p in problems if "401" not in p], problems  # (the key-less first /v1/models: 401)
         finally:
             browser.close()
+
+
+def test_models_say_which_take_images(client: openai.OpenAI, smollm2_server: ServerProcess) -> None:
+    card = client.models.retrieve(MODEL)
+    assert card.model_extra is not None and card.model_extra["capabilities"] == ["completion", "vision"]
+    text = openai.OpenAI(base_url=smollm2_server.base_url, api_key=API_KEY).models.list().data[0]
+    assert text.model_extra is not None and text.model_extra["capabilities"] == ["completion"]
