@@ -155,13 +155,24 @@ async def _chunks(gen: Generation, req: ChatCompletionRequest, model: str,
             payload["usage"] = usage(prompt_tokens, completion_tokens, cached) if continuous else None
         return payload
 
-    for i in range(gen.params.n):
-        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                      "finish_reason": None}])
+    def opening() -> list[dict[str, Any]]:
+        return [chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None}]) for i in range(gen.params.n)]
+
+    # a prompt with images is counted once the engine has placed them (their tokens are the engine's to expand):
+    # its opening chunks wait for the first output, so continuous usage counts the image tokens from the start
+    opened = not gen.images
+    if opened:
+        for c in opening():
+            yield c
     builders = [DeltaBuilder(plan) for _ in range(gen.params.n)]
     splitters = [reasoning.splitter() for _ in range(gen.params.n)] if reasoning is not None else None
     async for _, out in gen.stream():
         prompt_tokens, cached = len(out.prompt_token_ids), out.num_cached_tokens
+        if not opened:
+            opened = True
+            for c in opening():
+                yield c
         for c in out.outputs:
             completion_tokens += len(c.token_ids)
             if not c.text and not c.token_ids and c.finish_reason is None:

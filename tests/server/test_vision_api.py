@@ -322,3 +322,17 @@ def test_models_say_which_take_images(client: openai.OpenAI, smollm2_server: Ser
     assert card.model_extra is not None and card.model_extra["capabilities"] == ["completion", "vision"]
     text = openai.OpenAI(base_url=smollm2_server.base_url, api_key=API_KEY).models.list().data[0]
     assert text.model_extra is not None and text.model_extra["capabilities"] == ["completion"]
+
+
+def test_streamed_usage_counts_the_image_from_the_start(vlm_server: ServerProcess) -> None:
+    client = anthropic.Anthropic(base_url=vlm_server.url, api_key=API_KEY, max_retries=0, timeout=120)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(PICTURE).decode()}}
+    body = dict(model=MODEL, max_tokens=3, extra_body={"temperature": 0},
+                messages=[{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}])
+    whole = client.messages.create(**body)
+    with client.messages.stream(**body) as stream:
+        started = next(e for e in stream if e.type == "message_start").message.usage
+        final = stream.get_final_message()
+    assert started.input_tokens == whole.usage.input_tokens == final.usage.input_tokens
+    assert final.content[0].text == whole.content[0].text
