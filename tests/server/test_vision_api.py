@@ -336,3 +336,26 @@ def test_streamed_usage_counts_the_image_from_the_start(vlm_server: ServerProces
         final = stream.get_final_message()
     assert started.input_tokens == whole.usage.input_tokens == final.usage.input_tokens
     assert final.content[0].text == whole.content[0].text
+
+
+def test_bad_images_beside_a_good_one(client: openai.OpenAI) -> None:
+    """Refusals while an image chat runs leave it alone: it answers as it does alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    alone = client.chat.completions.create(model=MODEL, messages=ask(data_url(PICTURE)), **GREEDY)
+
+    def bad(i: int) -> int:
+        try:
+            client.chat.completions.create(model=MODEL, messages=ask(data_url(_truncated() if i % 2 else b"x")),
+                                           **GREEDY)
+        except openai.BadRequestError as exc:
+            return exc.status_code
+        return 200
+
+    with ThreadPoolExecutor(6) as pool:
+        good = pool.submit(client.chat.completions.create, model=MODEL, messages=ask(data_url(PICTURE)), **GREEDY)
+        codes = list(pool.map(bad, range(8)))
+        beside = good.result()
+    assert codes == [400] * 8
+    assert beside.choices[0].message.content == alone.choices[0].message.content
+    assert beside.usage.prompt_tokens == alone.usage.prompt_tokens
