@@ -163,16 +163,16 @@ async def _chunks(gen: Generation, req: ChatCompletionRequest, model: str,
     # its opening chunks wait for the first output, so continuous usage counts the image tokens from the start
     opened = not gen.images
     if opened:
-        for c in opening():
-            yield c
+        for first in opening():
+            yield first
     builders = [DeltaBuilder(plan) for _ in range(gen.params.n)]
     splitters = [reasoning.splitter() for _ in range(gen.params.n)] if reasoning is not None else None
     async for _, out in gen.stream():
         prompt_tokens, cached = len(out.prompt_token_ids), out.num_cached_tokens
         if not opened:
             opened = True
-            for c in opening():
-                yield c
+            for first in opening():
+                yield first
         for c in out.outputs:
             completion_tokens += len(c.token_ids)
             if not c.text and not c.token_ids and c.finish_reason is None:

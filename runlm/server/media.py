@@ -1,6 +1,7 @@
 """Images in chat requests: each image part read (a ``data:`` URL, or an ``http(s)`` URL from a host the server
 was told to fetch from), decoded and checked on a worker thread, and replaced by ``{"type": "image"}`` (what vision
-models' chat templates render as their placeholder); the images go to the engine as encoded bytes, in order.
+models' chat templates render as their placeholder); the images go to the engine in order: decoded for an engine in
+this process (so it does not decode them again), as the encoded bytes for replicas in other processes.
 
 Everything a client can get wrong is a 400 naming the part, decided here before anything reaches the engine: an
 image sent to a text-only model, too many images (--limit-mm-per-prompt), a URL scheme or host that is not
@@ -25,6 +26,12 @@ IMAGE_PARTS = ("image_url", "input_image", "image")
 OTHER_MEDIA = ("input_audio", "audio_url", "video_url", "file", "input_file")
 DEFAULT_IMAGE_LIMIT = 16
 MAX_REDIRECTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedImage:
+    data: bytes   # as the client sent it (what travels to another process)
+    image: Any    # decoded, RGB (a PIL image: what an engine in this process takes as it is)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,10 +178,10 @@ async def image_bytes(url: str, media: MediaSettings, where: str) -> bytes:
                       f"(data:image/png;base64,...)", where, "image_url_not_allowed")
 
 
-def check_image(data: bytes, media: MediaSettings, where: str) -> None:
-    """Decode the image once (off the event loop): not an image, truncated, too many bytes or pixels -> 400."""
+def check_image(data: bytes, media: MediaSettings, where: str) -> Any:
+    """The decoded image (decode it off the event loop): not an image, truncated, too many bytes or pixels -> 400."""
     try:
-        open_image(data, media.max_bytes, media.max_pixels)
+        return open_image(data, media.max_bytes, media.max_pixels)
     except ImageError as exc:
         text = str(exc)
         code = "image_too_large" if "the limit is" in text else "invalid_image"
@@ -182,7 +189,7 @@ def check_image(data: bytes, media: MediaSettings, where: str) -> None:
 
 
 async def take_images(messages: Sequence[Mapping[str, Any]], media: MediaSettings, modalities: Sequence[str],
-                      model: str, param: str = "messages") -> tuple[list[dict[str, Any]], list[bytes]]:
+                      model: str, param: str = "messages") -> tuple[list[dict[str, Any]], list[CheckedImage]]:
     """(the messages with each image part replaced by ``{"type": "image"}``, the images' bytes in order).
     ``param`` names the request's field in errors (``messages``; a translated API maps it to its own)."""
     found = [f"{param}[{i}].content[{j}]" for i, m in enumerate(messages) for j, p in enumerate(_parts(m))
@@ -198,7 +205,7 @@ async def take_images(messages: Sequence[Mapping[str, Any]], media: MediaSetting
         raise bad_request(f"the request has {count} images; at most {media.limit_per_prompt} are allowed per "
                           f"prompt (--limit-mm-per-prompt)", first, "too_many_images")
     out: list[dict[str, Any]] = []
-    images: list[bytes] = []
+    images: list[CheckedImage] = []
     for i, message in enumerate(messages):
         content = message.get("content")
         if not isinstance(content, list) or not any(is_image_part(p) for p in content):
@@ -211,8 +218,7 @@ async def take_images(messages: Sequence[Mapping[str, Any]], media: MediaSetting
                 continue
             where = f"{param}[{i}].content[{j}]"
             data = await image_bytes(_url_of(part, where), media, where)
-            await asyncio.to_thread(check_image, data, media, where)
-            images.append(data)
+            images.append(CheckedImage(data, await asyncio.to_thread(check_image, data, media, where)))
             parts.append({"type": "image"})
         out.append({**message, "content": parts})
     return out, images

@@ -14,7 +14,7 @@ from runlm.engine.types.sampling_params import SamplingParams
 from runlm.formats.chat_template import ChatTemplateError, ChatTemplateLimitError
 from runlm.formats.template_limits import RenderLimitError
 from runlm.server.errors import APIError, bad_request
-from runlm.server.media import IMAGE_PARTS, OTHER_MEDIA, MediaSettings, take_images
+from runlm.server.media import IMAGE_PARTS, OTHER_MEDIA, CheckedImage, MediaSettings, take_images
 from runlm.server.render import render_off_loop
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -69,7 +69,7 @@ async def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]
 async def chat_prompt(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
                       tools: list[dict] | None, template_kwargs: Mapping[str, Any] | None,
                       trust_request_template: bool, continue_final_message: bool = False,
-                      media: MediaSettings | None = None, model: str = "") -> tuple[list[int], list[bytes]]:
+                      media: MediaSettings | None = None, model: str = "") -> tuple[list[int], list[CheckedImage]]:
     """The prompt's token ids, rendered off the event loop within the template limits, and its images (encoded,
     checked, in order; the template sees ``{"type": "image"}`` where each was). A template given in
     the request (``chat_template_kwargs.chat_template``) replaces the model's only on a server started

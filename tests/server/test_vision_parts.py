@@ -45,7 +45,7 @@ def test_images_become_placeholders_in_order() -> None:
                                              {"type": "input_image", "image_url": URL.replace(
                                                  base64.b64encode(PNG).decode(), base64.b64encode(other).decode())}]}]
     out, images = run(take_images(messages, MediaSettings(), VISION, "m"))
-    assert images == [PNG, other]
+    assert [i.data for i in images] == [PNG, other] and [i.image.size for i in images] == [(32, 24)] * 2
     assert out[0] == messages[0]
     assert out[1]["content"] == [{"type": "text", "text": "Compare"}, {"type": "image"}, {"type": "image"}]
     text_only = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
