@@ -5,6 +5,7 @@ prompt + max_tokens rule); whether a prompt fits the model (empty, too long, tok
 is the engine's check, raised as a typed error when the request is added (runlm/engine/types/errors.py)."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,9 +62,19 @@ async def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]
                           tools: list[dict] | None, template_kwargs: Mapping[str, Any] | None,
                           trust_request_template: bool, continue_final_message: bool = False,
                           media: MediaSettings | None = None, model: str = "") -> list[int]:
-    """chat_prompt's token ids (its images checked, then left out)."""
-    return (await chat_prompt(engine, messages, add_generation_prompt, tools, template_kwargs, trust_request_template,
-                              continue_final_message, media, model))[0]
+    """chat_prompt's token ids, each image's placeholder expanded to the tokens it takes where the engine runs in
+    this process (what /tokenize and count_tokens report); a data-parallel front end counts each image's
+    placeholder only."""
+    ids, images = await chat_prompt(engine, messages, add_generation_prompt, tools, template_kwargs,
+                                    trust_request_template, continue_final_message, media, model)
+    vision = getattr(getattr(engine, "engine", None), "vision", None)
+    if not images or vision is None:
+        return ids
+    try:
+        placed = await asyncio.to_thread(vision.processor.process, ids, [i.image for i in images])
+    except ValueError as exc:  # (a family's own refusal, e.g. too many tiles)
+        raise bad_request(str(exc), "messages") from None
+    return list(placed.token_ids)
 
 
 async def chat_prompt(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,

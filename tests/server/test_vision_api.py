@@ -202,8 +202,9 @@ def test_anthropic_image_blocks(vlm_server: ServerProcess) -> None:
     message = client.messages.create(model=MODEL, max_tokens=3, extra_body={"temperature": 0}, messages=[
         {"role": "user", "content": [image, {"type": "text", "text": "What is in the picture?"}]}])
     assert message.content and message.usage.input_tokens > 16
-    counted = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": [image]}])
-    assert counted.input_tokens > 0
+    counted = client.messages.count_tokens(model=MODEL, messages=[
+        {"role": "user", "content": [image, {"type": "text", "text": "What is in the picture?"}]}])
+    assert counted.input_tokens == message.usage.input_tokens  # the image's tokens counted as the answer counts them
     bad = {**image, "source": {**image["source"], "data": base64.b64encode(_truncated()).decode()}}
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model=MODEL, max_tokens=3, messages=[
@@ -217,6 +218,13 @@ def test_anthropic_image_blocks(vlm_server: ServerProcess) -> None:
     with pytest.raises(anthropic.BadRequestError, match="does not fetch"):
         client.messages.create(model=MODEL, max_tokens=3, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}])
+
+
+def test_tokenize_counts_the_image_tokens(vlm_server: ServerProcess, client: openai.OpenAI) -> None:
+    tokens, _ = first_logprobs(client, ask(data_url(PICTURE)))
+    r = httpx.post(f"{vlm_server.url}/tokenize", headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"model": MODEL, "messages": ask(data_url(PICTURE))})
+    assert r.status_code == 200 and r.json()["count"] == tokens
 
 
 def test_reset_mm_cache_route(vlm_server: ServerProcess, client: openai.OpenAI) -> None:
