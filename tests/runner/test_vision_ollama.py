@@ -1,6 +1,7 @@
-"""Ollama's ``images`` on the daemon's /api/chat and /api/generate, with the official ``ollama`` client: a vision
-model answers from the image (its tokens are counted in prompt_eval_count), a bad image or an image for a text-only
-model is a 400 in Ollama's shape, and the daemon answers the next request."""
+"""Images through the daemon (runlm serve): Ollama's ``images`` on /api/chat and /api/generate with the official
+``ollama`` client (a vision model answers from the image, its tokens counted in prompt_eval_count; a bad image or an
+image for a text-only model is a 400 in Ollama's shape, and the daemon answers the next request), and OpenAI's and
+Anthropic's image parts proxied to the model's backend."""
 from __future__ import annotations
 
 import base64
@@ -8,7 +9,9 @@ import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import ollama
+import openai
 import pytest
 
 import runlm.runner.ollama_convert
@@ -16,7 +19,7 @@ from runlm.store import ModelStore
 from tests.fixtures.vlm import png_bytes, test_image, vlm_dir
 from tests.runner.daemon import Daemon
 
-pytestmark = pytest.mark.skipif("ollama_content" not in inspect.getsource(runlm.runner.ollama_convert),
+wired = pytest.mark.skipif("ollama_content" not in inspect.getsource(runlm.runner.ollama_convert),
                                 reason="the daemon's Ollama routes do not pass images on yet (runlm/runner wiring)")
 
 PICTURE = png_bytes(test_image(96, 64, seed=0))
@@ -40,6 +43,7 @@ def client(vision_daemon: Daemon) -> ollama.Client:
     return ollama.Client(host=vision_daemon.url)
 
 
+@wired
 def test_chat_with_images(client: ollama.Client, tmp_path: Path) -> None:
     ask = {"role": "user", "content": "What is in the picture?"}
     plain = client.chat("tiny-vlm", messages=[ask], options=GREEDY)
@@ -60,6 +64,7 @@ def test_chat_with_images(client: ollama.Client, tmp_path: Path) -> None:
     assert follow.prompt_eval_count > seen.prompt_eval_count
 
 
+@wired
 def test_generate_with_images(client: ollama.Client) -> None:
     plain = client.generate("tiny-vlm", "Describe the picture.", options=GREEDY)
     seen = client.generate("tiny-vlm", "Describe the picture.", images=[PICTURE], options=GREEDY)
@@ -69,6 +74,7 @@ def test_generate_with_images(client: ollama.Client) -> None:
     assert err.value.status_code == 400 and "raw" in err.value.error
 
 
+@wired
 def test_bad_images_are_400s_in_ollamas_shape(client: ollama.Client, vision_daemon: Daemon) -> None:
     for body, text in [
         ({"messages": [{"role": "user", "content": "hi", "images": [base64.b64encode(b"not a picture").decode()]}]},
@@ -87,6 +93,7 @@ def test_bad_images_are_400s_in_ollamas_shape(client: ollama.Client, vision_daem
                        options=GREEDY).done
 
 
+@wired
 def test_a_text_only_model_refuses_images(client: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as err:
         client.chat("tinycoder", messages=[{"role": "user", "content": "hi", "images": [PICTURE]}], options=GREEDY)
@@ -95,3 +102,30 @@ def test_a_text_only_model_refuses_images(client: ollama.Client) -> None:
         client.generate("tinycoder", "hi", images=[PICTURE], options=GREEDY)
     assert err.value.status_code == 400 and "does not accept images" in err.value.error
     assert client.generate("tinycoder", "hi", options=GREEDY).done
+
+
+def test_openai_and_anthropic_images_through_the_daemon(vision_daemon: Daemon) -> None:
+    url = f"data:image/png;base64,{base64.b64encode(PICTURE).decode()}"
+    oa = openai.OpenAI(base_url=f"{vision_daemon.url}/v1", api_key="none", max_retries=0)
+    ask = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                        {"type": "text", "text": "What is in the picture?"}]}]
+    seen = oa.chat.completions.create(model="tiny-vlm", messages=ask, temperature=0, max_tokens=3)
+    plain = oa.chat.completions.create(model="tiny-vlm", temperature=0, max_tokens=3,
+                                       messages=[{"role": "user", "content": "What is in the picture?"}])
+    assert seen.usage.prompt_tokens > plain.usage.prompt_tokens + 16
+    r = oa.responses.create(model="tiny-vlm", max_output_tokens=3, temperature=0, input=[{"role": "user", "content": [
+        {"type": "input_image", "image_url": url}, {"type": "input_text", "text": "What is in the picture?"}]}])
+    assert r.usage is not None and r.usage.input_tokens == seen.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.responses.create(model="tiny-vlm", input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}])
+    assert err.value.body["param"] == "input[0].content[1]" and "not an image" in err.value.body["message"]
+    an = anthropic.Anthropic(base_url=vision_daemon.url, api_key="none", max_retries=0)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(PICTURE).decode()}}
+    message = an.messages.create(model="tiny-vlm", max_tokens=3, extra_body={"temperature": 0}, messages=[
+        {"role": "user", "content": [image, {"type": "text", "text": "What is in the picture?"}]}])
+    assert message.usage.input_tokens == seen.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model="tinycoder", messages=ask, max_tokens=2)
+    assert err.value.body["code"] == "image_input_not_supported" and "does not accept images" in err.value.body["message"]
