@@ -131,21 +131,33 @@ class LLMEngine(EngineCore):
             check_gpu(self.config)
             self.native = False
             set_torch_threads(self.threads)
-            c = self.config
-            return load_to_device(path, dtype=c.dtype, device=c.device,
-                                  gpu_memory_utilization=c.gpu_memory_utilization)
-        native = native_model(path, self.config)
+            return load_to_device(path, dtype=self.config.dtype, device=self.config.device,
+                                  gpu_memory_utilization=self.config.gpu_memory_utilization)
+        c = self.config
+        mmproj = c.mmproj
+        if mmproj is None and path.is_file():  # llama.cpp's layout: the projector beside the text GGUF
+            from runlm.models.vision.mmproj import find_mmproj
+
+            found = find_mmproj(path)
+            mmproj = str(found) if found is not None else None
+        native = native_model(path, c)
+        if native is not None and mmproj is not None:  # the tower is torch's, beside the native text model
+            from runlm.engine.runners.native import why_not_native_vision
+            from runlm.formats.gguf import GGUFFile
+            from runlm.models.vision import build_mmproj
+
+            native.vision = build_mmproj(GGUFFile(Path(mmproj)), native.tokenizer)
+            reason = why_not_native_vision(native.vision)
+            if reason is not None:
+                log.info("native runner not used for %s: %s", path.name, reason)
+                native = None
         self.native = native is not None
         (set_native_threads if self.native else set_torch_threads)(self.threads)
         if native is not None:
-            if self.config.mmproj is not None:  # the tower is torch's, beside the native text model
-                from runlm.formats.gguf import GGUFFile
-                from runlm.models.vision import build_mmproj
-
-                native.vision = build_mmproj(GGUFFile(Path(self.config.mmproj)), native.tokenizer)
+            if native.vision is not None:
+                set_torch_threads(self.threads)  # the vision tower computes in torch
             return native
-        c = self.config
-        return load_decoder(path, dtype=c.dtype, device=c.device, exact_numerics=c.exact_numerics, mmproj=c.mmproj)
+        return load_decoder(path, dtype=c.dtype, device=c.device, exact_numerics=c.exact_numerics, mmproj=mmproj)
 
     # ---- images -----------------------------------------------------------------------------
     @property
