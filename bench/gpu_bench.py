@@ -135,7 +135,10 @@ def run_hf(path: str, cfg: dict) -> dict:
 
     dtype = getattr(torch, cfg["dtype"])
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(cfg["device"]).eval()
+    try:  # straight to the device where transformers can
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=cfg["device"]).eval()
+    except (ImportError, ValueError):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(cfg["device"]).eval()
     _sync(cfg["device"])
     out: dict = {"load_s": time.perf_counter() - t0}
     vocab = SHAPES[cfg["shape"]]["vocab_size"]
