@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from runlm import __version__
+from runlm.apis.ollama_images import ollama_content
 from runlm.formats.sampling_defaults import ollama_parameters
 from runlm.runner.config import BackendMode
 from runlm.runner.errors import BadRequest, RunnerError
@@ -22,6 +23,7 @@ from runlm.runner.ollama_convert import (
     details,
     now_iso,
     ollama_tool_calls,
+    refuse_image,
     sampling_fields,
     tag_entry,
     thinking_fields,
@@ -276,8 +278,8 @@ async def generate(request: Request) -> Response:
         return await _load_or_unload(request, name, pop_keep_alive(body), chat=False)
     if not isinstance(prompt, str):
         raise BadRequest("'prompt' must be a string", param="prompt")
-    if body.get("images"):
-        raise BadRequest("images are not supported by runlm's models", param="images")
+    if body.get("images") and body.get("raw"):
+        raise BadRequest("images go through the model's chat template; a raw prompt cannot carry them", param="images")
     if "image-generation" in (await request.app.state.loader.model(name)).info.capabilities:
         return await generate_image(request, body, name)
     fields = sampling_fields(body)
@@ -286,7 +288,8 @@ async def generate(request: Request) -> Response:
         route = "completions"
     else:
         messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
-        payload = {"messages": messages + [{"role": "user", "content": prompt}], **fields,
+        content = ollama_content(prompt, body.get("images"), "images", refuse_image)
+        payload = {"messages": messages + [{"role": "user", "content": content}], **fields,
                    **thinking_fields(body, [])}
         route = "chat/completions"
     return await _generate(request, body, route, payload, _generate_shape)

@@ -5,6 +5,7 @@ import datetime as dt
 import json
 from typing import Any
 
+from runlm.apis.ollama_images import ollama_content
 from runlm.runner.errors import BadRequest
 from runlm.store import StoredModel
 
@@ -51,9 +52,8 @@ def chat_messages(messages: Any) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest(f"messages[{i}] needs a 'role' and a 'content'", param="messages")
-        if m.get("images"):
-            raise BadRequest(f"messages[{i}] has images, which runlm's models cannot see", param="messages")
-        msg: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
+        content = ollama_content(m.get("content") or "", m.get("images"), f"messages[{i}].images", refuse_image)
+        msg: dict[str, Any] = {"role": m["role"], "content": content}
         if m["role"] == "assistant" and isinstance(m.get("thinking"), str) and m["thinking"]:
             msg["reasoning_content"] = m["thinking"]  # the template may show it again (Qwen3's)
         if m.get("tool_calls"):
@@ -61,6 +61,10 @@ def chat_messages(messages: Any) -> list[dict]:
                                  for j, c in enumerate(_as_list(m["tool_calls"], f"messages[{i}].tool_calls"))]
         out.append(msg)
     return out
+
+
+def refuse_image(message: str, param: str) -> BadRequest:
+    return BadRequest(message, param=param)
 
 
 THINK_LEVELS = ("low", "medium", "high")
