@@ -148,7 +148,7 @@ class Flex:
         return out[0].transpose(0, 1)
 
 
-def measure(step: Step, skip_sdpa_over: int) -> dict[str, object]:
+def measure(step: Step, skip_sdpa_over: int, flex: bool = True) -> dict[str, object]:
     row: dict[str, object] = {}
     out = step.triton().clone()  # the calls below write the same buffer
     row["triton_us"] = cuda_time_us(step.triton)
@@ -162,10 +162,11 @@ def measure(step: Step, skip_sdpa_over: int) -> dict[str, object]:
     row["store_us"] = cuda_time_us(graphed(step.store))
     row["kv_GBps"] = step.kv_bytes() / (row["triton_graph_us"] * 1e-6) / 1e9  # type: ignore[operator]
     try:
-        flex = Flex(step)
-        row["flex_us"] = cuda_time_us(flex.call)
-        row["flex_mask_us"] = cuda_time_us(flex.block_mask, reps=5, warmup=1)
-        row["flex_max_d"] = (flex.call().float() - out.float()).abs().max().item()
+        if flex:
+            candidate = Flex(step)
+            row["flex_us"] = cuda_time_us(candidate.call)
+            row["flex_mask_us"] = cuda_time_us(candidate.block_mask, reps=5, warmup=1)
+            row["flex_max_d"] = (candidate.call().float() - out.float()).abs().max().item()
     except Exception as e:  # noqa: BLE001 - a candidate that fails is a finding, not a crash
         row["flex_error"] = f"{type(e).__name__}: {str(e)[:120]}"
     if step.batch * step.q_len <= skip_sdpa_over:
@@ -193,6 +194,7 @@ def main() -> int:
     ap.add_argument("--decode-context", type=int, default=512)
     ap.add_argument("--prefill-len", type=int, default=128)
     ap.add_argument("--skip-sdpa-over", type=int, default=8192, help="no SDPA loop over this many new tokens")
+    ap.add_argument("--no-flex", action="store_true", help="skip flex_attention (it compiles per shape: minutes)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -214,7 +216,7 @@ def main() -> int:
         for batch in args.batches:
             step = Step(batch, q_len, context, args.heads, args.kv_heads, args.head_dim, args.block_size, dtype)
             row = {"seqs": batch, "mode": mode, "q_len": q_len, "context": context,
-                   **measure(step, args.skip_sdpa_over)}
+                   **measure(step, args.skip_sdpa_over, not args.no_flex)}
             rows.append(row)
             print(f"| {batch} | {mode} | {q_len * batch} | {context} | "
                   + " | ".join(fmt(row.get(c)) for c in cols) + " |", flush=True)
