@@ -20,8 +20,10 @@ from runlm.apis.source import (
     ClosingStreamingResponse,
     chat_source,
     error_fields,
+    image_paths,
     model_of,
     named_event,
+    renamed,
     translate,
 )
 from runlm.web.openapi import json_body
@@ -53,11 +55,15 @@ async def create(request: Request) -> Response:
     body = await checked_body(await request.body(), MessagesRequest)
     stream = body.get("stream") is True
     chat = chat_request(body, stream)
+    paths = image_paths(chat)
     source = chat_source(request)
     model = model_of(body)
-    if not stream:
-        return JSONResponse(whole_message(await source.complete(chat), model, _stop_sequences(body)))
-    chat_stream = await source.open_stream(chat)
+    try:
+        if not stream:
+            return JSONResponse(whole_message(await source.complete(chat), model, _stop_sequences(body)))
+        chat_stream = await source.open_stream(chat)
+    except Exception as exc:
+        raise renamed(exc, paths) from None
     return ClosingStreamingResponse(_sse(chat_stream, MessageEvents(model, _stop_sequences(body))), chat_stream)
 
 
@@ -76,7 +82,12 @@ async def _sse(chat_stream: ChatStream, events: MessageEvents) -> AsyncIterator[
 
 async def count_tokens(request: Request) -> Response:
     body = await checked_body(await request.body(), MessagesCountRequest)
-    return JSONResponse({"input_tokens": await chat_source(request).count_tokens(chat_request(body, counting=True))})
+    chat = chat_request(body, counting=True)
+    paths = image_paths(chat)
+    try:
+        return JSONResponse({"input_tokens": await chat_source(request).count_tokens(chat)})
+    except Exception as exc:
+        raise renamed(exc, paths) from None
 
 
 def messages_router(prefixes: tuple[str, ...] = ("/v1",)) -> APIRouter:

@@ -1,13 +1,14 @@
 """An Anthropic Messages request (``POST /v1/messages``) as the chat-completion request that answers it:
 ``system``, content blocks (text, ``tool_use``, ``tool_result``), ``max_tokens``, ``stop_sequences``,
 ``tools`` and ``tool_choice`` map onto chat completions' own fields, so prompts, tool calls and sampling
-are the chat path's. Images, documents and server tools are refused by name."""
+are the chat path's. ``image`` blocks (base64, or a URL the server may be allowed to fetch) become chat's
+``image_url`` parts in their place among the text; documents and server tools are refused by name."""
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from runlm.apis.source import bad_request, finish_chat_request
+from runlm.apis.source import CLIENT_PATH, bad_request, finish_chat_request
 
 # chat-completion field -> the Anthropic field the client sent, to name it in errors
 PARAM_NAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "messages": "messages",
@@ -43,6 +44,39 @@ def _tool_result_text(block: dict[str, Any], where: str) -> str:
     return f"Error: {text}" if block.get("is_error") else text
 
 
+MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An ``image`` block as chat's ``image_url`` part: ``source`` {type: base64, media_type, data} becomes a data:
+    URL; {type: url, url} is passed on (the server fetches it only from hosts it was told to)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source, dict):
+        media_type, data = source.get("media_type"), source.get("data")
+        if media_type not in MEDIA_TYPES:
+            raise bad_request(f"{where}.source.media_type must be one of {', '.join(MEDIA_TYPES)}; got "
+                              f"{media_type!r}", f"{where}.source.media_type")
+        if not isinstance(data, str) or not data:
+            raise bad_request(f"{where}.source.data must be the image as a base64 string", f"{where}.source.data")
+        return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{data}"}, CLIENT_PATH: where}
+    if kind == "url" and isinstance(source, dict) and isinstance(source.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": source["url"]}, CLIENT_PATH: where}
+    raise bad_request(f"{where}.source must be {{'type': 'base64', 'media_type': 'image/png', 'data': ...}} or "
+                      f"{{'type': 'url', 'url': ...}}", f"{where}.source")
+
+
+def _joined(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Text and image parts in order, adjacent texts joined with newlines (as a text-only message's are)."""
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if part["type"] == "text" and out and out[-1]["type"] == "text":
+            out[-1] = {"type": "text", "text": out[-1]["text"] + "\n" + part["text"]}
+        else:
+            out.append(part)
+    return out
+
+
 def _message(i: int, msg: Any) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: tool results become ``tool`` messages, tool uses tool_calls."""
     where = f"messages[{i}]"
@@ -50,6 +84,7 @@ def _message(i: int, msg: Any) -> list[dict[str, Any]]:
         raise bad_request(f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
     role = msg["role"]
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []  # the user's text and images in order, once an image is among them
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
@@ -57,6 +92,9 @@ def _message(i: int, msg: Any) -> list[dict[str, Any]]:
         at, kind = f"{where}.content[{j}]", block.get("type")
         if kind == "text":
             texts.append(_text(block, at))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif kind == "image" and role == "user":
+            parts.append(_image(block, at))
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise bad_request(f"{at}: a tool_use block needs string id and name", at)
@@ -71,14 +109,16 @@ def _message(i: int, msg: Any) -> list[dict[str, Any]]:
             thinking.append(block["thinking"])  # the template may show it again (Qwen3's reasoning_content)
         elif kind in ("thinking", "redacted_thinking"):
             continue
-        elif kind in ("image", "document", "search_result"):
-            raise bad_request(f"{at}: {kind} blocks are not supported by this model (text only)", at)
+        elif kind in ("document", "search_result"):
+            raise bad_request(f"{at}: {kind} blocks are not supported (runlm's models take text and images)", at)
         else:
             raise bad_request(f"{at}: {kind!r} blocks are not supported in {role} messages", f"{at}.type")
     out: list[dict[str, Any]] = results
     if role == "assistant":
         out.append({"role": "assistant", "content": "".join(texts) or None, **({"tool_calls": calls} if calls else {}),
                     **({"reasoning_content": "".join(thinking)} if thinking else {})})
+    elif any(p["type"] == "image_url" for p in parts):
+        out.append({"role": "user", "content": _joined(parts)})
     elif texts or not results:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out

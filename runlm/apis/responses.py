@@ -28,8 +28,10 @@ from runlm.apis.source import (
     ProtocolError,
     chat_source,
     error_fields,
+    image_paths,
     model_of,
     named_event,
+    renamed,
     translate,
 )
 from runlm.openai_error import error_body
@@ -64,6 +66,7 @@ def _store(request: Request) -> ResponseStore:
 
 def _stored(history: list[dict[str, Any]], body: dict[str, Any], response: dict[str, Any]) -> StoredResponse:
     conversation = history + input_messages(body["input"]) + input_messages(response["output"])
+    image_paths({"messages": conversation})  # (the paths were this request's)
     return StoredResponse(response, conversation, input_items(body["input"]))
 
 
@@ -73,17 +76,24 @@ async def create(request: Request) -> Response:
     history = _store(request).get(prev, "previous_response_id").conversation if prev else []
     stream = body.get("stream") is True
     chat = chat_request(body, history, stream)
+    paths = image_paths(chat)
     source = chat_source(request)
     keep = body.get("store", True) is not False
     shell = ResponseShell(new_id("resp"), model_of(body), body)
     if not stream:
-        answer = await source.complete(chat)
+        try:
+            answer = await source.complete(chat)
+        except Exception as exc:
+            raise renamed(exc, paths) from None
         shell.model = answer.get("model") or shell.model
         response = whole_response(shell, answer)
         if keep:
             _store(request).put(_stored(history, body, response))
         return JSONResponse(response)
-    chat_stream = await source.open_stream(chat)
+    try:
+        chat_stream = await source.open_stream(chat)
+    except Exception as exc:
+        raise renamed(exc, paths) from None
     return ClosingStreamingResponse(_sse(request, chat_stream, shell, history, body, keep), chat_stream)
 
 

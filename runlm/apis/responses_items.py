@@ -12,10 +12,13 @@ DEFAULT_LIMIT = 20
 
 
 def _parts(content: Any, kind: str) -> list[dict[str, Any]]:
-    """Message content (already checked by responses_request) as content parts of ``kind``."""
+    """Message content (already checked by responses_request) as content parts of ``kind``; images as the client
+    sent them (``input_image``)."""
     if isinstance(content, str):
         return [{"type": kind, "text": content}]
-    return [{"type": kind, "text": p["text"]} for p in content if isinstance(p, dict) and "text" in p]
+    return [{"type": kind, "text": p["text"]} if "text" in p else
+            {k: v for k, v in p.items() if k in ("type", "image_url", "detail", "file_id")}
+            for p in content if isinstance(p, dict) and ("text" in p or p.get("type") == "input_image")]
 
 
 def input_items(items: Any) -> list[dict[str, Any]]:
@@ -27,7 +30,7 @@ def input_items(items: Any) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message" and item.get("role") == "assistant":
             parts = _parts(item.get("content"), "output_text")
-            out.append(message_item(item.get("id") or new_id("msg"), "".join(p["text"] for p in parts)))
+            out.append(message_item(item.get("id") or new_id("msg"), "".join(p.get("text", "") for p in parts)))
         elif kind == "message":
             out.append({"type": "message", "id": item.get("id") or new_id("msg"), "role": item["role"],
                         "status": "completed", "content": _parts(item.get("content"), "input_text")})

@@ -3,12 +3,13 @@
 ``input`` (a string or a list of items), ``instructions``, function ``tools`` and ``tool_choice``,
 ``text.format``, ``max_output_tokens``, ``temperature`` / ``top_p`` map onto chat completions' own fields, so
 prompts, tool calls and structured outputs are the chat path's. Hosted tools (web search, files...) and
-non-text inputs are refused by name."""
+``input_image`` parts become chat's ``image_url`` parts (the server decodes and checks them); files and audio
+are refused by name."""
 from __future__ import annotations
 
 from typing import Any
 
-from runlm.apis.source import bad_request, finish_chat_request
+from runlm.apis.source import CLIENT_PATH, bad_request, finish_chat_request
 
 # chat-completion field -> the Responses field the client sent, to name it in errors
 PARAM_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
@@ -33,13 +34,32 @@ def _text_of(content: Any, where: str) -> str | list[dict[str, Any]]:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise bad_request(f"{where}[{j}]: {kind} inputs are not supported by this model (text only)",
+        elif kind == "input_image":
+            parts.append(image_part(part, f"{where}[{j}]"))
+        elif kind in ("input_file", "input_audio"):
+            raise bad_request(f"{where}[{j}]: {kind} inputs are not supported (runlm's models take text and images)",
                               f"{where}[{j}]")
         else:
             raise bad_request(f"{where}[{j}] must be a part like {{'type': 'input_text', 'text': '...'}}",
                               f"{where}[{j}]")
     return parts
+
+
+def image_part(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An ``input_image`` part (``image_url``: a data: URL, or a URL the server may be allowed to fetch) as chat's
+    ``image_url`` part."""
+    url = part.get("image_url")
+    if isinstance(url, dict):  # (some clients send chat's shape here)
+        url = url.get("url")
+    if not isinstance(url, str) or not url:
+        if part.get("file_id") is not None:
+            raise bad_request(f"{where}: input_image by file_id is not supported (there is no files API); send "
+                              f"image_url as a data: URL", f"{where}.file_id")
+        raise bad_request(f"{where}.image_url must be a URL string (data:image/png;base64,...)", f"{where}.image_url")
+    image: dict[str, Any] = {"url": url}
+    if isinstance(part.get("detail"), str):
+        image["detail"] = part["detail"]
+    return {"type": "image_url", "image_url": image, CLIENT_PATH: where}
 
 
 def input_messages(items: Any) -> list[dict[str, Any]]:

@@ -132,6 +132,37 @@ def error_fields(exc: BaseException) -> ErrorFields | None:
                        getattr(exc, "headers", None))
 
 
+# the key a translation marks an image part with: where the client put the image, to name it in errors
+CLIENT_PATH = "_client_path"
+
+
+def image_paths(chat: dict[str, Any]) -> dict[str, str]:
+    """Take the client's paths off the image parts of a translated chat request: {chat's path: the client's}
+    (the server names an image it refuses by chat's path, ``messages[k].content[j]``)."""
+    paths: dict[str, str] = {}
+    for k, message in enumerate(chat.get("messages") or []):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if isinstance(part, dict) and CLIENT_PATH in part:
+                paths[f"messages[{k}].content[{j}]"] = part.pop(CLIENT_PATH)
+    return paths
+
+
+def renamed(exc: BaseException, paths: dict[str, str]) -> BaseException:
+    """``exc`` with an image part's path (its param, and its message's lead) said as the client sent it."""
+    param = getattr(exc, "param", None)
+    if not paths or not isinstance(param, str):
+        return exc
+    for chat_path, client_path in paths.items():
+        if param == chat_path or param.startswith(chat_path + "."):
+            exc.param = client_path + param[len(chat_path):]  # type: ignore[attr-defined]
+            message = getattr(exc, "message", None)
+            if isinstance(message, str):
+                exc.message = message.replace(chat_path, client_path)  # type: ignore[attr-defined]
+            break
+    return exc
+
+
 def bad_request(message: str, param: str | None = None) -> ProtocolError:
     return ProtocolError(400, message, param)
 

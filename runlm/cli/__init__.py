@@ -24,6 +24,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="longest answer in tokens (model's, else 512)")
     p.add_argument("--system", default=None, help="system message placed before the conversation")
+    p.add_argument("--image", action="append", default=[], metavar="FILE",
+                   help="an image the model sees with the (first) prompt, for a vision model; repeat it for several")
     add_numerics_arguments(p)
     p.set_defaults(func=_cmd_run)
 

@@ -188,7 +188,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allowed-hosts", nargs="*", metavar="HOST", default=_env_list("RUNLM_ALLOWED_HOSTS"),
                    help="Host names answered besides loopback ones; '*' answers any "
                         "(default: $RUNLM_ALLOWED_HOSTS, comma-separated)")
-    p.add_argument("--max-body-size", default="16MiB", metavar="SIZE", help="largest request body (default 16MiB)")
+    p.add_argument("--max-body-size", default="32MiB", metavar="SIZE", help="largest request body (default 32MiB)")
     p.add_argument("--force", action="store_true", help="start even if daemon.json names a live daemon")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("ps", help="list loaded models")

@@ -5,7 +5,7 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from runlm.catalog import BUILTIN_MODELS, DEFAULT_MODEL, UnknownModelError, resolve_model
 from runlm.engine.core.detokenizer import DELTA
@@ -53,6 +53,31 @@ def local_model(ref: str) -> tuple[Path, dict[str, float | int]]:
     return store.model_path(stored), stored.info.sampling
 
 
+def read_images(paths: list[str]) -> list[bytes]:
+    """The files --image names, each checked to be an image runlm can read (a ValueError says which is not)."""
+    from runlm.models.vision.images import ImageError, open_image
+
+    images = []
+    for name in paths:
+        try:
+            data = Path(name).expanduser().read_bytes()
+            open_image(data)
+        except OSError as exc:
+            raise ValueError(f"--image {name}: {exc.strerror or exc}") from None
+        except ImageError as exc:
+            raise ValueError(f"--image {name}: {exc}") from None
+        images.append(data)
+    return images
+
+
+def user_message(text: str, images: list[Any]) -> dict[str, Any]:
+    """A user turn: the images first (each ``{"type": "image", "image": bytes}``), then the text."""
+    if not images:
+        return {"role": "user", "content": text}
+    return {"role": "user", "content": [*({"type": "image", "image": i} for i in images),
+                                        {"type": "text", "text": text}]}
+
+
 def run_params(flags: dict[str, float | int], recommended: dict[str, float | int]) -> SamplingParams:
     """The flags given, over the model's recommended settings, over RUN_DEFAULTS (raises SamplingParamsError)."""
     return SamplingParams(**{**RUN_DEFAULTS, **recommended, **flags})  # type: ignore[arg-type]
@@ -89,18 +114,32 @@ class Chat:
         config = engine_config(path or local_model_path(model_ref), max_num_seqs=1, exact_numerics=exact_numerics,
                                threads=threads)
         self.llm = LLM(engine=engine_from_config(config))
+        self.name = model_ref
         self.engine = self.llm.engine
         self.params = params
-        self.history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        self.history: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         self._turn = 0
 
-    def reply(self, user_text: str, out: TextIO) -> str:
-        """Stream the assistant's answer to ``out`` and return it."""
-        self.history.append({"role": "user", "content": user_text})
-        ids = self.llm.encode_chat(self.history)
+    def reply(self, user_text: str, out: TextIO, images: list[bytes] | None = None) -> str:
+        """Stream the assistant's answer to ``out`` and return it. ``images`` (encoded) come with this turn and
+        stay in the conversation (the encoder and prefix caches keep later turns from computing them again)."""
+        from runlm.formats.chat_images import take_images
+
+        if images and "image" not in self.engine.modalities:
+            raise ValueError(f"the model {self.name} does not accept images (it is a text-only model)")
+        self.history.append(user_message(user_text, images or []))
+        messages, pictures = take_images(self.history)
+        ids = self.llm.encode_chat(messages)
         self._turn += 1
         rid = f"turn-{self._turn}"
-        self.engine.add_request(rid, {"prompt_token_ids": ids}, replace(self.params), output_kind=DELTA)
+        prompt: dict[str, Any] = {"prompt_token_ids": ids}
+        if pictures:
+            prompt["multi_modal_data"] = {"image": pictures}
+        try:
+            self.engine.add_request(rid, prompt, replace(self.params), output_kind=DELTA)
+        except Exception:
+            self.history.pop()
+            raise
         text = []
         try:
             while self.engine.has_unfinished_requests():
@@ -116,7 +155,7 @@ class Chat:
         return "".join(text)
 
 
-def _interactive(chat: Chat | DaemonChat) -> None:
+def _interactive(chat: Chat | DaemonChat, images: list[bytes]) -> None:
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
@@ -133,7 +172,8 @@ def _interactive(chat: Chat | DaemonChat) -> None:
         if not line.strip():
             continue
         try:
-            chat.reply(line, sys.stdout)
+            chat.reply(line, sys.stdout, images)
+            images = []  # (the first message brings them; they stay in the conversation)
         except KeyboardInterrupt:  # stop this answer, keep the chat
             chat.history.pop()
         print("\n")
@@ -152,6 +192,11 @@ def run_command(args: argparse.Namespace) -> int:
         if not prompt:
             print("runlm run: the prompt on stdin is empty", file=sys.stderr)
             return 2
+    try:
+        images = read_images(args.image)
+    except ValueError as exc:
+        print(f"runlm run: {exc}", file=sys.stderr)
+        return 2
     from runlm.cli.client import connect
     from runlm.cli.run_daemon import DaemonChat
 
@@ -173,10 +218,10 @@ def run_command(args: argparse.Namespace) -> int:
         return 1
     try:
         if prompt:
-            chat.reply(prompt, sys.stdout)
+            chat.reply(prompt, sys.stdout, images)
             print()
         else:
-            _interactive(chat)
+            _interactive(chat, images)
     except (ChatTemplateError, ValueError) as exc:
         print(f"\nrunlm run: {exc}", file=sys.stderr)
         return 1

@@ -1,12 +1,22 @@
 """``runlm run`` through a running daemon: the same chat, streamed from /v1/chat/completions."""
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from runlm.cli.client import CLIError, Daemon, error_message
 from runlm.engine.types.sampling_params import SamplingParams
+
+
+def data_url(image: bytes) -> str:
+    """An image as a data: URL, its media type read from its first bytes."""
+    kinds = {b"\x89PNG": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif", b"BM": "image/bmp"}
+    media = next((m for magic, m in kinds.items() if image.startswith(magic)), None)
+    if media is None:
+        media = "image/webp" if image[8:12] == b"WEBP" else "application/octet-stream"
+    return f"data:{media};base64,{base64.b64encode(image).decode()}"
 
 
 @dataclass(slots=True)
@@ -15,7 +25,7 @@ class DaemonChat:
     model: str
     params: SamplingParams
     system: str | None
-    history: list[dict[str, str]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.system:
@@ -33,8 +43,12 @@ class DaemonChat:
             body["seed"] = p.seed
         return body
 
-    def reply(self, user_text: str, out: TextIO) -> str:
-        self.history.append({"role": "user", "content": user_text})
+    def reply(self, user_text: str, out: TextIO, images: list[bytes] | None = None) -> str:
+        if images:  # OpenAI's image_url parts, the images inline as data: URLs
+            parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images]
+            self.history.append({"role": "user", "content": [*parts, {"type": "text", "text": user_text}]})
+        else:
+            self.history.append({"role": "user", "content": user_text})
         text: list[str] = []
         try:
             with self.daemon.http.stream("POST", "/v1/chat/completions", json=self._body()) as resp:

@@ -47,7 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="KV-cache size: bytes such as 2GiB, or a fraction of free memory such as 0.3")
     p.add_argument("--max-waiting", type=int, default=256,
                    help="sequences that may wait beyond --max-num-seqs before requests get 503 (default 256)")
-    p.add_argument("--max-body-size", default="16MiB", metavar="SIZE", help="largest request body (default 16MiB)")
+    p.add_argument("--max-body-size", default="32MiB", metavar="SIZE",
+                   help="largest request body (default 32MiB: room for a 20 MiB image as base64)")
     p.add_argument("--cors-origins", nargs="*", default=[], metavar="ORIGIN",
                    help="origins browsers may call from (default: none)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -65,7 +66,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="adapters kept loaded, least recently used evicted first (default: --max-loras)")
     p.add_argument("--mmproj", default=None, metavar="FILE",
                    help="llama.cpp's multimodal projector (mmproj GGUF) for a vision model's text GGUF")
-    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    p.add_argument("--limit-mm-per-prompt", default=None, metavar="image=N",
+                   help='the most images one request may hold: image=N or \'{"image": N}\' (vLLM\'s flag; default 16)')
+    p.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="DOMAIN",
+                   help="fetch http(s) image URLs from these hosts ('*.example.com' for its subdomains); default: "
+                        "none, images come inline as data: URLs (file:// and other schemes are always refused)")
+    p.add_argument("--media-fetch-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="how long fetching one image URL may take (default 10)")
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda; auto: cuda where a GPU is found)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
+                   help="on a GPU, the share of its memory for weights, activations and the KV cache (default 0.9)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="on a GPU, run every step eagerly (no CUDA graphs for decode)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="compute dtype (default float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -202,6 +214,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
     from runlm.engine.async_llm import AsyncLLM
     from runlm.engine.factory import engine_config, engine_from_config, resolve_speculative
     from runlm.server import ServerSettings, build_app
+    from runlm.server.media import MediaSettings, parse_mm_limit
     from runlm.sizes import parse_size
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -214,6 +227,9 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                                   enable_lora=args.enable_lora or bool(args.lora_modules),
                                   lora_modules=parse_lora_modules(args.lora_modules),
                                   reasoning_parser=args.reasoning_parser)
+        settings.media = MediaSettings(allowed_domains=tuple(args.allowed_media_domains),
+                                       fetch_timeout=args.media_fetch_timeout,
+                                       limit_per_prompt=parse_mm_limit(args.limit_mm_per_prompt))
         settings.sampling_defaults = sampling_defaults(args, model_path)
         if settings.sampling_defaults:
             logging.getLogger("runlm.serve").info("sampling defaults for what requests leave out: %s",
@@ -232,7 +248,11 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                        kv_cache_memory=_kv_cache_memory(args.kv_cache_memory), device=args.device,
                        exact_numerics=args.exact_numerics, threads=args.threads,
                        enable_lora=settings.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
-                       max_cpu_loras=args.max_cpu_loras, speculative_config=spec, mmproj=args.mmproj)
+                       max_cpu_loras=args.max_cpu_loras, speculative_config=spec, mmproj=args.mmproj,
+                       limit_mm_per_prompt=settings.media.limit_per_prompt,
+                       gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager)
+    if args.device == "auto":
+        engine_args["device"] = args.device = _auto_device()
     if args.dtype or args.device.startswith("cuda"):
         engine_args["dtype"] = args.dtype or "bfloat16"
     try:
@@ -271,3 +291,14 @@ def run_serve_engine(args: argparse.Namespace) -> int:
         print(f"runlm serve-engine: the model failed to load: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _auto_device() -> str:
+    """cuda where torch sees a GPU, else cpu (torch is imported only to ask)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -20,6 +20,7 @@ from runlm.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOut
 from runlm.engine.core.sequence import Sequence
 from runlm.engine.core.thinking import ThinkingTracker
 from runlm.engine.engine_core import EngineCore, log, set_native_threads, set_torch_threads
+from runlm.engine.runners.gpu_select import check_gpu, use_gpu_runner
 from runlm.engine.runners.native import NativeRunner, native_model
 from runlm.engine.sample.sampler import SampledToken, make_generator
 from runlm.engine.spec_decode.decoder import SpecDecoder, SpecDecodeStats
@@ -37,6 +38,7 @@ from runlm.models.vision.inputs import MultiModalPrompt
 from runlm.sizes import return_free_heap
 
 if TYPE_CHECKING:
+    from runlm.engine.runners.gpu import GPURunner
     from runlm.engine.runners.torch_runner import ModelRunner
     from runlm.models.vision import VisionModel
 
@@ -47,6 +49,7 @@ class LLMEngine(EngineCore):
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self._set_threads()
+        self.gpu = use_gpu_runner(config)  # the GPU runner (runlm.engine.runners.gpu)
         self.loaded = loaded or self._load(Path(config.model))
         # before the cache is allocated: its untouched pages would otherwise land on the load's freed, resident ones
         return_free_heap()
@@ -68,7 +71,12 @@ class LLMEngine(EngineCore):
             draft = load_draft(config, spec.model, self.loaded)
             dc = draft.config  # the draft's K/V lives in the same blocks: the budget pays for both
             per_token += kv_bytes_per_token(dc.num_layers, dc.num_kv_heads, dc.head_dim, dtype_itemsize(config.dtype))
-        num_blocks = kv_cache_blocks(config, per_token, self.max_model_len)
+        if self.gpu:  # CUDA: what a profiled largest step leaves of gpu_memory_utilization (CPU: kv_cache_memory)
+            from runlm.engine.runners.gpu import gpu_kv_cache_blocks
+
+            num_blocks = gpu_kv_cache_blocks(config, self.loaded, per_token, self.max_model_len)  # type: ignore
+        else:
+            num_blocks = kv_cache_blocks(config, per_token, self.max_model_len)
         # sliding-window layers give back the blocks behind their window as sequences run
         self.blocks = block_manager(mc, num_blocks, config.block_size, config.enable_prefix_caching,
                                     config.max_num_seqs, config.max_num_batched_tokens)
@@ -82,10 +90,14 @@ class LLMEngine(EngineCore):
                                                    config.max_num_batched_tokens), self.blocks)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids) | frozenset(mc.eos_token_ids)
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_ids)
-        self.runner: ModelRunner | NativeRunner
+        self.runner: ModelRunner | NativeRunner | GPURunner
         if isinstance(self.loaded, NativeLoaded):
 
             self.runner = NativeRunner(config, self.loaded, self.blocks, self.structured)
+        elif self.gpu:
+            from runlm.engine.runners.gpu import GPURunner
+
+            self.runner = GPURunner(config, self.loaded, self.blocks, self.structured)
         else:
             from runlm.engine.runners.torch_runner import ModelRunner
 
@@ -113,18 +125,39 @@ class LLMEngine(EngineCore):
 
     def _load(self, path: Path) -> LoadedModel | NativeLoaded:
         """The native runner's model where it can run it (no torch in the process), else the torch model."""
-        native = native_model(path, self.config)
+        if self.gpu:  # the GPU runner: weights straight to the device in their stored dtype
+            from runlm.models.gpu_load import load_to_device
+
+            check_gpu(self.config)
+            self.native = False
+            set_torch_threads(self.threads)
+            return load_to_device(path, dtype=self.config.dtype, device=self.config.device,
+                                  gpu_memory_utilization=self.config.gpu_memory_utilization)
+        c = self.config
+        mmproj = c.mmproj
+        if mmproj is None and path.is_file():  # llama.cpp's layout: the projector beside the text GGUF
+            from runlm.models.vision.mmproj import find_mmproj
+
+            found = find_mmproj(path)
+            mmproj = str(found) if found is not None else None
+        native = native_model(path, c)
+        if native is not None and mmproj is not None:  # the tower is torch's, beside the native text model
+            from runlm.engine.runners.native import why_not_native_vision
+            from runlm.formats.gguf import GGUFFile
+            from runlm.models.vision import build_mmproj
+
+            native.vision = build_mmproj(GGUFFile(Path(mmproj)), native.tokenizer)
+            reason = why_not_native_vision(native.vision)
+            if reason is not None:
+                log.info("native runner not used for %s: %s", path.name, reason)
+                native = None
         self.native = native is not None
         (set_native_threads if self.native else set_torch_threads)(self.threads)
         if native is not None:
-            if self.config.mmproj is not None:  # the tower is torch's, beside the native text model
-                from runlm.formats.gguf import GGUFFile
-                from runlm.models.vision import build_mmproj
-
-                native.vision = build_mmproj(GGUFFile(Path(self.config.mmproj)), native.tokenizer)
+            if native.vision is not None:
+                set_torch_threads(self.threads)  # the vision tower computes in torch
             return native
-        c = self.config
-        return load_decoder(path, dtype=c.dtype, device=c.device, exact_numerics=c.exact_numerics, mmproj=c.mmproj)
+        return load_decoder(path, dtype=c.dtype, device=c.device, exact_numerics=c.exact_numerics, mmproj=mmproj)
 
     # ---- images -----------------------------------------------------------------------------
     @property

@@ -11,6 +11,7 @@ for base models, where any format is a guess.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,11 +28,28 @@ CHATML_TEMPLATE = (
 )
 
 
-def _normalise(message: Mapping[str, Any]) -> dict[str, Any]:
-    """Content-part lists of plain text become one string: most templates expect a str."""
+# a template that loops over a message's content parts and never asks whether the content is a string (llava-hf's,
+# for one) reads only part lists: its messages keep their parts and a string becomes one text part (vLLM's
+# "openai" content format); every other template gets strings
+_LOOPS_OVER_PARTS = re.compile(r"for\s+\w+\s+in\s+\w+(?:\[\s*['\"]content['\"]\s*\]|\.content\b)")
+_ASKS_STRING = re.compile(r"content['\"]?\]?\s+is\s+(?:not\s+)?string")
+
+
+def _parts_only(template: str | None) -> bool:
+    return bool(template) and bool(_LOOPS_OVER_PARTS.search(template or "")) and not _ASKS_STRING.search(template or "")
+
+
+def _normalise(message: Mapping[str, Any], parts: bool = False) -> dict[str, Any]:
+    """Content-part lists of plain text become one string (most templates expect a str); with ``parts``, strings
+    become one text part instead."""
     out = dict(message)
     content = out.get("content")
-    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
+    if parts:
+        if isinstance(content, str):
+            out["content"] = [{"type": "text", "text": content}]
+        elif content is None:
+            out["content"] = []
+    elif isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
         out["content"] = "".join(str(p.get("text", "")) for p in content)
     elif content is None:
         out["content"] = ""
@@ -47,6 +65,7 @@ def render_chat(messages: Sequence[Mapping[str, Any]], template: str | None, *,
     Time and size are bounded (runlm/formats/template_limits.py), and the render runs in a worker process
     with a memory and CPU limit no template can escape (runlm/formats/template_process.py)."""
     source = template if template else CHATML_TEMPLATE
-    context = dict(messages=[_normalise(m) for m in messages], add_generation_prompt=add_generation_prompt,
+    parts = _parts_only(template)
+    context = dict(messages=[_normalise(m, parts) for m in messages], add_generation_prompt=add_generation_prompt,
                    bos_token=bos_token or "", eos_token=eos_token or "", tools=tools, **extra)
     return render_isolated(source, context)

@@ -2,7 +2,9 @@
 exactly LlamaModel._forward_fused's ops (rms_norm; qkv linear; qkv_rope_store; paged_attention; o linear;
 add_rms_norm; gate_up linear; act·mul; down linear; add_rms_norm into the next layer's input norm or the
 final norm), returning the final-normed hidden states, the same bits as the per-op path. Python runs once
-per step; the scratch buffers live in the native decoder and are reused across steps."""
+per step; the scratch buffers live in the native decoder and are reused across steps. A vision-language
+model's image rows go in as embeddings written over their tokens' (``forward(..., embeds=(rows, values))``,
+a separate entry point: a text-only step calls exactly what it called before)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -87,10 +89,14 @@ class Decoder(Handle):
         self._caches = list(caches)
 
     def forward(self, ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray, query_lens: np.ndarray,
-                context_lens: np.ndarray, flat_slots: np.ndarray, out: np.ndarray) -> np.ndarray:
+                context_lens: np.ndarray, flat_slots: np.ndarray, out: np.ndarray,
+                embeds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """out [T, hidden]: the final-normed hidden states of tokens ``ids`` (int64 [T]) at ``positions``,
         their K/V written to ``slot_mapping``; sequence b's rows are its last query_lens[b] of
-        context_lens[b] positions, whose slots are flat_slots[sum(context_lens[:b]) : ...]."""
+        context_lens[b] positions, whose slots are flat_slots[sum(context_lens[:b]) : ...].
+
+        ``embeds``: (rows int64 [N], values float32 [N, hidden]): these rows take these input embeddings
+        instead of their token's (after the embedding scale), a vision-language model's image rows."""
         if not self._caches:
             raise ValueError("set_kv_caches first")
         t = ids.shape[0] if ids.ndim == 1 else -1
@@ -101,6 +107,13 @@ class Decoder(Handle):
         if positions.shape != ids.shape or slot_mapping.shape != ids.shape or context_lens.shape != query_lens.shape:
             raise ValueError("one position and one slot per id, one context length per query length")
         check_shape("out", out.shape, (t, self.hidden))
+        if embeds is not None and embeds[0].shape[0]:
+            rows, values = embeds
+            rp, vp = arr(rows, I64, "embed rows", 1), arr(values, F32, "embed values", 2)
+            check_shape("embed values", values.shape, (rows.shape[0], self.hidden))
+            ok(lib().runlm_decoder_forward_embeds(self.handle, ip, pp, sp, t, qlp, clp, query_lens.shape[0], fp,
+                                                  flat_slots.shape[0], op, rp, vp, rows.shape[0]))
+            return out
         ok(lib().runlm_decoder_forward(self.handle, ip, pp, sp, t, qlp, clp, query_lens.shape[0], fp,
                                        flat_slots.shape[0], op))
         return out

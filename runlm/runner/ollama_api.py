@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from runlm import __version__
+from runlm.apis.ollama_images import ollama_content
 from runlm.formats.sampling_defaults import ollama_parameters
 from runlm.runner.config import BackendMode
 from runlm.runner.errors import BadRequest, RunnerError
@@ -21,8 +22,8 @@ from runlm.runner.ollama_convert import (
     chat_messages,
     details,
     now_iso,
-    ollama_content,
     ollama_tool_calls,
+    refuse_image,
     sampling_fields,
     tag_entry,
     thinking_fields,
@@ -100,7 +101,7 @@ async def show(request: Request) -> JSONResponse:
 
 
 def projector_info(request: Request, model: StoredModel) -> dict | None:
-    """Ollama's ``projector_info``: the mmproj file's header values (scalars; arrays left out)."""
+    """Ollama's ``projector_info``: the mmproj file's clip.* header values (scalars and short arrays)."""
     entry = next((f for f in model.manifest["files"] if f["path"] == model.mmproj), None)
     if entry is None:
         return None
@@ -310,7 +311,7 @@ async def generate(request: Request) -> Response:
         route = "completions"
     else:
         messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
-        content = ollama_content(prompt, body.get("images"), "images")
+        content = ollama_content(prompt, body.get("images"), "images", refuse_image)
         payload = {"messages": messages + [{"role": "user", "content": content}], **fields,
                    **thinking_fields(body, [])}
         route = "chat/completions"

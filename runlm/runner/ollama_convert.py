@@ -5,6 +5,7 @@ import datetime as dt
 import json
 from typing import Any
 
+from runlm.apis.ollama_images import ollama_content
 from runlm.runner.errors import BadRequest
 from runlm.store import StoredModel
 
@@ -51,7 +52,7 @@ def chat_messages(messages: Any) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest(f"messages[{i}] needs a 'role' and a 'content'", param="messages")
-        content = ollama_content(m.get("content") or "", m.get("images"), f"messages[{i}].images")
+        content = ollama_content(m.get("content") or "", m.get("images"), f"messages[{i}].images", refuse_image)
         msg: dict[str, Any] = {"role": m["role"], "content": content}
         if m["role"] == "assistant" and isinstance(m.get("thinking"), str) and m["thinking"]:
             msg["reasoning_content"] = m["thinking"]  # the template may show it again (Qwen3's)
@@ -60,16 +61,6 @@ def chat_messages(messages: Any) -> list[dict]:
                                  for j, c in enumerate(_as_list(m["tool_calls"], f"messages[{i}].tool_calls"))]
         out.append(msg)
     return out
-
-
-def ollama_content(text: Any, images: Any, where: str) -> Any:
-    """A message's content with Ollama's ``images`` (base64) as image_url parts before the text
-    (runlm.apis.ollama_images); the text alone without images. The backend decodes and checks them."""
-    if not images:
-        return text
-    from runlm.apis.ollama_images import ollama_content as with_images
-
-    return with_images(text, images, where, refuse_image)
 
 
 def refuse_image(message: str, param: str) -> BadRequest:

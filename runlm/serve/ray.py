@@ -44,7 +44,7 @@ class RayServeArgs(BaseModel):
     max_num_batched_tokens: int = Field(512, ge=1)
     kv_cache_memory: str | None = Field(None, description="bytes such as 2GiB")
     max_waiting: int = Field(256, ge=0)
-    max_body_size: str = "16MiB"
+    max_body_size: str = "32MiB"
     # Serve's autoscaling on queue depth
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(1, ge=1)

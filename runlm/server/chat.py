@@ -14,7 +14,7 @@ from runlm.server.body import parse_body
 from runlm.server.errors import APIError, bad_request
 from runlm.server.generation import Generation, Ticket, TicketedStreamingResponse, new_id, start_generation
 from runlm.server.logprobs import TokenTexts, chat_logprobs
-from runlm.server.prompts import chat_prompt_ids, check_room_for_completion
+from runlm.server.prompts import chat_prompt, check_room_for_completion
 from runlm.server.protocol import ChatCompletionRequest
 from runlm.server.reasoning import ReasoningPlan, reasoning_plan, template_kwargs, thinking_params
 from runlm.server.sampling import to_sampling_params
@@ -67,14 +67,15 @@ async def start_chat(request: Request, req: ChatCompletionRequest) -> ChatRun:
     params = to_sampling_params(req, plan.structured_outputs, state.settings.sampling_defaults)
     if plan.parser is not None and plan.parser.needs_special_tokens:
         params.skip_special_tokens = False  # the call markers are special tokens
-    prompt = await chat_prompt_ids(engine, req.messages, req.add_generation_prompt, plan.template_tools,
-                                   template_kwargs(req), state.settings.trust_request_chat_template,
-                                   req.continue_final_message)
+    prompt, images = await chat_prompt(engine, req.messages, req.add_generation_prompt, plan.template_tools,
+                                       template_kwargs(req), state.settings.trust_request_chat_template,
+                                       req.continue_final_message, state.settings.media, state.model_name)
     reasoning = reasoning_plan(req, state, engine, prompt)
     params.thinking = thinking_params(reasoning, req, engine, params.structured_outputs is not None)
     check_room_for_completion(engine, [prompt], params, "messages")
     gen, ticket = await start_generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority,
-                                         "messages", constraint_source(req, plan.structured_outputs), lora)
+                                         "messages", constraint_source(req, plan.structured_outputs), lora,
+                                         images=images)
     texts = TokenTexts(engine.tokenizer) if params.logprobs is not None else None
     model_name = lora.lora_name if lora else state.model_name  # answers name the adapter asked for, as vLLM's
     return ChatRun(gen, ticket, req, model_name, texts, plan, reasoning)
@@ -154,13 +155,24 @@ async def _chunks(gen: Generation, req: ChatCompletionRequest, model: str,
             payload["usage"] = usage(prompt_tokens, completion_tokens, cached) if continuous else None
         return payload
 
-    for i in range(gen.params.n):
-        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                      "finish_reason": None}])
+    def opening() -> list[dict[str, Any]]:
+        return [chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None}]) for i in range(gen.params.n)]
+
+    # a prompt with images is counted once the engine has placed them (their tokens are the engine's to expand):
+    # its opening chunks wait for the first output, so continuous usage counts the image tokens from the start
+    opened = not gen.images
+    if opened:
+        for first in opening():
+            yield first
     builders = [DeltaBuilder(plan) for _ in range(gen.params.n)]
     splitters = [reasoning.splitter() for _ in range(gen.params.n)] if reasoning is not None else None
     async for _, out in gen.stream():
         prompt_tokens, cached = len(out.prompt_token_ids), out.num_cached_tokens
+        if not opened:
+            opened = True
+            for first in opening():
+                yield first
         for c in out.outputs:
             completion_tokens += len(c.token_ids)
             if not c.text and not c.token_ids and c.finish_reason is None:

@@ -48,5 +48,6 @@ class EngineChatSource:
         engine = state.require_task("generate", "chat completions")
         plan = tool_plan(req, engine)
         ids = await chat_prompt_ids(engine, req.messages, True, plan.template_tools, req.chat_template_kwargs,
-                                    state.settings.trust_request_chat_template)
+                                    state.settings.trust_request_chat_template, media=state.settings.media,
+                                    model=state.model_name)
         return len(ids)

@@ -1,5 +1,6 @@
 """Operator routes over the engine (vLLM's): ``POST /scale_elastic_ep`` {new_data_parallel_size,
-drain_timeout?}, ``POST /is_scaling_elastic_ep``, ``POST /start_profile`` and ``POST /stop_profile``.
+drain_timeout?}, ``POST /is_scaling_elastic_ep``, ``POST /start_profile``, ``POST /stop_profile`` and
+``POST /reset_mm_cache``.
 
 They change how the server runs (processes started and stopped, traces written to disk), so they sit
 behind the API key when one is set. Scaling needs a data-parallel engine (``serve-engine
@@ -90,3 +91,11 @@ async def stop_profile(request: Request) -> JSONResponse:
     except ProfilerError as exc:
         raise APIError(400, str(exc), code="profiler_error") from None
     return JSONResponse({"message": "profiling stopped", "traces": [Path(t).name for t in traces]})
+
+
+@router.post("/reset_mm_cache")
+async def reset_mm_cache(request: Request) -> JSONResponse:
+    """Forget the images' embeddings (the engine's encoder cache; vLLM's route): the next request with an image
+    runs the vision tower again."""
+    await _state(request).ready_engine().reset_mm_cache()
+    return JSONResponse({"message": "the multimodal cache is reset"})

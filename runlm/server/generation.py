@@ -15,6 +15,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from runlm.engine.async_inproc import AsyncLLM, RequestStream
+from runlm.engine.parallel.client import DPAsyncLLM
 from runlm.engine.parallel.replica import ReplicaDeadError
 from runlm.engine.types.errors import (
     EngineDeadError,
@@ -29,6 +30,7 @@ from runlm.engine.types.outputs import RequestOutput
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.engine.types.structured_params import StructuredOutputsError
 from runlm.server.errors import APIError, bad_request
+from runlm.server.media import CheckedImage
 from runlm.server.state import ServerState
 from runlm.server.structured import structured_error
 from runlm.web.disconnect import wait_for_disconnect
@@ -85,12 +87,13 @@ class TicketedStreamingResponse(StreamingResponse):
 
 async def start_generation(state: ServerState, engine: AsyncLLM, http_request: Request, prompts: list[list[int]],
                            params: SamplingParams, request_id: str, priority: int, prompt_param: str,
-                           constraint_source: str | None, lora_request: LoRARequest | None = None
-                           ) -> tuple[Generation, Ticket]:
-    """Admit the request, then add it to the engine; on a refusal the places are given back."""
+                           constraint_source: str | None, lora_request: LoRARequest | None = None,
+                           images: list[CheckedImage] | None = None) -> tuple[Generation, Ticket]:
+    """Admit the request, then add it to the engine; on a refusal the places are given back. ``images``: a chat
+    prompt's images (checked already), in the order of its placeholders."""
     ticket = admit(state, engine, params.n * len(prompts))
     gen = Generation(state, engine, http_request, prompts, params, request_id, priority, prompt_param,
-                     constraint_source, lora_request)
+                     constraint_source, lora_request, images=images or [])
     try:
         await gen.start()
     except BaseException:
@@ -113,6 +116,7 @@ class Generation:
     prompt_param: str = "prompt"              # the request field that holds the prompt, for errors
     constraint_source: str | None = None      # the request field a structured-output constraint came from
     lora_request: LoRARequest | None = None   # the adapter the request's model names
+    images: list[CheckedImage] = field(default_factory=list)  # a chat prompt's images, for multi_modal_data
     disconnected: bool = False
     arrival: float = field(default_factory=time.monotonic)
     streams: list[RequestStream] = field(default_factory=list)
@@ -122,8 +126,12 @@ class Generation:
         pin = data_parallel_rank(self.http_request, self.engine)
         try:
             for i, prompt in enumerate(self.prompts):
+                inputs: dict[str, Any] = {"prompt_token_ids": prompt}
+                if self.images:  # decoded for an engine in this process; replicas elsewhere get the bytes
+                    remote = isinstance(self.engine, DPAsyncLLM)
+                    inputs["multi_modal_data"] = {"image": [i.data if remote else i.image for i in self.images]}
                 self.streams.append(await self.engine.add_request(
-                    f"{self.request_id}-{i}", {"prompt_token_ids": prompt}, replace(self.params), self.priority,
+                    f"{self.request_id}-{i}", inputs, replace(self.params), self.priority,
                     lora_request=self.lora_request, data_parallel_rank=pin))
         except BaseException as exc:
             self.close()

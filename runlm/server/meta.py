@@ -25,7 +25,17 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
                             "root": state.model_name, "parent": None}
     if state.engine is not None:
         card["max_model_len"] = state.engine.max_model_len
+        card["capabilities"] = capabilities(state.engine)
     return card
+
+
+def capabilities(engine: Any) -> list[str]:
+    """What the model does, in Ollama's names: "completion" or "embedding", and "vision" when it takes images."""
+    tasks = engine.get_supported_tasks()
+    caps = ["completion"] if "generate" in tasks else ["embedding"]
+    if "image" in getattr(engine, "modalities", ("text",)):
+        caps.append("vision")
+    return caps
 
 
 @router.get("/v1/models")

@@ -5,6 +5,7 @@ prompt + max_tokens rule); whether a prompt fits the model (empty, too long, tok
 is the engine's check, raised as a typed error when the request is added (runlm/engine/types/errors.py)."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from runlm.engine.types.sampling_params import SamplingParams
 from runlm.formats.chat_template import ChatTemplateError, ChatTemplateLimitError
 from runlm.formats.template_limits import RenderLimitError
 from runlm.server.errors import APIError, bad_request
+from runlm.server.media import IMAGE_PARTS, OTHER_MEDIA, CheckedImage, MediaSettings, take_images
 from runlm.server.render import render_off_loop
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -30,8 +32,10 @@ def _check_content(content: Any, where: str) -> None:
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind == "text" and isinstance(part.get("text"), str):
             continue
-        if kind in ("image_url", "input_image", "input_audio", "file", "video_url"):
-            raise bad_request(f"{where}[{j}]: {kind} inputs are not supported by this model (text only)",
+        if kind in IMAGE_PARTS:  # read and checked by runlm.server.media.take_images
+            continue
+        if kind in OTHER_MEDIA:
+            raise bad_request(f"{where}[{j}]: {kind} inputs are not supported (runlm's models take text and images)",
                               f"{where}[{j}]")
         raise bad_request(f"{where}[{j}] must be a content part like {{'type': 'text', 'text': '...'}}",
                           f"{where}[{j}]")
@@ -56,8 +60,29 @@ def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 
 async def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
                           tools: list[dict] | None, template_kwargs: Mapping[str, Any] | None,
-                          trust_request_template: bool, continue_final_message: bool = False) -> list[int]:
-    """The prompt's token ids, rendered off the event loop within the template limits. A template given in
+                          trust_request_template: bool, continue_final_message: bool = False,
+                          media: MediaSettings | None = None, model: str = "") -> list[int]:
+    """chat_prompt's token ids, each image's placeholder expanded to the tokens it takes where the engine runs in
+    this process (what /tokenize and count_tokens report); a data-parallel front end counts each image's
+    placeholder only."""
+    ids, images = await chat_prompt(engine, messages, add_generation_prompt, tools, template_kwargs,
+                                    trust_request_template, continue_final_message, media, model)
+    vision = getattr(getattr(engine, "engine", None), "vision", None)
+    if not images or vision is None:
+        return ids
+    try:
+        placed = await asyncio.to_thread(vision.processor.process, ids, [i.image for i in images])
+    except ValueError as exc:  # (a family's own refusal, e.g. too many tiles)
+        raise bad_request(str(exc), "messages") from None
+    return list(placed.token_ids)
+
+
+async def chat_prompt(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+                      tools: list[dict] | None, template_kwargs: Mapping[str, Any] | None,
+                      trust_request_template: bool, continue_final_message: bool = False,
+                      media: MediaSettings | None = None, model: str = "") -> tuple[list[int], list[CheckedImage]]:
+    """The prompt's token ids, rendered off the event loop within the template limits, and its images (encoded,
+    checked, in order; the template sees ``{"type": "image"}`` where each was). A template given in
     the request (``chat_template_kwargs.chat_template``) replaces the model's only on a server started
     with --trust-request-chat-template."""
     extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
@@ -67,14 +92,15 @@ async def chat_prompt_ids(engine: AsyncLLM, messages: Sequence[Mapping[str, Any]
                           "--trust-request-chat-template to allow them)", "chat_template_kwargs.chat_template")
     if template is not None and not isinstance(template, str):
         raise bad_request("chat_template must be a string", "chat_template_kwargs.chat_template")
-    msgs = normalise_messages(messages)
+    msgs, images = await take_images(normalise_messages(messages), media or MediaSettings(),
+                                     getattr(engine, "modalities", ("text",)), model)
     if continue_final_message and msgs[-1]["role"] != "assistant":  # (with add_generation_prompt: chat.py's 400)
         raise bad_request("continue_final_message continues a final assistant message", "continue_final_message")
     try:
-        return await render_off_loop(lambda: encode_chat(engine.tokenizer, msgs, template,
-                                                         add_generation_prompt=add_generation_prompt,
-                                                         tools=tools,
-                                                         continue_final_message=continue_final_message, **extra))
+        ids = await render_off_loop(lambda: encode_chat(engine.tokenizer, msgs, template,
+                                                        add_generation_prompt=add_generation_prompt, tools=tools,
+                                                        continue_final_message=continue_final_message, **extra))
+        return ids, images
     except (ChatTemplateLimitError, RenderLimitError) as exc:
         # a template past its limits is the template's fault: the client's (400) or the model's (500)
         text = str(exc) if isinstance(exc, ChatTemplateLimitError) else f"chat template failed: {exc}"

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from runlm.server.errors import APIError, not_ready
+from runlm.server.media import MediaSettings
 
 if TYPE_CHECKING:
     from runlm.engine.async_inproc import AsyncLLM
@@ -13,6 +14,9 @@ if TYPE_CHECKING:
     from runlm.server.metrics import ServerMetrics
 
 MiB = 1 << 20
+# a request body holds an image as base64 (4/3 of its bytes): the default lets the largest image runlm decodes
+# (runlm.models.vision.images.MAX_IMAGE_BYTES, 20 MiB) through, with room for the rest of the conversation
+DEFAULT_MAX_BODY = 32 * MiB
 
 
 @dataclass(slots=True)
@@ -20,7 +24,7 @@ class ServerSettings:
     served_model_names: list[str]            # the first is the name we answer with
     api_key: str | None = None
     cors_origins: list[str] = field(default_factory=list)
-    max_body_bytes: int = 16 * MiB
+    max_body_bytes: int = DEFAULT_MAX_BODY
     # sequences that may wait for a slot beyond the engine's max_num_seqs before we answer 503
     max_waiting: int = 256
     max_prompts_per_request: int = 256
@@ -34,6 +38,8 @@ class ServerSettings:
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
     # --reasoning-parser: "auto" (from the chat template), "none", or a parser's name (runlm.tools.reasoning)
     reasoning_parser: str = "auto"
+    # images: the hosts image URLs are fetched from (--allowed-media-domains), size limits, images per prompt
+    media: MediaSettings = field(default_factory=MediaSettings)
 
 
 @dataclass(slots=True)

@@ -27,7 +27,8 @@ async def _tokens(request: Request) -> tuple[TokenizeRequest, list[int], int, Se
         if not req.messages:
             raise bad_request("messages must not be empty", "messages")
         ids = await chat_prompt_ids(engine, req.messages, req.add_generation_prompt, req.tools,
-                                    req.chat_template_kwargs, state.settings.trust_request_chat_template)
+                                    req.chat_template_kwargs, state.settings.trust_request_chat_template,
+                                    media=state.settings.media, model=state.model_name)
     else:
         assert req.prompt is not None  # exactly one of the two, checked above
         ids = engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)

@@ -6,7 +6,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runlm.web.asgi import ErrorWriter, openai_error_json, send_error
 
-DEFAULT_MAX_BODY = 16 << 20
+DEFAULT_MAX_BODY = 32 << 20  # room for a 20 MiB image sent as base64
 
 
 class _BodyTooLarge(Exception):

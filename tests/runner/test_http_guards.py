@@ -45,14 +45,14 @@ def test_local_pages_and_reads_are_let_through(daemon: Daemon) -> None:
 
 
 def test_body_limit_and_parser_match_serve_engine(daemon: Daemon) -> None:
-    big = b'{"model": "tinycoder", "prompt": "' + b"a" * (17 << 20) + b'"}'
+    big = b'{"model": "tinycoder", "prompt": "' + b"a" * (33 << 20) + b'"}'
     r = daemon.http.post("/v1/completions", content=big, headers=JSON)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = daemon.http.post("/api/generate", content=big, headers=JSON)
     assert r.status_code == 413 and "limit" in r.json()["error"]
 
     def chunks():  # no Content-Length: counted as it streams in
-        for _ in range(17):
+        for _ in range(33):
             yield b" " * (1 << 20)
     assert daemon.http.post("/v1/completions", content=chunks(), headers=JSON).status_code == 413
     for raw, text in ((b"[" * 100_000 + b"]" * 100_000, "nested"), (b'{"model": "\xff\xfe"}', "UTF-8"),

@@ -3,7 +3,9 @@ computes a step's layers, and the numpy sampler picks the tokens. Nothing here i
 
 The same phases as runlm.engine.runners.torch_runner (prepare -> forward -> prompt logprobs -> logits ->
 sample), over the same plan (runlm.engine.core.batch_plan) and sampler, so the two runners differ only
-in what computes the forward pass.
+in what computes the forward pass. A vision-language model (a text GGUF + llama.cpp's mmproj) keeps its tower
+in torch: a step's image rows (runlm.engine.core.mm_step) come from the encoder cache, or one batched tower
+call, and go into the native step as embeddings written over their tokens'.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 from runlm.engine.core.batch_plan import BatchPlan, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import AnyBlockManager
+from runlm.engine.core.mm_step import step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sample_batch
 from runlm.engine.structured.backend import StructuredOutputManager
@@ -47,6 +50,12 @@ def native_model(path: Path, config: EngineConfig) -> NativeLoaded | None:
     return load_native(path, config.max_model_len)
 
 
+def why_not_native_vision(vision: object) -> str | None:
+    """What a vision tower asks of the text model that the native runner does not do (None: nothing): M-RoPE
+    positions (Qwen2.5-VL); bidirectional image spans (Gemma 3) are the Gemma family's, not native already."""
+    return "M-RoPE positions" if getattr(vision, "uses_mrope", False) else None
+
+
 class NativeRunner:
     def __init__(self, config: EngineConfig, loaded: NativeLoaded, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
@@ -54,6 +63,9 @@ class NativeRunner:
         self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         self.kv_caches: list[tuple[np.ndarray, np.ndarray]] = []
         self._hidden = np.empty((0, loaded.config.hidden_size), dtype=np.float32)
+        reason = why_not_native_vision(loaded.vision)
+        if reason is not None:
+            raise ValueError(f"the native runner cannot run this vision-language model's text part: {reason}")
         self.allocate_kv_cache()
 
     def allocate_kv_cache(self) -> None:
@@ -80,7 +92,7 @@ class NativeRunner:
         """Compute the scheduled tokens; sample for every sequence whose known tokens are now all computed."""
         plan = plan_batch(sched, self.blocks)
         assert not plan.spec_seqs and plan.group_slots is None, "the native runner neither speculates nor windows"
-        hidden = self.run_model(plan)
+        hidden = self.run_model(plan, self.image_rows(sched) if self.loaded.vision is not None else None)
         model = self.loaded.model
         for rows in plan.prompt_logprob_rows:
             add_prompt_logprobs(rows.seq, model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count]),
@@ -90,7 +102,21 @@ class NativeRunner:
         raw = model.compute_logits(hidden[plan.sample_rows])
         return sample_batch(raw, plan.sample_seqs, self.structured)
 
-    def run_model(self, plan: BatchPlan) -> np.ndarray:
+    def image_rows(self, sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray] | None:
+        """(batch rows, their input embeddings) for the step's image tokens, as the torch runner splices them:
+        the tower runs once over the step's images not in the encoder cache (which keeps numpy rows here)."""
+        images = step_images(sched)
+        if images is None:
+            return None
+        if images.bidirectional is not None:
+            raise ValueError("the native runner has no bidirectional image attention")
+        vision = self.loaded.vision
+        embeds = self.encoder_cache.embeddings([f for f, _ in images.parts],
+                                               lambda fs: [e.float().numpy() for e in vision.encode(fs)])
+        values = np.concatenate([e[idx] for e, (_, idx) in zip(embeds, images.parts)])
+        return images.rows, np.ascontiguousarray(values, dtype=np.float32)
+
+    def run_model(self, plan: BatchPlan, embeds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         decoder = self.loaded.model.decoder
         assert decoder is not None, "the model's weights were released (sleep level 2)"
         t = plan.ids.shape[0]
@@ -99,4 +125,4 @@ class NativeRunner:
         flat = np.concatenate(plan.context_slots) if len(plan.context_slots) > 1 else plan.context_slots[0]
         return decoder.forward(plan.ids, plan.positions, plan.slot_mapping,
                                np.asarray(plan.query_lens, dtype=np.int64),
-                               np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t])
+                               np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t], embeds)

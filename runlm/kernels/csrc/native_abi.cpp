@@ -203,4 +203,15 @@ int runlm_decoder_forward(void* handle, const int64_t* ids, const int64_t* posit
                                                        batch, flat_slots, n_flat, out));
 }
 
+// runlm_decoder_forward with n_embeds rows (embed_rows, in [0, t)) taking embed_values [n_embeds, hidden]
+// over their token embeddings: a vision-language model's image rows.
+int runlm_decoder_forward_embeds(void* handle, const int64_t* ids, const int64_t* positions,
+                                 const int64_t* slot_mapping, int64_t t, const int64_t* query_lens,
+                                 const int64_t* context_lens, int64_t batch, const int64_t* flat_slots, int64_t n_flat,
+                                 float* out, const int64_t* embed_rows, const float* embed_values, int64_t n_embeds) {
+  return status(static_cast<Decoder*>(handle)->forward(ids, positions, slot_mapping, t, query_lens, context_lens,
+                                                       batch, flat_slots, n_flat, out, embed_rows, embed_values,
+                                                       n_embeds));
+}
+
 }  // extern "C"

@@ -1,7 +1,8 @@
 // A whole decoder step in one native call, for runlm's torch-free runner: the token embedding, then
 // per layer exactly LlamaModel._forward_fused's sequence of ops (the same impl functions, in the same
 // order, on the same values, so the hidden states are the per-op path's bit for bit), then the final
-// norm. Scratch buffers live here and are reused across steps (grown when a step has more rows).
+// norm. Rows given as embeddings (a vision tower's, for an image's tokens) replace their tokens' after the
+// embedding scale, as the torch model's ForwardContext.mm_embeds does. Scratch buffers live here and are reused across steps (grown when a step has more rows).
 #pragma once
 
 #include <cstdint>
@@ -91,9 +92,12 @@ struct Decoder {
 
   // out [T, hidden]: the final-normed hidden states of tokens ids at positions, their K/V written to
   // slot_mapping; query_lens/context_lens per sequence, flat_slots every sequence's context slots.
+  // n_embeds rows embed_rows (each in [0, T)) take embed_values [n_embeds, hidden] instead of their token's
+  // (scaled) embedding: an image's rows from a vision tower. None (0, null) for a text-only step.
   std::string forward(const int64_t* ids, const int64_t* positions, const int64_t* slot_mapping, int64_t t,
                       const int64_t* query_lens, const int64_t* context_lens, int64_t batch, const int64_t* flat_slots,
-                      int64_t n_flat, float* out) {
+                      int64_t n_flat, float* out, const int64_t* embed_rows = nullptr, const float* embed_values = nullptr,
+                      int64_t n_embeds = 0) {
     if (layers.empty()) return "a decoder needs at least one layer";
     for (const Layer& l : layers)
       if (!l.k_cache || !l.v_cache) return "no KV cache set";
@@ -108,12 +112,18 @@ struct Decoder {
     for (int64_t i = 0; i < n_flat; ++i)
       if (flat_slots[i] < 0 || flat_slots[i] >= cache_slots)
         return "context slot " + std::to_string(flat_slots[i]) + " is outside the cache";
+    if (n_embeds < 0 || (n_embeds > 0 && (!embed_rows || !embed_values))) return "bad embedding rows";
+    for (int64_t i = 0; i < n_embeds; ++i)
+      if (embed_rows[i] < 0 || embed_rows[i] >= t)
+        return "embedding row " + std::to_string(embed_rows[i]) + " is outside the step's " + std::to_string(t) + " rows";
     if (t == 0) return "";
     grow(t);
     float *res = residual.data(), *hp = h.data();
     gl::embedding(ids, t, embed, embed_row_bytes, embed_type, hidden, res);
     if (embed_scale != 1.0f)
       for (int64_t i = 0, n = t * hidden; i < n; ++i) res[i] = res[i] * embed_scale;
+    for (int64_t i = 0; i < n_embeds; ++i)  // written over the scaled embedding, as the torch model does
+      std::memcpy(res + embed_rows[i] * hidden, embed_values + i * hidden, sizeof(float) * static_cast<size_t>(hidden));
     fused::rms_norm(res, layers[0].input_norm, hp, t, hidden, eps);
     for (size_t i = 0; i < layers.size(); ++i) {
       const Layer& l = layers[i];

@@ -40,6 +40,7 @@ FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "idefics3": (("idefics3", "smolvlm"), ("idefics3",)),
     "qwen2_5_vl": (("qwen2_5_vl",), ("qwen2.5vl_merger",)),
     "llava": (("llava",), ("mlp",)),
+    "pixtral": (("mistral3",), ("pixtral",)),
 }
 
 

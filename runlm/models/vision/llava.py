@@ -254,8 +254,9 @@ def build(hf_config: dict, preprocessor: dict, weights: Iterable[tuple[str, torc
     drop_first = strategy == "default"  # transformers drops the first token (CLIP's class token)
     weights = list(weights)
     # the decoder's width: the projector's own shape (an mmproj file has no text_config), else the config's
-    text_hidden = next((int(t.shape[0]) for name, t in weights if name.endswith("multi_modal_projector.linear_2.weight")),
-                       None) or int(text_config(hf_config)["hidden_size"])
+    projector = "multi_modal_projector.linear_2.weight"
+    text_hidden = (next((int(t.shape[0]) for name, t in weights if name.endswith(projector)), None)
+                   or int(text_config(hf_config)["hidden_size"]))
     image_size = int(vc["image_size"])
     tokens = (image_size // int(vc["patch_size"])) ** 2 + int(clip) - int(drop_first)
     processor = LlavaImageProcessor(preprocessor, image_token_id(hf_config, tokenizer), tokens, image_size, not clip)

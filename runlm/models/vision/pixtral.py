@@ -196,8 +196,9 @@ def build(hf_config: dict, preprocessor: dict, weights: Iterable[tuple[str, torc
     weights = list(weights)
     text = {**_TEXT_DEFAULTS, **(hf_config.get("text_config") or {})}
     # the decoder's width: the projector's own shape (an mmproj file has no text_config), else the config's
-    text_hidden = next((int(t.shape[0]) for name, t in weights if name.endswith("multi_modal_projector.linear_2.weight")),
-                       None) or int(text["hidden_size"])
+    projector = "multi_modal_projector.linear_2.weight"
+    text_hidden = (next((int(t.shape[0]) for name, t in weights if name.endswith(projector)), None)
+                   or int(text["hidden_size"]))
     patch = int(vc["patch_size"])
     processor = PixtralImageProcessor(preprocessor, patch * merge, token_ids(hf_config, tokenizer))
     model = PixtralVision(vc, layer % (n + 1), None if llava else merge, text_hidden, float(text["rms_norm_eps"]),

@@ -1,5 +1,7 @@
 // runlm's chat page: a model from /v1/models, a streamed multi-turn chat over /v1/chat/completions, a stop
-// button, and time to first token and tokens/s under each answer. Same origin only; no outside requests.
+// button, and time to first token and tokens/s under each answer. Images (attached, pasted or dropped) go with a
+// question as image_url parts holding data: URLs, and show in the conversation. Same origin only; no outside
+// requests.
 import { render } from "./markdown.js";
 
 const $ = (id) => document.getElementById(id);
@@ -8,9 +10,46 @@ const ui = {
   model: $("model"), temperature: $("temperature"), system: $("system"), apiKey: $("api-key"),
   messages: $("messages"), prompt: $("prompt"), send: $("send"), stop: $("stop"), status: $("status"),
   settings: $("settings"), settingsToggle: $("settings-toggle"), newChat: $("new-chat"), form: $("composer"),
+  attach: $("attach"), imageFile: $("image-file"), attachments: $("attachments"),
 };
 let history = [];
 let controller = null;
+let images = [];  // the next question's images, as data: URLs
+const MAX_IMAGE_BYTES = 20 * 1024 * 1024;  // the server's limit for one image
+
+function readAsDataURL(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function attachFiles(files) {
+  for (const file of files) {
+    if (!file.type.startsWith("image/")) { ui.status.textContent = `${file.name || "That file"} is not an image.`; continue; }
+    if (file.size > MAX_IMAGE_BYTES) { ui.status.textContent = `${file.name} is larger than 20 MiB.`; continue; }
+    images.push(await readAsDataURL(file));
+  }
+  showAttachments();
+}
+
+function showAttachments() {
+  ui.attachments.replaceChildren(...images.map((url, i) => {
+    const figure = document.createElement("figure");
+    const img = new Image();
+    img.src = url;
+    img.alt = `attached image ${i + 1}`;
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.textContent = "×";
+    remove.title = "Remove this image";
+    remove.addEventListener("click", () => { images.splice(i, 1); showAttachments(); });
+    figure.append(img, remove);
+    return figure;
+  }));
+}
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -44,9 +83,15 @@ async function loadModels() {
   if (!data.length) ui.status.textContent = "No models yet: pull one with `runlm pull NAME`.";
 }
 
-function addMessage(role, text) {
+function addMessage(role, text, pictures = []) {
   const msg = document.createElement("div");
   msg.className = `msg ${role}`;
+  if (pictures.length) {
+    const row = document.createElement("div");
+    row.className = "images";
+    row.append(...pictures.map((url, i) => { const img = new Image(); img.src = url; img.alt = `image ${i + 1}`; return img; }));
+    msg.append(row);
+  }
   const body = document.createElement("div");
   body.className = "body";
   if (role === "user") body.textContent = text; else body.append(render(text));
@@ -82,9 +127,12 @@ function setBusy(busy) {
   ui.stop.disabled = !busy;
 }
 
-async function ask(question) {
-  history.push({ role: "user", content: question });
-  addMessage("user", question);
+async function ask(question, pictures) {
+  const content = pictures.length
+    ? [...pictures.map((url) => ({ type: "image_url", image_url: { url } })), ...(question ? [{ type: "text", text: question }] : [])]
+    : question;
+  history.push({ role: "user", content });
+  addMessage("user", question, pictures);
   const answer = addMessage("assistant", "");
   const messages = ui.system.value.trim() ? [{ role: "system", content: ui.system.value.trim() }, ...history] : history;
   const body = { model: ui.model.value, messages, stream: true, stream_options: { include_usage: true } };
@@ -154,16 +202,35 @@ async function ask(question) {
 ui.form.addEventListener("submit", (e) => {
   e.preventDefault();
   const question = ui.prompt.value.trim();
-  if (!question || controller) return;
+  if ((!question && !images.length) || controller) return;
   if (!ui.model.value) { ui.status.textContent = "Pick a model first."; return; }
   ui.prompt.value = "";
-  ask(question);
+  ui.status.textContent = "";
+  const pictures = images;
+  images = [];
+  showAttachments();
+  ask(question, pictures);
+});
+ui.attach.addEventListener("click", () => ui.imageFile.click());
+ui.imageFile.addEventListener("change", async () => { await attachFiles([...ui.imageFile.files]); ui.imageFile.value = ""; });
+ui.prompt.addEventListener("paste", (e) => {
+  const files = [...(e.clipboardData?.files ?? [])].filter((f) => f.type.startsWith("image/"));
+  if (files.length) { e.preventDefault(); attachFiles(files); }
+});
+ui.form.addEventListener("dragover", (e) => { e.preventDefault(); ui.form.classList.add("dropping"); });
+ui.form.addEventListener("dragleave", () => ui.form.classList.remove("dropping"));
+ui.form.addEventListener("drop", (e) => {
+  e.preventDefault();
+  ui.form.classList.remove("dropping");
+  attachFiles([...(e.dataTransfer?.files ?? [])]);
 });
 ui.prompt.addEventListener("keydown", (e) => {
   if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); ui.form.requestSubmit(); }
 });
 ui.stop.addEventListener("click", () => controller?.abort());
-ui.newChat.addEventListener("click", () => { controller?.abort(); history = []; ui.messages.replaceChildren(); });
+ui.newChat.addEventListener("click", () => {
+  controller?.abort(); history = []; images = []; showAttachments(); ui.messages.replaceChildren();
+});
 ui.settingsToggle.addEventListener("click", () => showSettings(ui.settings.hidden));
 ui.model.addEventListener("change", () => store.setItem("runlm.model", ui.model.value));
 for (const [el, key] of [[ui.system, "runlm.system"], [ui.temperature, "runlm.temperature"], [ui.apiKey, "runlm.key"]]) {

@@ -20,7 +20,6 @@ from PIL import Image
 from runlm.engine.llm import LLM
 from runlm.engine.types.errors import PromptError
 from runlm.engine.types.sampling_params import SamplingParams
-from runlm.formats.chat_template import ChatTemplateError
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.load import load_decoder
@@ -228,8 +227,6 @@ def test_end_to_end(model_dir, hf) -> None:
         llm.generate([{"prompt": text, "multi_modal_data": {"image": [image, image]}}], params)
 
 
-@pytest.mark.xfail(raises=ChatTemplateError, strict=False,
-                   reason="runlm's template renderer lacks transformers' {% generation %} tag (llava-hf's template)")
 def test_chat_with_the_shipped_template(model_dir) -> None:
     llm = LLM(str(model_dir), exact_numerics=True, kv_cache_memory="64MiB", max_model_len=512)
     messages = [{"role": "user", "content": [{"type": "image", "image": picture()},
@@ -331,8 +328,6 @@ def test_pixtral_end_to_end(pixtral_model) -> None:
     assert abs(first - torch.log_softmax(last, -1)[expected[0]].item()) < 1e-4
 
 
-@pytest.mark.xfail(strict=False, reason="runlm.formats.chat_template._normalise turns a text-only part list into a "
-                                        "string, which llava-hf's template (it reads typed parts) renders as nothing")
 def test_multi_turn_prompt_as_transformers_renders_it(hf, model_dir) -> None:
     processor, _ = hf
     llm = LLM(str(model_dir), exact_numerics=True, kv_cache_memory="64MiB", max_model_len=512)

@@ -41,12 +41,6 @@ def model_dir() -> Path:
     return vlm_dir("pixtral")
 
 
-@pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    """Until "pixtral" is in runlm.models.vision.FAMILIES."""
-    if "pixtral" not in vlm.FAMILIES:
-        monkeypatch.setitem(vlm.FAMILIES, "pixtral", (pixtral.MODEL_TYPES, pixtral.PROJECTOR_TYPES))
-
 
 @pytest.fixture(scope="module")
 def hf(model_dir):
@@ -76,7 +70,7 @@ def _ids(tok: Tokenizer, text: str) -> list[int]:
     return tok.hf.encode(text, add_special_tokens=False).ids
 
 
-def test_family_is_found(model_dir, registered) -> None:
+def test_family_is_found(model_dir) -> None:
     cfg = json.loads((model_dir / "config.json").read_text())
     assert vlm.hf_family(cfg) is pixtral and vlm.mmproj_family("pixtral") is pixtral
     text = pixtral.text_config(cfg)

@@ -1,0 +1,266 @@
+"""The GPU runner: the torch runner's phases (prepare -> run_model -> prompt logprobs -> logits -> sample) with
+the host out of the decode loop.
+
+- Step inputs live in persistent device buffers sized for max_num_batched_tokens / max_num_seqs: the step's
+  metadata (ids, positions, slot mapping, cu_seqlens_q, seq_lens, block tables) is packed into one pinned host
+  array (runlm.engine.runners.gpu_graphs.pack_step) and uploaded by ONE host->device copy, then spread on the
+  device into the model's input buffers and the attention backend's.
+- Attention is the runner's own AttentionBackend (ForwardContext.backend): every layer stores K/V in a paged
+  cache and attends over block tables in one call: the Triton backend
+  (runlm.kernels.triton.backend.PagedAttentionBackend) where it runs, else the torch reference
+  (gpu_attention_ref, same constructor and set_step; see ``attention_backend_class``).
+- CUDA graphs, captured at start-up for padded decode batch sizes (gpu_graphs.graph_batch_sizes) unless
+  ``enforce_eager`` or the backend reads the host (the reference): a decode-only step pads to the next size and
+  replays; prefill and mixed steps run eagerly.
+- Sampling on the device (gpu_sampler), one host sync per step.
+
+On a CPU (RUNLM_GPU_RUNNER=1) the same code runs eagerly: the CPU tests compare its tokens with the torch
+runner's (tests/engine/test_gpu_*.py).
+
+Runs on the GPU path, unchanged above it: the scheduler, continuous batching and chunked prefill, the prefix cache,
+preemption, n > 1, seeded sampling, logprobs and prompt logprobs, structured outputs (an uploaded grammar mask),
+thinking budgets, sleep / wake_up. Refused by name (never a slow fallback): LoRA, speculative decoding, images
+(gpu_select.why_not_gpu), mixtures of experts (gpu_load), and models whose layers keep KV caches of different
+sizes (sliding-window layers beside global ones: Gemma 2/3). Per step, the sampler hands logit_bias,
+allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from runlm.dtypes import torch_dtype
+from runlm.engine.core.batch_plan import BatchPlan, plan_batch
+from runlm.engine.core.encoder_cache import EncoderCache
+from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
+from runlm.engine.core.scheduler import SchedulerOutput
+from runlm.engine.runners.gpu_attention_ref import ReferencePagedAttention
+from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
+from runlm.engine.runners.gpu_sampler import sample_on_device
+from runlm.engine.runners.gpu_select import check_gpu
+from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
+from runlm.engine.structured.backend import StructuredOutputManager
+from runlm.engine.types.config import EngineConfig, kv_cache_blocks
+from runlm.models.attention import ForwardContext, forward_context
+from runlm.models.load import LoadedModel
+
+log = logging.getLogger("runlm.gpu")
+
+
+
+def attention_backend_class(device: torch.device) -> type[ReferencePagedAttention]:
+    """The Triton backend (runlm.kernels.triton.backend) where it runs -- CUDA, or any device under
+    TRITON_INTERPRET=1 -- and is there; else the torch reference. Both take the same constructor and set_step."""
+    try:
+        mod = importlib.import_module("runlm.kernels.triton.backend")
+    except ImportError:
+        return ReferencePagedAttention
+    cls: type[ReferencePagedAttention] = mod.PagedAttentionBackend
+    return cls if mod.use_triton_on(device) else ReferencePagedAttention
+
+
+@dataclass(slots=True)
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    hidden: torch.Tensor  # the captured forward's output [size, hidden]
+
+
+class GPURunner:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
+                 structured: StructuredOutputManager | None = None) -> None:
+        check_gpu(config)  # LoRA, speculative decoding, images: refused by name
+        if isinstance(blocks, HybridBlockManager):
+            raise ValueError("the GPU runner does not run models whose layers keep KV caches of different sizes "
+                             "(sliding-window layers beside global ones) yet; use --device cpu")
+        if loaded.vision is not None:
+            raise ValueError("the GPU runner does not run images (a vision-language model) yet; use --device cpu")
+        self.config, self.loaded, self.blocks, self.structured = config, loaded, blocks, structured
+        self.dtype, self.device = torch_dtype(config.dtype), torch.device(config.device)
+        self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
+        mc = loaded.config
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.max_seqs = config.max_num_seqs
+        self.max_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
+        self.max_blocks_per_seq = -(-self.max_model_len // config.block_size)
+        layout = StepLayout(self.max_tokens, self.max_seqs, self.max_blocks_per_seq)
+        pinned = self.device.type == "cuda"
+        self.host = torch.empty(layout.size, dtype=torch.int64, pin_memory=pinned)
+        self.host_np = self.host.numpy()
+        self.staging = torch.empty(layout.size, dtype=torch.int64, device=self.device)
+        # the last upload: the pinned array is written again only once the copy out of it is done
+        self.uploaded = torch.cuda.Event() if pinned else None
+        self.input_ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=self.device)
+        self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=self.device)
+        self.backend: ReferencePagedAttention | None = None
+        self.graphs: dict[int, _Graph] = {}
+        self.graph_sizes = graph_batch_sizes(self.max_seqs)
+        self.allocate_kv_cache()
+
+    # ---- the cache, and the graphs captured over it -------------------------------------------
+    def allocate_kv_cache(self) -> None:
+        mc = self.loaded.config
+        _sync_free_rope(self.loaded.model, self.max_model_len, self.device)  # (the weights may be new: wake_up)
+        cls = attention_backend_class(self.device)
+        self.backend = cls(mc.num_layers, self.blocks.layer_blocks(0), self.blocks.block_size, mc.num_kv_heads,
+                           mc.head_dim, self.dtype, self.device, self.max_seqs, self.max_tokens,
+                           self.max_blocks_per_seq)
+        if self.device.type == "cuda" and not self.config.enforce_eager:
+            if getattr(self.backend, "graphable", getattr(self.backend, "use_triton", True)):
+                self.capture_graphs()
+            else:
+                log.info("CUDA graphs off: the attention backend %s reads the host", type(self.backend).__name__)
+
+    def free_kv_cache(self) -> None:
+        self.graphs = {}
+        self.backend = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    @property
+    def kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's cache as [slots, KVH, D] (the torch runner's layout; the same memory)."""
+        return self.backend.flat_caches() if self.backend is not None else []
+
+    @torch.inference_mode()
+    def capture_graphs(self) -> None:
+        """One graph per padded decode size, largest first (they share one memory pool)."""
+        assert self.backend is not None
+        pool = None
+        model = self.loaded.model
+        for size in sorted(self.graph_sizes, reverse=True):
+            cu = torch.arange(size + 1, dtype=torch.int32)
+            self.backend.set_step(torch.zeros((size, 1), dtype=torch.int32), cu, torch.ones(size, dtype=torch.int32),
+                                  torch.full((size,), -1, dtype=torch.int64))
+            ctx = ForwardContext([1] * size, [1] * size, None, None, None, backend=self.backend)
+            ids, pos = self.input_ids[:size], self.positions[:size]
+            with forward_context(ctx):
+                model(ids, pos)  # warm-up: lazy initialisations happen outside the capture
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    hidden = model(ids, pos)
+            pool = graph.pool()
+            self.graphs[size] = _Graph(graph, hidden)
+        torch.cuda.synchronize(self.device)
+        log.info("captured CUDA graphs for decode batches of %s sequences", sorted(self.graphs))
+
+    # ---- a step -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
+        plan = plan_batch(sched, self.blocks)
+        assert not plan.spec_seqs, "the GPU runner does not speculate"
+        hidden = self.run_model(sched, plan)
+        for rows in plan.prompt_logprob_rows:
+            logits = self.loaded.model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count])
+            add_prompt_logprobs(rows.seq, logits.float().cpu().numpy(), rows.first_pos)
+        if not plan.sample_seqs:
+            return []
+        sample_rows = plan.sample_rows
+        last = hidden[:len(sample_rows)] if sample_rows == list(range(len(sample_rows))) else \
+            hidden[torch.as_tensor(sample_rows, device=self.device)]
+        return sample_on_device(self.loaded.model.compute_logits(last), plan.sample_seqs, self.structured)
+
+    def run_model(self, sched: SchedulerOutput, plan: BatchPlan) -> torch.Tensor:
+        assert self.backend is not None, "the KV cache was freed (sleep)"
+        b = len(plan.query_lens)
+        if self.uploaded is not None:
+            self.uploaded.synchronize()
+        size = padded_batch_size(b, list(self.graphs)) if self.graphs and is_decode_only(plan) else None
+        layout = pack_step(plan, [s.table.blocks for s in sched.seqs], self.blocks.block_size, self.host_np,
+                           pad_seqs=size)
+        parts = self.upload(layout)
+        t = layout.num_tokens
+        self.input_ids[:t].copy_(parts["ids"])
+        self.positions[:t].copy_(parts["positions"])
+        self.backend.set_step(parts["block_table"].view(layout.num_seqs, layout.width), parts["cu_seqlens_q"],
+                              parts["seq_lens"], parts["slot_mapping"], max_query_len=max(plan.query_lens))
+        if size is not None:
+            graph = self.graphs[size]
+            graph.graph.replay()
+            return graph.hidden[:b]
+        ctx = ForwardContext(plan.query_lens, plan.context_lens, None, None, None, backend=self.backend)
+        with forward_context(ctx):
+            return self.loaded.model(self.input_ids[:t], self.positions[:t])
+
+    def upload(self, layout: StepLayout) -> dict[str, torch.Tensor]:
+        """The packed step to the device in one copy; its parts as views of the staging buffer."""
+        n = layout.size
+        self.staging[:n].copy_(self.host[:n], non_blocking=self.uploaded is not None)
+        if self.uploaded is not None:
+            self.uploaded.record()
+        return {name: self.staging[off:off + length] for name, (off, length) in layout.parts().items()}
+
+
+def _sync_free_rope(model: torch.nn.Module, max_len: int, device: torch.device) -> None:
+    """RoPE tables grown to max_len on the device once, and looked up without reading the positions on the host
+    (RotaryEmbedding._tables checks their maximum: a host sync, which no CUDA graph can capture)."""
+    from runlm.models.rope import RotaryEmbedding
+
+    for rope in {id(m): m for m in model.modules() if isinstance(m, RotaryEmbedding)}.values():
+        if getattr(rope, "long", None) is not None:
+            continue  # long-context RoPE (Phi-3) picks its tables by the positions: keeps its own lookup
+        rope.ensure_positions(max_len)
+        rope.cos, rope.sin = rope.cos.to(device), rope.sin.to(device)
+
+        def tables(positions: torch.Tensor, dev: torch.device, r: RotaryEmbedding = rope
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+            return r.cos[positions], r.sin[positions]
+        rope._tables = tables  # type: ignore[method-assign,assignment]
+
+
+def gpu_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, bytes_per_token: int, max_model_len: int) -> int:
+    """KV-cache blocks for the GPU runner. On CUDA (vLLM's way): after the weights, profile one largest step
+    (max_num_batched_tokens tokens), and give the cache what is left of gpu_memory_utilization x the device's
+    memory; refused when not even one sequence of max_model_len fits, naming both sizes. An explicit
+    kv_cache_memory in bytes wins. On a CPU: the engine's kv_cache_memory budget, unchanged."""
+    device = torch.device(config.device)
+    if device.type != "cuda" or (config.kv_cache_memory is not None and not isinstance(config.kv_cache_memory,
+                                                                                       float)):
+        return kv_cache_blocks(config, bytes_per_token, max_model_len)
+    block_bytes = bytes_per_token * config.block_size
+    total = torch.cuda.get_device_properties(device).total_memory
+    budget = kv_budget_after_profile(config, loaded, device)
+    need = -(-max_model_len // config.block_size) * block_bytes
+    if budget < need:
+        used = int(config.gpu_memory_utilization * total) - budget
+        raise ValueError(f"the model needs {used / 2**30:.2f} GiB of GPU memory for its weights and one step of "
+                         f"{config.max_num_batched_tokens} tokens, and its KV cache {need / 2**30:.2f} GiB for one "
+                         f"sequence of {max_model_len} tokens, but gpu_memory_utilization "
+                         f"{config.gpu_memory_utilization} of {total / 2**30:.2f} GiB leaves only "
+                         f"{max(budget, 0) / 2**30:.2f} GiB: lower --max-model-len or --max-num-batched-tokens, or "
+                         f"raise --gpu-memory-utilization")
+    blocks = budget // block_bytes
+    log.info("GPU memory: %.2f GiB of %.2f GiB for runlm; KV cache %.2f GiB (%d blocks of %d tokens)",
+             config.gpu_memory_utilization * total / 2**30, total / 2**30, blocks * block_bytes / 2**30, blocks,
+             config.block_size)
+    return int(blocks)
+
+
+@torch.inference_mode()
+def kv_budget_after_profile(config: EngineConfig, loaded: LoadedModel, device: torch.device) -> int:
+    """Bytes left for the KV cache: utilization x total, less the weights, one largest step's peak (activations
+    and logits, measured) and what other processes hold on the device."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    free, total = torch.cuda.mem_get_info(device)
+    others = total - free - torch.cuda.memory_reserved(device)
+    mc = loaded.config
+    max_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+    n = config.max_num_batched_tokens
+    lens = [min(max_len, n - i) for i in range(0, n, max_len)]
+    ids = torch.zeros(n, dtype=torch.int64, device=device)
+    positions = torch.cat([torch.arange(x, device=device) for x in lens])
+    with forward_context(ForwardContext.no_cache(lens)):
+        hidden = loaded.model(ids, positions)
+    rows = min(config.max_num_seqs, n)
+    logits = loaded.model.compute_logits(hidden[:rows]).float()
+    torch.softmax(logits, dim=-1)
+    del hidden, logits
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    torch.cuda.empty_cache()
+    return int(config.gpu_memory_utilization * total) - peak - others

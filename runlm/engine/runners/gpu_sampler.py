@@ -1,0 +1,231 @@
+"""The GPU runner's sampler: the numpy sampler's contract (runlm.engine.sample.sampler.sample_batch) computed on
+the logits' device, with one host sync per step.
+
+What it does on the device, row by row as the numpy sampler does: repetition, presence and frequency penalties;
+greedy (argmax); temperature, top-k (ties with the k-th value kept), softmax, min-p, top-p (the smallest prefix
+of the stably sorted probabilities reaching top_p); the draw; logprobs (of the raw distribution, or of the
+processed one where a request asks), the chosen token's rank and the top k.
+
+Seeded per request, the documented per-row scheme: the draw is inverse-CDF sampling with ONE uniform per row, and
+that uniform comes from the sequence's own numpy Generator (``Sequence.generator``, seeded from the request's
+seed), drawn on the host -- exactly the number the numpy sampler would draw. So a seeded request samples the
+same tokens whatever else is in the batch, on either sampler, and a step that falls back to numpy keeps the
+stream in step. Unseeded rows draw from one process-wide generator. The CDF is float64, as numpy's.
+
+Structured outputs: the grammar's mask of each constrained row is computed on the host (the structured-output
+manager's own mask_logits, applied to zeros: 0 where allowed, -inf where not) and uploaded as a boolean row.
+
+Everything else falls back to the numpy sampler for that step, by name, logged once per name: logit bias,
+allowed token ids, min_tokens (stop ids masked), DRY.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from runlm.engine.sample import sampler as np_sampler
+from runlm.engine.sample.sampler import SampledToken
+from runlm.engine.types.outputs import Logprob
+
+if TYPE_CHECKING:
+    from runlm.engine.core.sequence import Sequence
+    from runlm.engine.structured.backend import StructuredOutputManager
+    from runlm.engine.types.sampling_params import SamplingParams
+
+log = logging.getLogger("runlm.gpu")
+_LOGGED: set[str] = set()
+
+
+def fallback_reason(seqs: Seq[Sequence], structured: StructuredOutputManager | None) -> str | None:
+    """Why this step's rows need the numpy sampler (None: the device sampler does them all)."""
+    for s in seqs:
+        p = s.params
+        if p.logit_bias:
+            return "logit_bias"
+        if p.allowed_token_ids is not None:
+            return "allowed_token_ids"
+        if len(s.output_token_ids) < p.min_tokens and s.stop_ids:
+            return "min_tokens"
+        if p.dry_multiplier > 0.0:
+            return "DRY"
+    return None
+
+
+def _log_once(reason: str) -> None:
+    if reason not in _LOGGED:
+        _LOGGED.add(reason)
+        log.info("the GPU sampler hands steps with %s to the numpy sampler (logged once)", reason)
+
+
+def apply_penalties(logits: torch.Tensor, params: Seq[SamplingParams], prompt_ids: Seq[list[int]],
+                    output_ids: Seq[list[int]]) -> torch.Tensor:
+    """Repetition (over prompt and output), presence and frequency (over the output) penalties, on a copy where
+    any row has one; ``logits`` itself where none has."""
+    rep = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+    pf = [i for i, p in enumerate(params) if (p.presence_penalty or p.frequency_penalty) and output_ids[i]]
+    if not rep and not pf:
+        return logits
+    logits = logits.clone()
+    vocab, dev = logits.shape[-1], logits.device
+    for i in rep:  # seen tokens: divided where positive, multiplied where not
+        seen = torch.as_tensor(np.fromiter(set(prompt_ids[i]) | set(output_ids[i]), np.int64), device=dev)
+        seen = seen[seen < vocab]
+        vals = logits[i, seen]
+        r = torch.tensor(params[i].repetition_penalty, dtype=torch.float32, device=dev)
+        logits[i, seen] = torch.where(vals > 0, vals / r, vals * r)
+    for i in pf:
+        ids = torch.as_tensor(np.asarray(output_ids[i], dtype=np.int64), device=dev)
+        ids = ids[ids < vocab]
+        counts = torch.zeros(vocab, dtype=torch.float32, device=dev).index_add_(
+            0, ids, torch.ones(ids.shape[0], dtype=torch.float32, device=dev))
+        p = params[i]
+        logits[i] -= counts * float(np.float32(p.frequency_penalty)) + (counts > 0).float() * float(
+            np.float32(p.presence_penalty))
+    return logits
+
+
+def apply_grammar_masks(logits: torch.Tensor, raw: torch.Tensor, seqs: list[Sequence],
+                        structured: StructuredOutputManager) -> torch.Tensor:
+    """The grammar masks of the constrained rows, computed on the host and uploaded; a copy of the logits where
+    they are still ``raw`` (logprobs of the raw distribution stay unmasked)."""
+    rows = [i for i, s in enumerate(seqs) if s.seq_id in structured.seqs]
+    if not rows:
+        return logits
+    bias = np.zeros((len(rows), logits.shape[-1]), dtype=np.float32)
+    structured.mask_logits(bias, [seqs[i] for i in rows])
+    banned = torch.from_numpy(np.isneginf(bias)).to(logits.device, non_blocking=True)
+    if logits is raw:
+        logits = logits.clone()
+    idx = torch.as_tensor(rows, device=logits.device)
+    logits[idx] = logits[idx].masked_fill(banned, float("-inf"))
+    return logits
+
+
+def probabilities(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  min_p: torch.Tensor, max_top_k: int, any_top_p: bool) -> torch.Tensor:
+    """Temperature, top-k, softmax, min-p, top-p on rows [B, V] -> probabilities (float32, zeros dropped), the
+    numpy sampler's ``probabilities`` for every row at once. top_k 0 (or >= V), min_p 0, top_p 1: off.
+    ``max_top_k`` (the largest top_k below V, 0 if none) and ``any_top_p``: known on the host, so nothing syncs."""
+    vocab = logits.shape[-1]
+    rows = logits.float() / temperature[:, None]
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+    if max_top_k:
+        kmax = max_top_k
+        top = torch.topk(rows, kmax, dim=-1).values
+        kth = top.gather(1, (k - 1).clamp(max=kmax - 1)[:, None])
+        rows = torch.where((k[:, None] < vocab) & (rows < kth), torch.tensor(float("-inf"), device=rows.device),
+                           rows)
+    probs = torch.softmax(rows, dim=-1)
+    probs = torch.where(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0, probs)
+    if any_top_p:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        drop = (sorted_probs.cumsum(dim=-1) - sorted_probs > top_p[:, None]) & (top_p[:, None] < 1.0)
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs.masked_fill(drop, 0.0))
+    return probs
+
+
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws: row i takes the token where its float64 CDF passes uniforms[i] * total (numpy's draw)."""
+    cdf = probs.double().cumsum(dim=-1)
+    target = (uniforms * cdf[:, -1])[:, None].contiguous()
+    idx = torch.searchsorted(cdf, target, right=True)[:, 0]
+    return idx.clamp(max=probs.shape[-1] - 1)
+
+
+def _row_logprobs(lps: torch.Tensor, chosen: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """Per row: the chosen token's logprob, its rank, and the top k (values, ids)."""
+    chosen_lp = lps.gather(1, chosen[:, None])[:, 0]
+    rank = (lps > chosen_lp[:, None]).sum(dim=-1) + 1
+    if k:
+        vals, ids = torch.topk(lps, min(k, lps.shape[-1]), dim=-1, sorted=True)
+    else:
+        vals, ids = lps[:, :0], torch.zeros((lps.shape[0], 0), dtype=torch.int64, device=lps.device)
+    return chosen_lp, rank, vals, ids
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
+                     structured: StructuredOutputManager | None) -> list[SampledToken]:
+    """raw: [B, V] logits on the device (not written). The numpy sampler's results, computed on the device."""
+    reason = fallback_reason(seqs, structured)
+    if reason is not None:
+        _log_once(reason)
+        return np_sampler.sample_batch(raw.float().cpu().numpy(), seqs, structured)
+    dev = raw.device
+    params = [s.params for s in seqs]
+    trackers = [s.sync_thinking() for s in seqs]
+    raw = raw.float()
+    logits = apply_penalties(raw, params, [s.token_ids[:s.num_prompt_tokens] for s in seqs],
+                             [s.output_token_ids for s in seqs])
+    if structured is not None and structured.seqs:
+        logits = apply_grammar_masks(logits, raw, seqs, structured)
+    tokens = logits.argmax(dim=-1)
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if sampled:
+        sel = torch.as_tensor(sampled, device=dev)
+        sp = [params[i] for i in sampled]
+        # host values, uploaded together (one small copy)
+        knobs = torch.tensor([[p.temperature, p.top_k or 0, p.top_p, p.min_p] for p in sp], dtype=torch.float32)
+        uniforms = torch.tensor([np_sampler.uniform(seqs[i].generator) for i in sampled], dtype=torch.float64)
+        knobs, uniforms = knobs.to(dev, non_blocking=True), uniforms.to(dev, non_blocking=True)
+        vocab = logits.shape[-1]
+        max_top_k = max((p.top_k for p in sp if p.top_k and 0 < p.top_k < vocab), default=0)
+        probs = probabilities(logits[sel], knobs[:, 0], knobs[:, 1].long(), knobs[:, 2], knobs[:, 3], max_top_k,
+                              any(p.top_p < 1.0 for p in sp))
+        tokens[sel] = draw(probs, uniforms)
+    want = [i for i, p in enumerate(params) if p.logprobs is not None]
+    lp_parts: tuple[torch.Tensor, ...] = ()
+    kmax = 0
+    if want:
+        kmax = max(params[i].logprobs or 0 for i in want)
+        rows = []
+        for i in want:
+            p = params[i]
+            if p.logprobs_mode == "processed_logprobs":
+                rows.append(logits[i] if p.greedy else logits[i] / float(np.float32(p.temperature)))
+            else:
+                rows.append(raw[i])
+        lps = torch.log_softmax(torch.stack(rows), dim=-1)
+        lp_parts = _row_logprobs(lps, tokens[torch.as_tensor(want, device=dev)], kmax)
+    # the step's one sync: every result to the host
+    host = [t.to("cpu", non_blocking=dev.type == "cuda") for t in (tokens, *lp_parts)]
+    _sync(dev)
+    drawn: list[int] = host[0].tolist()
+    out_tokens = list(drawn)
+    for i, tracker in enumerate(trackers):
+        forced = tracker.forced_token() if tracker is not None else None
+        if forced is not None:
+            out_tokens[i] = forced
+    if structured is not None:
+        structured.accept(seqs, out_tokens)
+    entries: dict[int, dict[int, Logprob]] = {}
+    if want:
+        chosen_lp, rank, vals, ids = (h.tolist() for h in host[1:])
+        for j, i in enumerate(want):
+            if out_tokens[i] != drawn[i]:  # a token the thinking budget forced: its logprobs on the host
+                entries[i] = _forced_entry(raw, logits, i, params[i], out_tokens[i])
+                continue
+            entry = {out_tokens[i]: Logprob(chosen_lp[j], int(rank[j]))}
+            k = params[i].logprobs or 0
+            for r, (tid, v) in enumerate(zip(ids[j][:k], vals[j][:k]), start=1):
+                entry.setdefault(tid, Logprob(v, r))
+            entries[i] = entry
+    return [SampledToken(seq, tok, entries.get(i)) for i, (seq, tok) in enumerate(zip(seqs, out_tokens))]
+
+
+def _forced_entry(raw: torch.Tensor, logits: torch.Tensor, i: int, p: SamplingParams,
+                  token: int) -> dict[int, Logprob]:
+    """Logprobs of a token the thinking budget forced, the numpy way (rare: once per request)."""
+    if p.logprobs_mode == "processed_logprobs":
+        lps = np_sampler.processed_logprobs(logits[i].cpu().numpy(), p)
+    else:
+        lps = np_sampler.log_softmax(raw[i:i + 1].cpu().numpy())[0]
+    return np_sampler.token_logprobs(lps, token, p.logprobs or 0)

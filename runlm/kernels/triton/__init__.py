@@ -1,0 +1,11 @@
+"""Triton kernels for the GPU runner: unified paged attention and the KV store (attention.py, kv_store.py), their
+torch references (reference.py) and the AttentionBackend that uses them (backend.py). Triton is optional: import
+the submodules only where ``available()`` says it is installed (the backend checks for you)."""
+from __future__ import annotations
+
+import importlib.util
+
+
+def available() -> bool:
+    """Whether Triton is installed (it runs on CUDA, or anywhere under TRITON_INTERPRET=1)."""
+    return importlib.util.find_spec("triton") is not None

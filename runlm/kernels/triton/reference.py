@@ -1,0 +1,79 @@
+"""Torch references for the paged kernels: plain loops, the definition the Triton kernels are tested against and
+the backend's fallback where Triton does not run (a CPU without TRITON_INTERPRET).
+
+The per-sequence attention is the same arithmetic as runlm.models.attention's loop (gather the context's K/V,
+SDPA with the same mask, or the softcapped math), so on the CPU the GPU runner's tokens match the torch runner's.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """k, v [T, KVH, D] into the caches [num_blocks, block_size, KVH, D] at slots ``slot_mapping`` [T]; a slot
+    below 0 (a padding row) writes nothing."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    rows = k_cache.shape[0] * k_cache.shape[1]
+    k_cache.view(rows, *k_cache.shape[2:]).index_copy_(0, slots, k[keep].to(k_cache.dtype))
+    v_cache.view(rows, *v_cache.shape[2:]).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+
+
+def context_slots(block_table_row: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    """The cache slots of positions 0..seq_len-1 of one sequence (a released block's positions get slot 0: they
+    are outside every window that reads them)."""
+    pos = torch.arange(seq_len, device=block_table_row.device)
+    blocks = block_table_row[pos // block_size].long().clamp(min=0)
+    return blocks * block_size + pos % block_size
+
+
+def causal_mask(q_len: int, kv_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """runlm.models.attention's mask: query i sits at kv_len - q_len + i; None where SDPA needs none."""
+    if q_len == 1 and (window is None or kv_len <= window):
+        return None
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    k_pos = torch.arange(kv_len, device=device)[None, :]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= k_pos > q_pos - window
+    return allowed
+
+
+def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,
+               softcap: float | None) -> torch.Tensor:
+    """One sequence: q [Tq, H, D] (the last Tq of the Tk positions); k, v [Tk, KVH, D]. Returns [Tq, H, D]."""
+    mask = causal_mask(q.shape[0], k.shape[0], window, q.device)
+    qs, ks, vs = q.transpose(0, 1), k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
+    if softcap:
+        repeat = qs.shape[0] // ks.shape[0]
+        ks, vs = ks.repeat_interleave(repeat, 0), vs.repeat_interleave(repeat, 0)
+        scores = torch.tanh((qs @ ks.transpose(1, 2)) * scale / softcap) * softcap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        o = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ vs
+    else:
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+    return o.transpose(0, 1)
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                        cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, window: int | None = None,
+                        softcap: float | None = None, num_seqs: int | None = None,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as runlm.kernels.triton.attention.paged_attention, one sequence at a time (reads the
+    metadata on the host)."""
+    out = torch.empty_like(q) if out is None else out
+    block_size = k_cache.shape[1]
+    rows = k_cache.shape[0] * block_size
+    k_flat, v_flat = k_cache.view(rows, *k_cache.shape[2:]), v_cache.view(rows, *v_cache.shape[2:])
+    n = len(seq_lens) if num_seqs is None else num_seqs
+    starts, lens = cu_seqlens_q[:n + 1].tolist(), seq_lens[:n].tolist()
+    for i in range(n):
+        start, end, seq_len = starts[i], starts[i + 1], lens[i]
+        if end == start:
+            continue
+        slots = context_slots(block_table[i], seq_len, block_size)
+        out[start:end] = attend_one(q[start:end], k_flat[slots], v_flat[slots], scale, window, softcap)
+    return out

@@ -1,0 +1,137 @@
+"""The GPU runner (runlm.engine.runners.gpu) on the CPU (RUNLM_GPU_RUNNER=1: eager, the reference attention, the
+device sampler on CPU tensors) gives the torch runner's tokens (exact numerics), through the engine's features:
+batching, prefix caching, chunked prefill, preemption, n > 1, seeded sampling, logprobs, structured outputs; and
+refuses by name what it does not run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runlm.engine.llm import LLM
+from runlm.engine.runners.gpu import GPURunner
+from runlm.engine.runners.torch_runner import ModelRunner
+from runlm.engine.types.sampling_params import SamplingParams, StructuredOutputsParams
+from tests.engine.conftest import prompt_ids
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+KW = dict(block_size=4, max_num_batched_tokens=64, kv_cache_memory="16MiB", exact_numerics=True, max_model_len=256)
+
+
+def _tokens(outs) -> list[list[int]]:
+    return [c.token_ids for o in outs for c in o.outputs]
+
+
+def _llm(path, gpu: bool, monkeypatch: pytest.MonkeyPatch, **kw) -> LLM:
+    monkeypatch.setenv("RUNLM_NATIVE_RUNNER", "0")
+    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1" if gpu else "0")
+    llm = LLM(str(path), **{**KW, **kw})
+    assert isinstance(llm.engine.runner, GPURunner if gpu else ModelRunner)
+    return llm
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model):
+    """(torch runner, GPU runner) engines on the same tiny Qwen2."""
+    mp = pytest.MonkeyPatch()
+    try:
+        yield _llm(tiny_model("qwen2"), False, mp), _llm(tiny_model("qwen2"), True, mp)
+    finally:
+        mp.undo()
+
+
+def test_greedy_batch_equals_the_torch_runner(pair) -> None:
+    torch_llm, gpu_llm = pair
+    prompts = [{"prompt_token_ids": prompt_ids(3 + 9 * i, seed=i)} for i in range(6)]
+    assert _tokens(gpu_llm.generate(prompts, GREEDY)) == _tokens(torch_llm.generate(prompts, GREEDY))
+
+
+def test_seeded_n3_logprobs_equal_the_torch_runner(pair) -> None:
+    torch_llm, gpu_llm = pair
+    params = SamplingParams(n=3, temperature=0.8, top_p=0.9, top_k=40, seed=11, max_tokens=8, ignore_eos=True,
+                            logprobs=2, prompt_logprobs=1)
+    prompt = [{"prompt_token_ids": prompt_ids(9, seed=4)}]
+    want, got = torch_llm.generate(prompt, params)[0], gpu_llm.generate(prompt, params)[0]
+    assert _tokens([got]) == _tokens([want])
+    for w, g in zip(want.outputs, got.outputs):
+        assert w.logprobs is not None and g.logprobs is not None
+        for wd, gd in zip(w.logprobs, g.logprobs):
+            assert wd.keys() == gd.keys()
+            assert all(abs(wd[t].logprob - gd[t].logprob) < 1e-4 for t in wd)
+    assert want.prompt_logprobs is not None and got.prompt_logprobs is not None
+    for wd, gd in zip(want.prompt_logprobs[1:], got.prompt_logprobs[1:]):
+        assert wd is not None and gd is not None and wd.keys() == gd.keys()
+        assert all(abs(wd[t].logprob - gd[t].logprob) < 1e-4 for t in wd)
+
+
+def test_prefix_cache_hits_give_the_same_tokens(pair) -> None:
+    torch_llm, gpu_llm = pair
+    gpu_llm.reset_prefix_cache()
+    prompt = [{"prompt_token_ids": prompt_ids(40, seed=5) + [11, 12]}]
+    first = gpu_llm.generate(prompt, GREEDY)[0]
+    second = gpu_llm.generate(prompt, GREEDY)[0]
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens == 40
+    assert _tokens([second]) == _tokens([first]) == _tokens(torch_llm.generate(prompt, GREEDY))
+
+
+def test_structured_outputs_with_an_uploaded_grammar_mask(pair) -> None:
+    torch_llm, gpu_llm = pair
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for params in (SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=StructuredOutputsParams(
+            json=schema)), SamplingParams(temperature=0.9, seed=5, max_tokens=24, logprobs=1,
+                                          structured_outputs=StructuredOutputsParams(choice=["yes", "no", "maybe"]))):
+        got = gpu_llm.generate(["JSON:", "Answer:"], params)
+        want = torch_llm.generate(["JSON:", "Answer:"], params)
+        assert _tokens(got) == _tokens(want)
+        assert params.structured_outputs is not None
+        first = got[0].outputs[0]
+        if params.structured_outputs.json is not None and first.finish_reason == "stop":
+            assert isinstance(json.loads(first.text)["a"], int)
+        if params.structured_outputs.choice is not None:
+            assert all(o.outputs[0].text in ("yes", "no", "maybe") for o in got)
+
+
+def test_chunked_prefill_and_preemption(tiny_model, monkeypatch) -> None:
+    path = tiny_model("qwen2")
+    chunked = _llm(path, True, monkeypatch, max_num_batched_tokens=16)
+    prompts = [{"prompt_token_ids": prompt_ids(60, seed=1)}, {"prompt_token_ids": prompt_ids(6, seed=2)}]
+    whole = _llm(path, False, monkeypatch, max_num_batched_tokens=256)
+    assert _tokens(chunked.generate(prompts, GREEDY)) == _tokens(whole.generate(prompts, GREEDY))
+    # 6 x (about 45 tokens) need about 70 blocks of 4; a cache of 30 preempts: the same tokens as a roomy cache
+    seeded = SamplingParams(temperature=0.8, seed=7, max_tokens=24, ignore_eos=True)
+    prompts = [{"prompt_token_ids": prompt_ids(18 + i, seed=10 + i)} for i in range(6)]
+    tight = _llm(path, True, monkeypatch, kv_cache_memory=30 * 4 * whole.engine.kv_bytes_per_token)
+    assert _tokens(tight.generate(prompts, seeded)) == _tokens(chunked.generate(prompts, seeded))
+    assert tight.engine.num_preemptions > 0
+    assert _tokens(tight.generate(prompts, GREEDY)) == _tokens(whole.generate(prompts, GREEDY))
+
+
+def test_a_gguf_model_gives_the_torch_runners_greedy_tokens(monkeypatch) -> None:
+    """Q8_0 blocks dequantized on the device; the torch runner's exact mode dequantizes them on the host."""
+    from tests.fixtures.gguf_convert import converted_gguf
+
+    path = converted_gguf("llama", "q8_0")
+    prompts = [{"prompt_token_ids": prompt_ids(7 + 5 * i, seed=20 + i)} for i in range(3)]
+    gpu = _llm(path, True, monkeypatch)
+    assert _tokens(gpu.generate(prompts, GREEDY)) == _tokens(_llm(path, False, monkeypatch).generate(
+        prompts, GREEDY))
+
+
+@pytest.mark.parametrize(("kw", "what"), [(dict(enable_lora=True), "LoRA adapters"),
+                                          (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+                                           "speculative decoding")])
+def test_what_it_does_not_run_is_refused_by_name(tiny_model, monkeypatch, kw: dict, what: str) -> None:
+    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
+    with pytest.raises(ValueError, match=f"the GPU runner does not run {what}"):
+        LLM(str(tiny_model("qwen2")), **{**KW, **kw})
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_and_wake_up_keep_the_tokens(tiny_model, monkeypatch, level: int) -> None:
+    llm = _llm(tiny_model("qwen2"), True, monkeypatch)
+    prompts = [{"prompt_token_ids": prompt_ids(12, seed=8)}]
+    before = _tokens(llm.generate(prompts, GREEDY))
+    llm.engine.sleep(level)
+    assert llm.engine.runner.kv_caches == []
+    llm.engine.wake_up()
+    assert _tokens(llm.generate(prompts, GREEDY)) == before

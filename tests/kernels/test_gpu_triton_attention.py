@@ -1,0 +1,363 @@
+"""The Triton paged kernels (runlm/kernels/triton): under Triton's interpreter on the CPU (small shapes), compiled
+for an H100 ahead of time (no GPU needed), and run on CUDA where there is one; against the torch reference and
+per-sequence SDPA.
+
+One process cannot hold both: triton.jit decides at decoration time, Triton's own library included (interpreted
+kernels need it interpreted, compiled ones compiled). So ``test_kernels_under_interpreter`` runs this file's
+``test_interpreted_*`` in a child pytest with TRITON_INTERPRET=1; here they skip unless that is set.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runlm.kernels import triton as rtriton
+from runlm.kernels.triton import reference
+
+pytestmark = pytest.mark.skipif(not rtriton.available(), reason="triton is not installed")
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available() and not INTERPRETING
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+compiled = pytest.mark.skipif(INTERPRETING, reason="TRITON_INTERPRET is set: kernels are interpreted here")
+
+
+def test_kernels_under_interpreter():
+    if INTERPRETING:
+        pytest.skip("this is the interpreter's process")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+                          "-k", "interpreted_"], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
+
+
+@pytest.fixture(scope="module")
+def interp() -> types.SimpleNamespace:
+    if not INTERPRETING:
+        pytest.skip("runs in test_kernels_under_interpreter's child process")
+    from runlm.kernels.triton.attention import paged_attention
+    from runlm.kernels.triton.kv_store import store_kv
+    return types.SimpleNamespace(paged_attention=paged_attention, store_kv=store_kv)
+
+
+# ---------------------------------------------------------------- a step's worth of paged data
+
+def _step(seqs: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, block_size: int = 16,
+          dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0, spare_blocks: int = 3):
+    """seqs: (new tokens, context length after the step) per sequence. K/V of every context position are already
+    in the cache (blocks scattered), q is random. Returns q, caches, block_table, cu_seqlens_q, seq_lens."""
+    g = torch.Generator().manual_seed(seed)
+    per_seq = [(n + block_size - 1) // block_size for _, n in seqs]
+    num_blocks = sum(per_seq) + spare_blocks
+    order = torch.randperm(num_blocks, generator=g)
+    table = torch.full((len(seqs), max(per_seq) + 1), -1, dtype=torch.int32)
+    used = 0
+    for b, nb in enumerate(per_seq):
+        table[b, :nb] = order[used:used + nb].int()
+        used += nb
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    num_tokens = sum(q for q, _ in seqs)
+    q = torch.randn(num_tokens, heads, head_dim, generator=g)
+    cu = torch.tensor([0] + [sum(q for q, _ in seqs[:i + 1]) for i in range(len(seqs))], dtype=torch.int32)
+    lens = torch.tensor([n for _, n in seqs], dtype=torch.int32)
+    to = dict(device=device)
+    return (q.to(dtype).to(**to), k_cache.to(dtype).to(**to), v_cache.to(dtype).to(**to), table.to(**to),
+            cu.to(**to), lens.to(**to))
+
+
+def _sdpa_per_sequence(q, k_cache, v_cache, table, cu, lens, scale, window=None, softcap=None):
+    """An independent check: each sequence's K/V made contiguous, explicit fp64 math for softcap, SDPA otherwise."""
+    out = torch.zeros_like(q, dtype=torch.float64)
+    bs = k_cache.shape[1]
+    for b in range(len(lens)):
+        start, end, n = int(cu[b]), int(cu[b + 1]), int(lens[b])
+        blocks = [int(x) for x in table[b, :(n + bs - 1) // bs]]
+        ks = torch.cat([k_cache[x] for x in blocks])[:n].double().transpose(0, 1)
+        vs = torch.cat([v_cache[x] for x in blocks])[:n].double().transpose(0, 1)
+        qs = q[start:end].double().transpose(0, 1)
+        q_pos = torch.arange(n - (end - start), n, device=q.device)[:, None]
+        k_pos = torch.arange(n, device=q.device)[None, :]
+        mask = k_pos <= q_pos
+        if window:
+            mask &= k_pos > q_pos - window
+        if softcap:
+            rep = qs.shape[0] // ks.shape[0]
+            s = torch.tanh((qs @ ks.repeat_interleave(rep, 0).transpose(1, 2)) * scale / softcap) * softcap
+            o = torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ vs.repeat_interleave(rep, 0)
+        else:
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[start:end] = o.transpose(0, 1)
+    return out
+
+
+# a 1-token decode, a prefill chunk starting mid-context (crossing blocks), a whole prefill; and a long decode
+MIXED = [(1, 37), (9, 40), (18, 18), (1, 16)]
+CASES = [(None, None), (8, None), (None, 5.0), (13, 30.0)]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (4, 4)], ids=["gqa4", "mha"])
+@pytest.mark.parametrize(("window", "softcap"), CASES, ids=["causal", "window", "softcap", "window+softcap"])
+def test_interpreted_attention_matches_reference_fp32(interp, heads, kv_heads, window, softcap):
+    q, kc, vc, table, cu, lens = _step(MIXED, heads, kv_heads, 32)
+    scale = 32 ** -0.5
+    out = interp.paged_attention(q, kc, vc, table, cu, lens, scale, window, softcap)
+    ref = reference.paged_attention_ref(q, kc, vc, table, cu, lens, scale, window, softcap)
+    assert (out - ref).abs().max() <= 1e-5
+    exact = _sdpa_per_sequence(q, kc, vc, table, cu, lens, scale, window, softcap)
+    assert (out.double() - exact).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize(("seqs", "window", "softcap", "segments"), [
+    ([(1, 100), (1, 37), (1, 5), (1, 64)], None, None, 4),   # decodes: some segments get no tiles
+    (MIXED, 13, 30.0, 2),                                    # split-KV is right for prefill rows too
+], ids=["decode", "mixed-window-softcap"])
+def test_interpreted_split_kv(interp, seqs, window, softcap, segments):
+    q, kc, vc, table, cu, lens = _step(seqs, 8, 2, 32, seed=6)
+    out = interp.paged_attention(q, kc, vc, table, cu, lens, 0.2, window, softcap, num_segments=segments)
+    ref = reference.paged_attention_ref(q, kc, vc, table, cu, lens, 0.2, window, softcap)
+    assert (out - ref).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("rows", [16, 64])
+def test_interpreted_odd_group_and_head_dim(interp, rows):
+    """3 query heads per KV head (rows past BLOCK_Q * 3 idle), a head_dim that is no power of two; 16 rows per
+    program, and 64 (21 query tokens of a prefill)."""
+    q, kc, vc, table, cu, lens = _step([(3, 20), (1, 5), (30, 40)], 6, 2, 24, seed=1)
+    out = interp.paged_attention(q, kc, vc, table, cu, lens, 0.3, 8, block_rows=rows)
+    assert (out - reference.paged_attention_ref(q, kc, vc, table, cu, lens, 0.3, 8)).abs().max() <= 1e-5
+
+
+def test_interpreted_attention_bf16(interp):
+    q, kc, vc, table, cu, lens = _step(MIXED, 8, 2, 32, dtype=torch.bfloat16, seed=2)
+    out = interp.paged_attention(q, kc, vc, table, cu, lens, 32 ** -0.5, None, 20.0)
+    assert out.dtype == torch.bfloat16
+    exact = _sdpa_per_sequence(q, kc, vc, table, cu, lens, 32 ** -0.5, None, 20.0)
+    assert (out.double() - exact).abs().max() <= 3e-2
+
+
+def test_interpreted_released_blocks_and_padding(interp):
+    """A window sequence whose first blocks were given back (-1 in its table), a padded launch (an extra sequence
+    with no new tokens, extra rows): the real rows are right, the padding rows are never written."""
+    q, kc, vc, table, cu, lens = _step([(2, 50), (1, 9)], 4, 2, 16, block_size=4, seed=3)
+    # block 0 among the released: an entry of -1 read as a block id would land in it
+    for b, i in (table == 0).nonzero().tolist():
+        table[b, i] = table[0, 8]
+    table[0, 8] = 0
+    released = table[0, :9].long()
+    table[0, :9] = -1  # positions 0..35: outside a window of 10 for queries at 48 and 49 (a tile reads 32..63)
+    ref = reference.paged_attention_ref(q, kc, vc, table, cu, lens, 0.25, 10)
+    kc[released], vc[released] = float("nan"), float("nan")  # what released blocks may hold by now: never read
+    pad_q = torch.cat([q, torch.randn(3, *q.shape[1:])])
+    pad_cu = torch.cat([cu, cu[-1:]])
+    pad_lens = torch.cat([lens, torch.zeros(1, dtype=torch.int32)])
+    pad_table = torch.cat([table, torch.zeros_like(table[:1])])
+    for segments in (1, 2):
+        out = torch.full_like(pad_q, 7.0)
+        interp.paged_attention(pad_q, kc, vc, pad_table, pad_cu, pad_lens, 0.25, 10, out=out, num_segments=segments)
+        assert (out[:3] - ref).abs().max() <= 1e-5
+        assert bool((out[3:] == 7.0).all())
+
+
+def _check_store(store_kv, device: str) -> None:
+    """Strided K/V (slices of a fused projection), a -1 slot stores nothing; same dtype, and fp32 into bf16."""
+    g = torch.Generator().manual_seed(4)
+    kv_heads, head_dim, bs = 2, 24, 16
+    fused = torch.randn(5, 3 * kv_heads * head_dim, generator=g).view(5, 3 * kv_heads, head_dim).to(device)
+    slots = torch.tensor([17, 3, -1, 40, 63], device=device)
+    keep = slots >= 0
+    for src, dst in [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                     (torch.float32, torch.bfloat16)]:
+        k, v = fused[:, kv_heads:2 * kv_heads].to(src), fused[:, 2 * kv_heads:].to(src)
+        kc = torch.zeros(4, bs, kv_heads, head_dim, dtype=dst, device=device)
+        vc = torch.zeros_like(kc)
+        store_kv(k, v, kc, vc, slots)
+        flat = torch.zeros(4 * bs, kv_heads, head_dim, dtype=dst, device=device)
+        want_k = flat.index_copy(0, slots[keep], k[keep].to(dst))
+        want_v = flat.index_copy(0, slots[keep], v[keep].to(dst))
+        got_k, got_v = kc.view(-1, kv_heads, head_dim), vc.view(-1, kv_heads, head_dim)
+        if src == dst or device == "cuda":
+            assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+        else:  # the interpreter rounds fp32 -> bf16 toward zero, CUDA to nearest: one bf16 step apart at most
+            assert torch.allclose(got_k.float(), want_k.float(), rtol=2 ** -7, atol=0)
+            assert torch.allclose(got_v.float(), want_v.float(), rtol=2 ** -7, atol=0)
+        ref_k, ref_v = torch.zeros_like(kc), torch.zeros_like(vc)
+        reference.store_kv_ref(k, v, ref_k, ref_v, slots)
+        assert torch.equal(ref_k.view_as(want_k), want_k) and torch.equal(ref_v.view_as(want_v), want_v)
+
+
+def test_interpreted_kv_store_matches_index_copy(interp):
+    _check_store(interp.store_kv, "cpu")
+
+
+# ---------------------------------------------------------------- the backend
+
+def _two_steps(backend_factory):
+    """A prefill of two sequences (5 and 12 tokens), a step decoding one while the other's chunk goes on, then a
+    decode of both."""
+    from runlm.kernels.triton.backend import PagedAttentionBackend
+    g = torch.Generator().manual_seed(5)
+    backend: PagedAttentionBackend = backend_factory()
+    heads, kv_heads, d, bs = 4, 2, 16, 16
+    table = torch.tensor([[3, 0], [1, 5]], dtype=torch.int32)
+
+    def slots(b, start, end):
+        return torch.tensor([int(table[b, p // bs]) * bs + p % bs for p in range(start, end)])
+
+    outs = []
+    for (s0, e0), (s1, e1) in [((0, 5), (0, 12)), ((5, 6), (12, 20)), ((6, 7), (20, 21))]:  # the last: split-KV
+        n = (e0 - s0) + (e1 - s1)
+        cu = torch.tensor([0, e0 - s0, n], dtype=torch.int32)
+        backend.set_step(table, cu, torch.tensor([e0, e1], dtype=torch.int32),
+                         torch.cat([slots(0, s0, e0), slots(1, s1, e1)]), max_query_len=max(e0 - s0, e1 - s1))
+        assert backend.num_segments() == (16 if n == 2 else 1)
+        for layer in range(2):
+            q, k, v = (torch.randn(n, h, d, generator=g) for h in (heads, kv_heads, kv_heads))
+            outs.append(backend.forward(layer, q, k, v, 0.25, None if layer == 0 else 4, None))
+    return backend, outs
+
+
+def test_interpreted_backend_matches_reference_path(interp, monkeypatch):
+    from runlm.kernels.triton import backend as backend_module
+    assert backend_module.use_triton_on(torch.device("cpu"))  # TRITON_INTERPRET=1 here
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not backend_module.use_triton_on(torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    def make(use_triton):
+        return lambda: backend_module.PagedAttentionBackend(2, 6, 16, 2, 16, torch.float32, "cpu", max_num_seqs=4,
+                                                            max_num_tokens=32, max_blocks_per_seq=4,
+                                                            use_triton=use_triton)
+    tri, tri_out = _two_steps(make(True))
+    ref, ref_out = _two_steps(make(False))
+    for a, b in zip(tri_out, ref_out):
+        assert (a - b).abs().max() <= 1e-5
+    for (ka, va), (kb, vb) in zip(tri.caches, ref.caches):
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+
+
+def test_backend_through_write_kv_and_attend():
+    """A model layer reaches the backend through the forward context, and a padded step's -1 slots write nothing."""
+    from runlm.kernels.triton.backend import PagedAttentionBackend
+    from runlm.models.attention import ForwardContext, forward_context, write_kv_and_attend
+    backend = PagedAttentionBackend(1, 2, 16, 1, 8, torch.float32, "cpu", max_num_seqs=2, max_num_tokens=8,
+                                    max_blocks_per_seq=2, use_triton=False)
+    backend.set_step(torch.tensor([[1]], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32),
+                     torch.tensor([3], dtype=torch.int32), torch.tensor([16, 17, 18, -1]))
+    q, k, v = torch.randn(4, 2, 8), torch.randn(4, 1, 8), torch.randn(4, 1, 8)
+    with forward_context(ForwardContext([3], [3], None, None, None, backend=backend)):
+        out = write_kv_and_attend(0, q, k, v, 0.5)
+    want = reference.attend_one(q[:3], k[:3], v[:3], 0.5, None, None)
+    assert torch.equal(out[:3], want)
+    k_cache = backend.flat_caches()[0][0]
+    assert torch.equal(k_cache[16:19], k[:3]) and not k_cache[19].any() and not k_cache[:16].any()
+
+
+# ---------------------------------------------------------------- compiled: for an H100 on the CPU, then on CUDA
+
+def _compile_for_h100(fn, args: dict[str, str], constants: dict[str, object]):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+    signature = {name: "constexpr" if name in constants else args[name] for name in fn.arg_names}
+    consts = {(fn.arg_names.index(name),): value for name, value in constants.items()}
+    return compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32))
+
+
+@compiled
+@pytest.mark.skipif(CUDA, reason="with CUDA the kernels are compiled and run below")
+def test_kernels_compile_for_sm90():
+    """The interpreter runs Python, not Triton's compiler: compile both kernels ahead of time for an H100 (no GPU
+    needed; ptxas ships in the triton wheel), so a kernel that only the compiler rejects fails here."""
+    import runlm.kernels.triton.attention as attention
+    import runlm.kernels.triton.kv_store as kv_store
+    kernel = attention._unified_attention_kernel
+    for dtype, window, softcap, segments, rows in [("bf16", 0, False, 1, 16), ("fp32", 128, True, 1, 16),
+                                                   ("bf16", 0, False, 16, 16), ("bf16", 0, False, 1, 64)]:
+        args = {name: "i32" for name in kernel.arg_names if name.startswith("stride")}
+        args |= {name: f"*{dtype}" for name in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")}
+        args |= {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32"}
+        args |= {"block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32", "scale": "fp32",
+                 "softcap": "fp32", "num_seqs": "i32"}
+        _compile_for_h100(kernel, args, dict(
+            GROUP=6, BLOCK_Q=rows // 6, BLOCK_M=rows, HEAD_DIM=128, HEAD_DIM_P=128, BLOCK_SIZE=16, TILE=32, WINDOW=window,
+            USE_SOFTCAP=softcap, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False,
+            NUM_HEADS=12, NUM_SEGMENTS=segments))
+    merge = attention._merge_segments_kernel
+    _compile_for_h100(merge, {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
+                              "part_l_ptr": "*fp32", "cu_seqlens_q_ptr": "*i32", "num_seqs": "i32",
+                              "stride_ot": "i32", "stride_oh": "i32"},
+                      dict(NUM_HEADS=12, NUM_SEGMENTS=16, HEAD_DIM=128, HEAD_DIM_P=128))
+    store = kv_store._store_kv_kernel
+    args = {name: "i32" for name in store.arg_names if name.startswith("stride")}
+    args |= {"k_ptr": "*fp32", "v_ptr": "*fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "slot_ptr": "*i64"}
+    _compile_for_h100(store, args, dict(NUM_KV_HEADS=2, HEAD_DIM=128, HEADS_P=2, HEAD_DIM_P=128, BLOCK_SIZE=16))
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(12, 2, 128), (32, 8, 128), (8, 8, 64)])
+def test_cuda_attention_matches_reference(dtype, heads, kv_heads, head_dim):
+    from runlm.kernels.triton.attention import paged_attention
+    seqs = [(1, 300), (1, 17), (40, 100), (128, 128), *[(1, n) for n in range(60, 600, 37)]]
+    q, kc, vc, table, cu, lens = _step(seqs, heads, kv_heads, head_dim, dtype=dtype, device="cuda")
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    for window, softcap, segments in [(None, None, 1), (64, None, 1), (None, 50.0, 1), (None, None, 16),
+                                      (100, 30.0, 8)]:
+        out = paged_attention(q, kc, vc, table, cu, lens, head_dim ** -0.5, window, softcap, num_segments=segments)
+        exact = _sdpa_per_sequence(q, kc, vc, table, cu, lens, head_dim ** -0.5, window, softcap)
+        assert (out.double() - exact).abs().max() <= tol, (window, softcap, segments)
+
+
+@needs_cuda
+def test_cuda_kv_store_matches_index_copy():
+    from runlm.kernels.triton.kv_store import store_kv
+    _check_store(store_kv, "cuda")
+
+
+@needs_cuda
+@pytest.mark.parametrize("max_query_len", [None, 1], ids=["one-pass", "split-kv"])
+def test_cuda_backend_graph_replay(max_query_len):
+    """The backend captured in a CUDA graph replays with new metadata set between replays."""
+    from runlm.kernels.triton.backend import PagedAttentionBackend
+    heads, kv_heads, d = 8, 2, 64
+    backend = PagedAttentionBackend(1, 64, 16, kv_heads, d, torch.bfloat16, "cuda", max_num_seqs=8,
+                                    max_num_tokens=8, max_blocks_per_seq=8)
+    assert backend.use_triton
+    g = torch.Generator(device="cuda").manual_seed(0)
+    kc, vc = backend.caches[0]
+    kc.copy_(torch.randn(kc.shape, generator=g, device="cuda"))
+    vc.copy_(torch.randn(vc.shape, generator=g, device="cuda"))
+    table = torch.arange(64, dtype=torch.int32, device="cuda").view(8, 8)
+    cu = torch.arange(9, dtype=torch.int32, device="cuda")
+    q = torch.randn(8, heads, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(8, kv_heads, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+
+    def meta(step):
+        """Sequence i (table row i) decodes its token at position 10 + 11 i + step."""
+        lens = torch.tensor([10 + 11 * i + step for i in range(8)], dtype=torch.int32, device="cuda")
+        pos = (lens - 1).long()
+        return lens, table.gather(1, (pos // 16)[:, None])[:, 0].long() * 16 + pos % 16
+
+    lens, slots = meta(0)
+    backend.set_step(table, cu, lens, slots, max_query_len=max_query_len)
+    assert backend.num_segments() == (1 if max_query_len is None else 16)
+    backend.forward(0, q, k, v, d ** -0.5, None, None)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(0, q, k, v, d ** -0.5, None, None)
+    for step in range(1, 4):
+        lens, slots = meta(step)
+        backend.set_step(table, cu, lens, slots, max_query_len=max_query_len)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = reference.paged_attention_ref(q, kc, vc, table, cu, lens, d ** -0.5)
+        assert (out.float() - want.float()).abs().max() <= 2e-2
+        flat = backend.flat_caches()[0][0]
+        assert torch.equal(flat[slots], k)
