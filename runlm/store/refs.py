@@ -32,7 +32,14 @@ from runlm.store.blobs import BlobStore
 from runlm.store.download import DownloadLimits, discard, download
 from runlm.store.inspect import inspect_model
 from runlm.store.metadata import ModelInfo
-from runlm.store.mmproj import DMR_MMPROJ, check_projector, is_projector_entry, projector_beside, projector_entry
+from runlm.store.mmproj import (
+    DMR_MMPROJ,
+    check_projector,
+    is_projector_entry,
+    looks_like_projector,
+    projector_beside,
+    projector_entry,
+)
 from runlm.store.names import ModelName
 from runlm.store.progress import ProgressCallback, PullProgress
 from runlm.store.sources import (
@@ -391,13 +398,26 @@ class RefStore:
         return freed
 
 
+def _free_name(name: str, taken: set[str]) -> str:
+    """``name``, or ``name`` with a number before its extension when a file of the model has it already."""
+    stem, dot, ext = name.rpartition(".")
+    n, out = 2, name
+    while out in taken:
+        out = f"{stem}-{n}{dot}{ext}"
+        n += 1
+    return out
+
+
 def with_projector(store: RefStore, model: StoredModel, mmproj: Path) -> dict:
     """``model``'s manifest with ``mmproj`` as its projector (in place of one it had), its blob stored
     (call inside ``store.adding()``)."""
     digest, size = store.blobs.put_file(mmproj)
     files = [f for f in model.manifest["files"] if not is_projector_entry(f)]
     taken = {f["path"] for f in files}
-    rel = mmproj.name if mmproj.name not in taken and not mmproj.name.startswith(".") else "mmproj.gguf"
+    # a name the engine's own search beside a GGUF finds too (runlm run on the store's copy passes no --mmproj)
+    rel = mmproj.name if looks_like_projector(mmproj.name) else f"mmproj-{mmproj.name}" \
+        if mmproj.name.endswith(".gguf") and not mmproj.name.startswith(".") else "mmproj.gguf"
+    rel = _free_name(rel, taken)
     files.append({"path": rel, "digest": digest, "size": size, "media_type": DMR_MMPROJ})
     extra = {k: v for k, v in model.manifest.items() if k not in ("schema", "id", "layout", "files", "info", "source",
                                                                   "created", "oci")}

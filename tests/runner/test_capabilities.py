@@ -149,7 +149,7 @@ def test_cli_pull_and_package_take_mmproj(tmp_path: Path, tinycoder_gguf: Path) 
     out = runlm(home, "package", str(tinycoder_gguf), "team/vlm:v1", "--mmproj", str(proj), timeout=60)
     assert out.returncode == 0, out.stderr
     store = ModelStore(home)
-    assert store.get("pulled").mmproj == "proj.gguf" and store.get("team/vlm:v1").mmproj == "proj.gguf"
+    assert store.get("pulled").mmproj == "mmproj-proj.gguf" and store.get("team/vlm:v1").mmproj == "mmproj-proj.gguf"
     layers = json.loads(store.blobs.path(store.get("team/vlm:v1").manifest["oci"]["manifest"]).read_bytes())["layers"]
     assert layers[-1]["mediaType"] == "application/vnd.docker.ai.mmproj"
     bad = runlm(home, "pull", str(tinycoder_gguf), "--mmproj", str(tinycoder_gguf), timeout=60)

@@ -97,9 +97,13 @@ def test_explicit_mmproj(store: ModelStore, vlm_folder: Path, tmp_path: Path) ->
     other = write_projector(tmp_path / "proj.gguf", seed=1)
     model = store.pull(str(vlm_folder / "SmolVLM-Q8_0.gguf"), "vlm", mmproj=other)
     projectors = [f for f in model.manifest["files"] if f.get("media_type") == DMR_MMPROJ]
-    assert [f["path"] for f in projectors] == ["proj.gguf"]  # given one replaces the one found beside
+    # the given one replaces the one found beside, under a name the engine's own search finds
+    assert [f["path"] for f in projectors] == ["mmproj-proj.gguf"]
     assert store.mmproj_path(model).read_bytes() == other.read_bytes()
-    assert store.get("vlm").mmproj == "proj.gguf"
+    assert store.get("vlm").mmproj == "mmproj-proj.gguf"
+    from runlm.models.vision.mmproj import find_mmproj
+
+    assert find_mmproj(store.model_path(model)) == store.mmproj_path(model)
     with pytest.raises(ModelFormatError, match="not a multimodal projector"):
         store.pull(str(vlm_folder / "SmolVLM-Q8_0.gguf"), "vlm", mmproj=vlm_folder / "SmolVLM-Q8_0.gguf")
     with pytest.raises(ModelFormatError, match="no such file"):
@@ -171,4 +175,4 @@ def test_a_plain_pull_after_an_explicit_projector_is_text_only(store: ModelStore
     (vlm_folder / "mmproj-SmolVLM-f16.gguf").unlink()
     store.pull(str(vlm_folder / "SmolVLM-Q8_0.gguf"), "vlm", mmproj=write_projector(tmp_path / "p.gguf"))
     assert store.pull(str(vlm_folder / "SmolVLM-Q8_0.gguf"), "text").mmproj is None
-    assert store.get("vlm").mmproj == "p.gguf"
+    assert store.get("vlm").mmproj == "mmproj-p.gguf"
