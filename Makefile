@@ -64,6 +64,7 @@ bench: $(VENV)/.bench-installed
 	$(VENV)/bin/python bench/spec_bench.py
 	$(VENV)/bin/python bench/serve_bench.py
 	$(VENV)/bin/python bench/gpu_bench.py
+	$(VENV)/bin/python bench/vision_bench.py
 
 clean:
 	rm -rf $(VENV) .cache
