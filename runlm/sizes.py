@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -47,3 +51,21 @@ def return_free_heap() -> None:
         return
     trim.argtypes = [ctypes.c_size_t]
     trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_memory() -> int | None:
+    """Total memory of the first NVIDIA GPU in bytes, or None without one -- asked of the driver (its /proc
+    entry, then nvidia-smi), never of torch, so a CPU process that asks stays torch-free."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    if not gpus.is_dir() or not any(gpus.iterdir()):
+        return None
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+        return int(out.split()[0]) << 20  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None

@@ -294,10 +294,13 @@ def run_serve_engine(args: argparse.Namespace) -> int:
 
 
 def _auto_device() -> str:
-    """cuda where torch sees a GPU, else cpu (torch is imported only to ask)."""
+    """cuda where torch sees a GPU, else cpu (torch is imported only where the driver shows a GPU: the native
+    runner's processes stay torch-free)."""
     import importlib.util
 
-    if importlib.util.find_spec("torch") is None:
+    from runlm.sizes import gpu_memory
+
+    if gpu_memory() is None or importlib.util.find_spec("torch") is None:
         return "cpu"
     import torch
 

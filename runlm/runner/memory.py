@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 
 from runlm.runner.backends.base import RequiredMemory
+from runlm.sizes import gpu_memory
 
 DEFAULT_RAM_FRACTION = 0.75
 
@@ -23,7 +24,10 @@ class MemoryBudget:
 
     @classmethod
     def default(cls) -> MemoryBudget:
-        return cls(int(total_ram() * DEFAULT_RAM_FRACTION))
+        """Three quarters of RAM; and the GPU's memory where there is one (the native backend reserves its
+        --gpu-memory-utilization share of it per model on the GPU)."""
+        gpu = gpu_memory()
+        return cls(int(total_ram() * DEFAULT_RAM_FRACTION), gpu)
 
     def fits(self, used: RequiredMemory, extra: RequiredMemory) -> bool:
         return used.ram + extra.ram <= self.ram and (self.vram is None or used.vram + extra.vram <= self.vram)

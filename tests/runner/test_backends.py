@@ -13,6 +13,7 @@ from runlm.runner.backends import all_backends
 from runlm.runner.backends.base import BackendError
 from runlm.runner.backends.native import draft_bytes, kv_cache_bytes
 from runlm.runner.config import BackendConfig, BackendMode, ConfigError
+from runlm.sizes import gpu_memory
 from runlm.store import ModelStore
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -73,6 +74,9 @@ def test_native_command_line(stored, tmp_path: Path) -> None:
                           BackendConfig(context_size=1024, runtime_flags=["--max-num-seqs", "8"]))
     assert argv[argv.index("serve-engine") + 1] == "/m.gguf" and argv[argv.index("--uds") + 1] == "/s.sock"
     assert argv[argv.index("--max-model-len") + 1] == "1024" and argv[-2:] == ["--max-num-seqs", "8"]
+    assert argv[argv.index("--device") + 1] == "auto"  # a GPU where there is one
+    if gpu_memory() is None:  # on the CPU the daemon sizes the KV cache; on a GPU the engine's profile does
+        assert "--kv-cache-memory" in argv and native.required_memory(model, BackendConfig()).vram == 0
     # the settings the store keeps for the model (smollm2's from the built-in catalogue) reach serve-engine
     assert model.info.sampling == {"temperature": 0.0, "top_p": 0.9, "dry_multiplier": 0.8}
     assert json.loads(argv[argv.index("--override-generation-config") + 1]) == model.info.sampling
@@ -185,3 +189,19 @@ def test_a_kv_cache_runtime_flag_is_counted_by_the_budget(stored, tmp_path: Path
         assert argv[-1] == flags[-1].partition("=")[2] or argv[-1] == flags[-1]  # and the process gets that size
     half = native.required_memory(model, BackendConfig(runtime_flags=["--kv-cache-memory", "0.5"])).ram
     assert half > base - default_kv + (1 << 20)  # a fraction of free memory, counted as bytes
+
+
+def test_native_backend_puts_a_model_on_the_gpu_where_there_is_one(tmp_path: Path) -> None:
+    """--device auto by default; on a GPU the model reserves its --gpu-memory-utilization share of the device
+    (the engine profiles a step and sizes its KV cache from it), on the CPU its RAM as before."""
+    from runlm.runner.backends.native import on_gpu
+    from runlm.runner.config import BackendConfig
+
+    gib = 1 << 30
+    assert on_gpu(BackendConfig(), gpu_total=80 * gib) == int(80 * gib * 0.9)
+    assert on_gpu(BackendConfig(runtime_flags=["--gpu-memory-utilization", "0.5"]), gpu_total=80 * gib) == 40 * gib
+    assert on_gpu(BackendConfig(runtime_flags=["--device", "cpu"]), gpu_total=80 * gib) is None
+    native = all_backends(tmp_path)["native"]
+    with pytest.raises(ConfigError):
+        native.check_flags(["--gpu-memory-utilization", "1.5"])
+    assert native.check_flags(["--device", "auto", "--enforce-eager"]) == ["--device", "auto", "--enforce-eager"]

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from runlm import __version__
 from runlm.runner.backends.base import STATUS_RUNNING, RequiredMemory, format_status
-from runlm.runner.backends.flags import is_int, is_size
+from runlm.runner.backends.flags import is_float, is_int, is_size
 from runlm.runner.backends.process import ProcessBackend
 from runlm.runner.config import BackendConfig, BackendMode
-from runlm.sizes import available_memory, parse_size
+from runlm.sizes import available_memory, gpu_memory, parse_size
 
 if TYPE_CHECKING:
     from runlm.store import StoredModel
@@ -98,12 +98,26 @@ def speculative_argv(config: BackendConfig) -> list[str]:
     return ["--speculative-config", json.dumps(value)]
 
 
+def on_gpu(config: BackendConfig, gpu_total: int | None = None) -> int | None:
+    """The GPU memory a model run with these runtime flags reserves (its --gpu-memory-utilization share, 0.9 by
+    default), or None where it runs on the CPU (--device cpu, or auto without a GPU). ``gpu_total``: the
+    device's memory (default: asked of the driver)."""
+    device = flag_value(config.runtime_flags, "--device") or "auto"
+    total = gpu_total if gpu_total is not None else gpu_memory()
+    if device == "cpu" or total is None:
+        return None
+    share = float(flag_value(config.runtime_flags, "--gpu-memory-utilization") or 0.9)
+    return int(total * share)
+
+
 class NativeBackend(ProcessBackend):
     name = "native"
     supports_speculative = True
     allowed_flags = {"--max-num-seqs": is_int, "--max-num-batched-tokens": is_int, "--kv-cache-memory": is_size,
-                     "--device": lambda v: v in ("cpu", "cuda") or v.startswith("cuda:") and v[5:].isdigit(),
+                     "--device": lambda v: v in ("cpu", "cuda", "auto") or v.startswith("cuda:") and v[5:].isdigit(),
                      "--dtype": lambda v: v in ("float32", "bfloat16", "float16"),
+                     "--gpu-memory-utilization": lambda v: is_float(v) and 0 < float(v) <= 1,
+                     "--enforce-eager": None,
                      "--max-loras": is_int, "--max-lora-rank": is_int, "--max-cpu-loras": is_int}
     supports_lora = True
 
@@ -117,6 +131,9 @@ class NativeBackend(ProcessBackend):
         return 0
 
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
+        gpu = on_gpu(config)
+        if gpu is not None:  # the engine takes its share of the GPU (weights, activations, then the KV cache)
+            return RequiredMemory(ram=RUNTIME_OVERHEAD + projector_bytes(model), vram=gpu)
         weights = weight_bytes(model) + draft_bytes(config) + projector_bytes(model)
         kv = runtime_kv_bytes(config) or kv_cache_bytes(model, self.context_size(model, config), config)
         return RequiredMemory(ram=weights + kv + RUNTIME_OVERHEAD, vram=0)
@@ -130,12 +147,16 @@ class NativeBackend(ProcessBackend):
             if projector is not None:  # the store's file beside the GGUF, never a path a request names
                 argv += ["--mmproj", str(projector)]
             context = self.context_size(stored, config)
-            argv += ["--max-model-len", str(context), "--kv-cache-memory", str(kv_cache_bytes(stored, context, config))]
+            argv += ["--max-model-len", str(context)]
+            if on_gpu(config) is None:  # on a GPU, --gpu-memory-utilization and a profiled step size the cache
+                argv += ["--kv-cache-memory", str(kv_cache_bytes(stored, context, config))]
             if stored.info.sampling:  # what the store knows the model recommends (the built-in catalogue's too)
                 argv += ["--override-generation-config", json.dumps(stored.info.sampling)]
         if config.lora_paths:  # every configured adapter may run in one step; a runtime flag may say otherwise
             argv += ["--enable-lora", "--max-loras", str(len(config.lora_paths)), "--max-lora-rank", str(LORA_RANK),
                      "--lora-modules", *[f"{n}={p}" for n, p in config.lora_paths.items()]]
+        if flag_value(config.runtime_flags, "--device") is None:
+            argv += ["--device", "auto"]  # a GPU where there is one
         return argv + speculative_argv(config) + self.check_flags(config.runtime_flags)
 
     async def run(self, socket: str, model: str, model_ref: str, mode: BackendMode, config: BackendConfig,
