@@ -6,11 +6,11 @@ the host out of the decode loop.
   array (runlm.engine.runners.gpu_graphs.pack_step) and uploaded by ONE host->device copy, then spread on the
   device into the model's input buffers and the attention backend's.
 - Attention is the runner's own AttentionBackend (ForwardContext.backend): every layer stores K/V in a paged
-  cache and attends over block tables in one call: the Triton backend
-  (runlm.kernels.triton.backend.PagedAttentionBackend) where it runs, else the torch reference
-  (gpu_attention_ref, same constructor and set_step; see ``attention_backend_class``).
+  cache and attends over block tables in one call (runlm.kernels.triton.backend.PagedAttentionBackend: its
+  Triton kernels on CUDA or under TRITON_INTERPRET=1, else its torch reference, the same arithmetic as
+  runlm.models.attention).
 - CUDA graphs, captured at start-up for padded decode batch sizes (gpu_graphs.graph_batch_sizes) unless
-  ``enforce_eager`` or the backend reads the host (the reference): a decode-only step pads to the next size and
+  ``enforce_eager`` or the backend reads the host (its reference path): a decode-only step pads to the next size and
   replays; prefill and mixed steps run eagerly.
 - Sampling on the device (gpu_sampler), one host sync per step.
 
@@ -26,7 +26,6 @@ allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged 
 """
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass
 
@@ -37,29 +36,18 @@ from runlm.engine.core.batch_plan import BatchPlan, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.scheduler import SchedulerOutput
-from runlm.engine.runners.gpu_attention_ref import ReferencePagedAttention
 from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
 from runlm.engine.runners.gpu_sampler import sample_on_device
 from runlm.engine.runners.gpu_select import check_gpu
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig, kv_cache_blocks
+from runlm.kernels.triton.backend import PagedAttentionBackend
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.load import LoadedModel
 
 log = logging.getLogger("runlm.gpu")
 
-
-
-def attention_backend_class(device: torch.device) -> type[ReferencePagedAttention]:
-    """The Triton backend (runlm.kernels.triton.backend) where it runs -- CUDA, or any device under
-    TRITON_INTERPRET=1 -- and is there; else the torch reference. Both take the same constructor and set_step."""
-    try:
-        mod = importlib.import_module("runlm.kernels.triton.backend")
-    except ImportError:
-        return ReferencePagedAttention
-    cls: type[ReferencePagedAttention] = mod.PagedAttentionBackend
-    return cls if mod.use_triton_on(device) else ReferencePagedAttention
 
 
 @dataclass(slots=True)
@@ -94,7 +82,7 @@ class GPURunner:
         self.uploaded = torch.cuda.Event() if pinned else None
         self.input_ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=self.device)
         self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=self.device)
-        self.backend: ReferencePagedAttention | None = None
+        self.backend: PagedAttentionBackend | None = None
         self.graphs: dict[int, _Graph] = {}
         self.graph_sizes = graph_batch_sizes(self.max_seqs)
         self.allocate_kv_cache()
@@ -103,12 +91,11 @@ class GPURunner:
     def allocate_kv_cache(self) -> None:
         mc = self.loaded.config
         _sync_free_rope(self.loaded.model, self.max_model_len, self.device)  # (the weights may be new: wake_up)
-        cls = attention_backend_class(self.device)
-        self.backend = cls(mc.num_layers, self.blocks.layer_blocks(0), self.blocks.block_size, mc.num_kv_heads,
-                           mc.head_dim, self.dtype, self.device, self.max_seqs, self.max_tokens,
-                           self.max_blocks_per_seq)
+        self.backend = PagedAttentionBackend(mc.num_layers, self.blocks.layer_blocks(0), self.blocks.block_size,
+                                             mc.num_kv_heads, mc.head_dim, self.dtype, self.device, self.max_seqs,
+                                             self.max_tokens, self.max_blocks_per_seq)
         if self.device.type == "cuda" and not self.config.enforce_eager:
-            if getattr(self.backend, "graphable", getattr(self.backend, "use_triton", True)):
+            if self.backend.graphable:
                 self.capture_graphs()
             else:
                 log.info("CUDA graphs off: the attention backend %s reads the host", type(self.backend).__name__)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runlm.formats import ModelFormatError
-from runlm.models.vision.images import ImageError
+from runlm.models.vision.images import ImageError, rescale_normalize
 from runlm.models.vision.inputs import ImageFeature, MultiModalPrompt, content_hash
 
 if TYPE_CHECKING:
@@ -167,11 +167,7 @@ class Gemma3ImageProcessor:
 
         h, w = self.size
         resized = image.convert("RGB").resize((w, h), resample=PILImage.Resampling(self.resample))
-        x: np.ndarray = np.asarray(resized)
-        if self.rescale is not None:
-            x = (x.astype(np.float64) * self.rescale).astype(np.float32)
-        if self.normalize:
-            x = (x.astype(np.float32) - self.mean) / self.std
+        x = rescale_normalize(np.asarray(resized), self.rescale, *((self.mean, self.std) if self.normalize else ()))
         return np.ascontiguousarray(x.transpose(2, 0, 1), dtype=np.float32)
 
     # -- token ids --------------------------------------------------------------------------------------------

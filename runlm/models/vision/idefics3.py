@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from runlm.models.vision.images import ImageError
+from runlm.models.vision.images import ImageError, rescale_normalize
 from runlm.models.vision.inputs import ImageFeature, MultiModalPrompt, content_hash
 from runlm.models.vision.vit import VisionTransformer, ViTConfig
 
@@ -172,12 +172,8 @@ class Idefics3ImageProcessor:
             arrays = [whole[r * t:(r + 1) * t, c * t:(c + 1) * t] for r in range(rows) for c in range(cols)]
         arrays.append(np.asarray(self._resize(image, t, t)))
         pixels = np.stack(arrays)  # [n, t, t, 3] uint8
-        if self.do_rescale:
-            out = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        else:
-            out = pixels.astype(np.float32)
-        if self.do_normalize:
-            out = (out - self.mean) / self.std
+        out = rescale_normalize(pixels, self.rescale_factor if self.do_rescale else None,
+                                *((self.mean, self.std) if self.do_normalize else ()))
         return np.ascontiguousarray(out.transpose(0, 3, 1, 2)), rows, cols
 
     # -- tokens ---------------------------------------------------------------------------------------

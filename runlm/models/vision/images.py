@@ -54,3 +54,16 @@ def to_rgb(image: Image) -> Image:
         return image
     rgba = image.convert("RGBA")
     return PILImage.alpha_composite(PILImage.new("RGBA", rgba.size, (255, 255, 255)), rgba).convert("RGB")
+
+
+def rescale_normalize(pixels: Any, rescale: float | None, mean: Any = None, std: Any = None) -> Any:
+    """uint8 pixels [..., H, W, C] as float32, as transformers' image processors compute them: the rescale
+    (1/255) in float64 and then float32, the normalisation per channel in float32. ``rescale`` None: no rescale;
+    ``mean``/``std`` None: no normalisation."""
+    import numpy as np
+
+    out = (pixels.astype(np.float64) * rescale).astype(np.float32) if rescale is not None \
+        else pixels.astype(np.float32)
+    if mean is not None and std is not None:
+        out = (out - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
+    return out

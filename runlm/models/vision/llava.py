@@ -21,7 +21,7 @@ import numpy as np
 
 from runlm.formats import ModelFormatError
 from runlm.models.vision import pixtral
-from runlm.models.vision.images import MAX_IMAGE_PIXELS, ImageError
+from runlm.models.vision.images import MAX_IMAGE_PIXELS, ImageError, rescale_normalize
 from runlm.models.vision.inputs import ImageFeature, MultiModalPrompt, content_hash
 
 if TYPE_CHECKING:
@@ -175,13 +175,9 @@ class LlavaImageProcessor:
         x = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
         if self.do_center_crop:
             x = _center_crop(x, int(self.crop_size["height"]), int(self.crop_size["width"]))
-        out = (x.astype(np.float64) * self.rescale_factor).astype(np.float32) if self.do_rescale \
-            else x.astype(np.float32)
-        if self.do_normalize:
-            mean = np.asarray(self.mean, dtype=np.float32)[:, None, None]
-            std = np.asarray(self.std, dtype=np.float32)[:, None, None]
-            out = (out - mean) / std
-        return np.ascontiguousarray(out, dtype=np.float32)
+        out = rescale_normalize(x.transpose(1, 2, 0), self.rescale_factor if self.do_rescale else None,
+                                *((self.mean, self.std) if self.do_normalize else ()))
+        return np.ascontiguousarray(out.transpose(2, 0, 1), dtype=np.float32)
 
     def process(self, token_ids: list[int], images: list[Image]) -> MultiModalPrompt:
         slots = [i for i, t in enumerate(token_ids) if t == self.image_token_id]

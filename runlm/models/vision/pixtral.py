@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runlm.formats import ModelFormatError
-from runlm.models.vision.images import ImageError
+from runlm.models.vision.images import ImageError, rescale_normalize
 from runlm.models.vision.inputs import ImageFeature, MultiModalPrompt, content_hash
 
 if TYPE_CHECKING:
@@ -130,14 +130,9 @@ class PixtralImageProcessor:
             raise ImageError(f"the image is {image.width}x{image.height}: its aspect ratio is too extreme (its short "
                              f"side would shrink to nothing within {self.max_hw[1]}x{self.max_hw[0]} pixels)")
         image = image.resize((w, h), resample=self.resample)
-        x = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
-        out = (x.astype(np.float64) * self.rescale_factor).astype(np.float32) if self.do_rescale \
-            else x.astype(np.float32)
-        if self.do_normalize:
-            mean = np.asarray(self.mean, dtype=np.float32)[:, None, None]
-            std = np.asarray(self.std, dtype=np.float32)[:, None, None]
-            out = (out - mean) / std
-        return np.ascontiguousarray(out, dtype=np.float32)
+        out = rescale_normalize(np.asarray(image, dtype=np.uint8), self.rescale_factor if self.do_rescale else None,
+                                *((self.mean, self.std) if self.do_normalize else ()))
+        return np.ascontiguousarray(out.transpose(2, 0, 1), dtype=np.float32)
 
     def process(self, token_ids: list[int], images: list[Image]) -> MultiModalPrompt:
         slots = [i for i, t in enumerate(token_ids) if t == self.image_token_id]

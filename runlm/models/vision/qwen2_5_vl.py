@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runlm.formats import ModelFormatError
-from runlm.models.vision.images import ImageError
+from runlm.models.vision.images import ImageError, rescale_normalize
 from runlm.models.vision.inputs import ImageFeature, MultiModalPrompt, content_hash
 
 if TYPE_CHECKING:
@@ -136,13 +136,7 @@ class Qwen2VLProcessor:
         elif image.height % (p * m) or image.width % (p * m):
             raise ImageError(f"the image is {image.width}x{image.height}; without resizing, its sides must be "
                              f"multiples of {p * m}")
-        x: np.ndarray = np.asarray(image).transpose(2, 0, 1)  # [C, H, W] uint8
-        if self.rescale is not None:
-            x = (x.astype(np.float64) * self.rescale).astype(np.float32)
-        else:
-            x = x.astype(np.float32)
-        if self.mean is not None and self.std is not None:
-            x = ((x.T - self.mean) / self.std).T
+        x: np.ndarray = rescale_normalize(np.asarray(image), self.rescale, self.mean, self.std).transpose(2, 0, 1)
         c, h, w = x.shape
         gh, gw = h // p, w // p
         patches = x.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
