@@ -29,9 +29,14 @@ def english_text(min_chars: int = 40_000) -> str:
     return "\n".join(parts)
 
 
-def all_logits(model, ids: list[int], chunk: int = 512) -> torch.Tensor:
+def all_logits(model, ids: list[int], chunk: int = 512,
+               mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """fp32 logits [len(ids), vocab] of a decoder, through a KV cache, in independent windows of
-    ``chunk`` tokens (each window starts a fresh context, as llama.cpp's perplexity tool does)."""
+    ``chunk`` tokens (each window starts a fresh context, as llama.cpp's perplexity tool does).
+    ``mm_embeds``: images' rows (positions, embeddings) written over the token embeddings, for a prompt that
+    fits one window."""
+    if mm_embeds is not None and len(ids) > chunk:
+        raise ValueError("a prompt with images is measured in one window")
     cfg = model.config
     out = []
     with torch.inference_mode():
@@ -41,7 +46,7 @@ def all_logits(model, ids: list[int], chunk: int = 512) -> torch.Tensor:
             shape = (n, cfg.num_kv_heads, cfg.head_dim)
             caches = [(torch.empty(shape), torch.empty(shape)) for _ in range(cfg.num_layers)]
             slots = torch.arange(n)
-            ctx = ForwardContext([n], [n], slots, [slots], caches)
+            ctx = ForwardContext([n], [n], slots, [slots], caches, mm_embeds=mm_embeds)
             with forward_context(ctx):
                 hidden = model(torch.tensor(window), torch.arange(n))
                 out.append(model.compute_logits(hidden).float())
