@@ -205,3 +205,10 @@ def test_native_backend_puts_a_model_on_the_gpu_where_there_is_one(tmp_path: Pat
     with pytest.raises(ConfigError):
         native.check_flags(["--gpu-memory-utilization", "1.5"])
     assert native.check_flags(["--device", "auto", "--enforce-eager"]) == ["--device", "auto", "--enforce-eager"]
+    # images: how many per request, and the hosts whose image URLs a backend may fetch (one per flag)
+    flags = ["--limit-mm-per-prompt", "image=4", "--allowed-media-domains", "*.example.com"]
+    assert native.check_flags(flags) == flags
+    for bad in (["--limit-mm-per-prompt", "video=1"], ["--allowed-media-domains", "a.com/../x"],
+                ["--allowed-media-domains", "file:///etc"]):
+        with pytest.raises(ConfigError):
+            native.check_flags(bad)

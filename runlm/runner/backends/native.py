@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -118,6 +119,9 @@ class NativeBackend(ProcessBackend):
                      "--dtype": lambda v: v in ("float32", "bfloat16", "float16"),
                      "--gpu-memory-utilization": lambda v: is_float(v) and 0 < float(v) <= 1,
                      "--enforce-eager": None,
+                     "--limit-mm-per-prompt": lambda v: re.fullmatch(r"(image=)?\d{1,4}", v) is not None,
+                     "--allowed-media-domains": lambda v: re.fullmatch(r"(\*\.)?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*", v)
+                     is not None and len(v) <= 253,
                      "--max-loras": is_int, "--max-lora-rank": is_int, "--max-cpu-loras": is_int}
     supports_lora = True
 
