@@ -85,16 +85,8 @@ def vision_config(hf_config: dict) -> dict:
     return {**_VISION_DEFAULTS[model_type], **vision, "model_type": model_type}
 
 
-def text_weight(name: str) -> str | None:
-    """transformers 5's names (``model.language_model.*``, ``lm_head.weight``) and the hub's older ones
-    (``language_model.model.*``, ``language_model.lm_head.weight``) as the text decoder has them."""
-    if name.startswith("model.language_model."):
-        return "model." + name[len("model.language_model."):]
-    if name.startswith("language_model.model."):
-        return "model." + name[len("language_model.model."):]
-    if name in ("lm_head.weight", "language_model.lm_head.weight"):
-        return "lm_head.weight"
-    return None
+# the text decoder's names: the same two checkpoint layouts as Mistral 3's
+text_weight = pixtral.text_weight
 
 
 # ---- the image processor -----------------------------------------------------------------------------------
