@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from runlm import kernels
+from runlm.kernels.triton.reference import causal_mask
 
 
 @dataclass(slots=True)
@@ -97,13 +98,12 @@ def _mask(q_len: int, kv_len: int, window: int | None, device: torch.device,
           spans: Sequence[tuple[int, int]] = ()) -> torch.Tensor | None:
     """Causal mask for the last q_len of kv_len positions (None where SDPA needs none); within each of
     ``spans`` every position sees every other (an image's tokens on Gemma 3)."""
-    if q_len == 1 and (window is None or kv_len <= window) and not spans:
-        return None
+    causal = causal_mask(q_len, kv_len, window, device)
+    if not spans:
+        return causal
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
     k_pos = torch.arange(kv_len, device=device)[None, :]
-    allowed = k_pos <= q_pos
-    if window is not None:
-        allowed &= k_pos > q_pos - window
+    allowed = causal if causal is not None else torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
     for start, end in spans:
         allowed |= (q_pos >= start) & (q_pos < end) & (k_pos >= start) & (k_pos < end)
     return allowed

@@ -30,7 +30,8 @@ def context_slots(block_table_row: torch.Tensor, seq_len: int, block_size: int) 
 
 
 def causal_mask(q_len: int, kv_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-    """runlm.models.attention's mask: query i sits at kv_len - q_len + i; None where SDPA needs none."""
+    """The causal mask (with a sliding window) for the last q_len of kv_len positions: query i sits at
+    kv_len - q_len + i; None where SDPA needs none. runlm.models.attention adds images' spans to it."""
     if q_len == 1 and (window is None or kv_len <= window):
         return None
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
