@@ -105,6 +105,15 @@ class Decoder(Handle):
             ok(native.runlm_decoder_set_cache(self.handle, i, kp, vp, k.shape[0]))
         self._caches = list(caches)
 
+    def set_layer_groups(self, groups: list[int]) -> None:
+        """Each layer's KV group (0: the step's own slots; g: row g - 1 of forward's ``groups``), as the engine's
+        HybridBlockManager holds them (Gemma's sliding-window layers in a cache of their own)."""
+        if len(groups) != len(self.layers):
+            raise ValueError(f"{len(groups)} KV groups for {len(self.layers)} layers")
+        for i, (layer, g) in enumerate(zip(self.layers, groups)):
+            fam = layer.family or LayerFamily()
+            ok(lib().runlm_decoder_set_layer_family(self.handle, i, fam.rotary, int(fam.qk_norm_whole), int(g)))
+
     def forward(self, ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray, query_lens: np.ndarray,
                 context_lens: np.ndarray, flat_slots: np.ndarray, out: np.ndarray,
                 embeds: tuple[np.ndarray, np.ndarray] | None = None,
