@@ -52,8 +52,10 @@ def native_model(path: Path, config: EngineConfig) -> NativeLoaded | None:
 
 def why_not_native_vision(vision: object) -> str | None:
     """What a vision tower asks of the text model that the native runner does not do (None: nothing): M-RoPE
-    positions (Qwen2.5-VL); bidirectional image spans (Gemma 3) are the Gemma family's, not native already."""
-    return "M-RoPE positions" if getattr(vision, "uses_mrope", False) else None
+    positions (Qwen2.5-VL), bidirectional attention among an image's tokens (Gemma 3)."""
+    reasons = [(getattr(vision, "uses_mrope", False), "M-RoPE positions"),
+               (getattr(vision, "bidirectional_images", False), "bidirectional attention among an image's tokens")]
+    return next((what for bad, what in reasons if bad), None)
 
 
 class NativeRunner:
