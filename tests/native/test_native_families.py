@@ -1,11 +1,14 @@
 """The native runner on the families beyond Llama's (issue 30): Gemma 2/3 (embedding scale, sandwich norms,
 attention and final soft-caps, sliding-window layers in a KV group of their own, Gemma 3's local RoPE base) and
 Phi-3 (LongRoPE past original_max_position_embeddings, partial rotary) compute what the torch fast path computes
-on the same GGUF file: greedy tokens identical, logprobs within 1e-5 (Gemma 3 and Phi-3 bit for bit; Gemma 2's
-final soft-cap is numpy's tanh against torch's, a few ulps). OLMo2/OLMoE's q/k norms over the whole projection
-(the decoder's ``LayerFamily.qk_norm_whole``) against the torch layer's own.
+on the same GGUF file: greedy tokens identical, logprobs within a stated tolerance. Gemma 3 is bit for bit (the torch
+model's fused loop computes it with the same kernels); Gemma 2's final soft-cap is numpy's tanh against torch's (a
+few ulps: 1e-5); Phi-3's torch model computes its layers op by op (LongRoPE and partial rotary are not fused there),
+whose norms sum in float where the native ones sum in double: bit for bit on q8_0 files here, within 1e-2 on f16
+files (F16 weights take fp16 activations, which turn those last-bit differences into ~1e-3). OLMoE's q/k norms over
+the whole projection (the decoder's ``LayerFamily.qk_norm_whole``) against the torch layer's own.
 
-The f32 GGUFs run on torch for every family (the native kernels take no F32 matrices), so q8_0 files here."""
+The f32 GGUFs run on torch for every family (the native kernels take no F32 matrices), so q8_0 and f16 files here."""
 from __future__ import annotations
 
 import os
@@ -44,9 +47,13 @@ def _engines(path: str) -> tuple[LLM, LLM]:
     return native, fused
 
 
-@pytest.mark.parametrize("recipe", ["gemma2", "gemma3", "phi3"])
-def test_family_matches_the_torch_fast_path(recipe: str) -> None:
-    native, fused = _engines(str(converted_gguf(recipe, "q8_0")))
+TOLERANCE = {("gemma2", "q8_0"): 1e-5, ("gemma3", "q8_0"): 0.0, ("phi3", "q8_0"): 0.0, ("gemma3", "f16"): 0.0,
+             ("phi3", "f16"): 1e-2}
+
+
+@pytest.mark.parametrize(("recipe", "fmt"), list(TOLERANCE))
+def test_family_matches_the_torch_fast_path(recipe: str, fmt: str) -> None:
+    native, fused = _engines(str(converted_gguf(recipe, fmt)))
     cfg = native.engine.loaded.config
     if recipe.startswith("gemma"):  # global and sliding-window layers: two KV groups, the window's own slots
         assert isinstance(native.engine.blocks, HybridBlockManager)
@@ -59,7 +66,7 @@ def test_family_matches_the_torch_fast_path(recipe: str) -> None:
         for mine, ref in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
             assert set(mine) == set(ref)
             diff = max(diff, *(abs(mine[t].logprob - ref[t].logprob) for t in mine))
-    assert diff <= (1e-5 if cfg.final_logit_softcap else 0.0)
+    assert diff <= TOLERANCE[recipe, fmt]
     # a batch of the prompts equals each prompt run alone (the window group's slots are per sequence)
     alone = [native.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS[1:]]
     assert alone == [o.outputs[0].token_ids for o in ours[1:]]
