@@ -26,6 +26,17 @@ _FLOATS = ("F32", "F16", "BF16")
 _MAX_HEADER = 100 << 20
 
 
+def read_hf_config(directory: Path) -> dict:
+    path = directory / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelFormatError(f"{directory}: no config.json (a model directory needs config.json and "
+                               f"*.safetensors)") from None
+    except json.JSONDecodeError as exc:
+        raise ModelFormatError(f"{path}: not valid JSON ({exc})") from None
+
+
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
     shape: tuple[int, ...]

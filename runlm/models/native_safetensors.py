@@ -17,7 +17,6 @@ interleaved pairs), so the decoder rotates with ``interleaved=False``.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -26,7 +25,7 @@ import numpy as np
 
 from runlm.formats import ModelFormatError
 from runlm.formats.gguf import ggml_type
-from runlm.formats.safetensors import SafetensorsDir
+from runlm.formats.safetensors import SafetensorsDir, read_hf_config
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
 from runlm.models.native import NativeLoaded, NativeModel, why_not_native
@@ -118,12 +117,12 @@ def load_native_safetensors(path: Path, max_model_len: int | None = None) -> Nat
     """The model directory at ``path`` on the native runner, or None (logged, with the reason) where it needs
     torch, or where it is not a model this runner knows (the torch loader then reports what is wrong)."""
     try:
-        hf_config = json.loads((path / "config.json").read_text())
+        hf_config = read_hf_config(path)
         if not isinstance(hf_config, dict):
             return None
         st = SafetensorsDir(path)
         cfg = ModelConfig.from_hf(hf_config, source=str(path / "config.json"))
-    except (OSError, ValueError, ModelFormatError):  # (JSONDecodeError is a ValueError)
+    except (OSError, ValueError, ModelFormatError):
         return None
     reason = why_not_native_dir(st, cfg, hf_config)
     if reason is not None:
