@@ -135,3 +135,14 @@ def test_a_damaged_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ModelFormatError, match="shorter than its header"):
         SafetensorsDir(tmp_path)
     assert load_native_safetensors(tmp_path) is None  # the torch loader reports it, as for any damaged directory
+
+
+def test_sleep_and_wake_reload_the_directory() -> None:
+    native = LLM(str(half_model("qwen3", "bfloat16")), **KW)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    before = native.generate(PROMPTS[:1], params, use_tqdm=False)[0].outputs[0].token_ids
+    native.engine.sleep(2)
+    assert native.engine.loaded.model.decoder is None
+    native.engine.wake_up()
+    assert native.engine.native and native.engine.loaded.model.decoder is not None
+    assert native.generate(PROMPTS[:1], params, use_tqdm=False)[0].outputs[0].token_ids == before
