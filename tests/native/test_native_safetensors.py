@@ -148,3 +148,26 @@ def test_sleep_and_wake_reload_the_directory() -> None:
     native.engine.wake_up()
     assert native.engine.native and native.engine.loaded.model.decoder is not None
     assert native.generate(PROMPTS[:1], params, use_tqdm=False)[0].outputs[0].token_ids == before
+
+
+def test_a_sharded_checkpoint_reads_as_one(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    source = half_model("qwen2", "bfloat16")
+    for file in source.iterdir():
+        if file.suffix != ".safetensors":
+            (tmp_path / file.name).write_bytes(file.read_bytes())
+    tensors = load_file(str(source / "model.safetensors"))
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, part in halves.items():
+        save_file({n: tensors[n] for n in part}, str(tmp_path / shard), metadata={"format": "pt"})
+    st = SafetensorsDir(tmp_path)
+    assert sorted(st.tensors) == names and len(st.files) == 2
+    bias = "model.layers.0.self_attn.q_proj.bias"
+    assert np.array_equal(st.load_array(bias), tensors[bias].float().numpy())  # bf16 widened exactly
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
+    whole, sharded = LLM(str(source), **KW), LLM(str(tmp_path), **KW)
+    assert whole.engine.native and sharded.engine.native
+    a, b = (llm.generate(PROMPTS[:1], params, use_tqdm=False)[0] for llm in (whole, sharded))
+    assert a.outputs[0].logprobs == b.outputs[0].logprobs
