@@ -141,3 +141,16 @@ def test_gemma3_with_images_stays_on_the_torch_runner() -> None:
     llm = LLM(str(text), mmproj=str(mmproj), max_model_len=512, kv_cache_memory="64MiB")
     assert not llm.engine.native and llm.engine.modalities == ("text", "image")
     assert why_not_native_vision(llm.engine.loaded.vision) == "bidirectional attention among an image's tokens"
+
+
+def test_a_safetensors_directory_is_refused_what_only_the_gguf_loader_builds(tiny_model) -> None:
+    """runlm.models.native_safetensors builds the Llama layer only: Phi-3's LongRoPE and partial rotary, which the
+    GGUF loader builds, are named as its reason there (and Gemma's family)."""
+    from runlm.formats.safetensors import SafetensorsDir, read_hf_config
+    from runlm.models.config import ModelConfig
+    from runlm.models.native_safetensors import why_not_native_dir
+
+    for recipe, reason in (("phi3", "partial rotary or LongRoPE"), ("gemma3", "the gemma3 family")):
+        path = tiny_model(recipe)
+        hf = read_hf_config(path)
+        assert why_not_native_dir(SafetensorsDir(path), ModelConfig.from_hf(hf), hf) == reason
