@@ -148,7 +148,11 @@ class NativeModel:
     def rope_positions(self, positions: np.ndarray, query_lens: list[int], context_lens: list[int]) -> np.ndarray:
         """The RoPE table rows of a step's rows: their positions, but with LongRoPE every row of a sequence whose
         context is longer than original_max_position_embeddings takes the long table's (transformers' rule)."""
-        if self.long_rope_after is None or max(context_lens, default=0) <= self.long_rope_after:
+        if self.long_rope_after is None:
+            return positions
+        if positions.size and int(positions.max()) >= self.rope_len:  # past the short table: the long one's rows
+            raise ValueError(f"position {int(positions.max())} is past the rope table ({self.rope_len} positions)")
+        if max(context_lens, default=0) <= self.long_rope_after:
             return positions
         long = np.repeat(np.asarray(context_lens) > self.long_rope_after, query_lens)
         return positions + long * self.rope_len

@@ -154,3 +154,20 @@ def test_a_safetensors_directory_is_refused_what_only_the_gguf_loader_builds(tin
         path = tiny_model(recipe)
         hf = read_hf_config(path)
         assert why_not_native_dir(SafetensorsDir(path), ModelConfig.from_hf(hf), hf) == reason
+
+
+def test_longrope_rows_take_the_long_table_past_the_original_context() -> None:
+    """Phi-3's tables stacked (short rows 0..L-1, long rows L..2L-1): a sequence whose context passes
+    original_max_position_embeddings (64 here) rotates every row by the long table, the others stay short."""
+    from runlm.models.native import load_native
+
+    loaded = load_native(converted_gguf("phi3", "q8_0"), 256)
+    assert loaded is not None
+    model = loaded.model
+    assert model.long_rope_after == 64 and model.rope_len == 256
+    assert model.decoder is not None and model.decoder.layers[0].cos.shape == (512, 8)  # half of 16 rotated
+    positions = np.array([63, 64, 10], np.int64)  # sequence a: 2 rows (context 65), sequence b: 1 row (context 11)
+    assert model.rope_positions(positions, [2, 1], [65, 11]).tolist() == [63 + 256, 64 + 256, 10]
+    assert model.rope_positions(positions[:1], [1], [64]).tolist() == [63]
+    with pytest.raises(ValueError, match="past the rope table"):
+        model.rope_positions(np.array([256], np.int64), [1], [257])
