@@ -4,7 +4,8 @@ The fast path's numerics without torch's ~220 MiB: the weights are numpy views o
 their stored block types, the norms and RoPE tables small float32 arrays, and one native call
 (``kernels.Decoder.forward``) runs every layer of a step (the same kernels, in the same order, as
 the torch model's fused loop). Models that need anything else (exact numerics, LoRA, speculative
-decoding, Gemma's extra norms, mixtures of experts, sliding windows...) load as torch models.
+decoding, Gemma's extra norms, sliding windows...) load as torch models; mixtures of experts run natively
+(runlm/models/native_moe.py).
 """
 from __future__ import annotations
 
@@ -19,20 +20,20 @@ from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile, ggml_type
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
+from runlm.models.native_moe import ROUTERS, layer_experts, why_not_native_moe
 from runlm.models.rope_freqs import inverse_frequencies, rope_kind, rope_tables
 from runlm.native import kernels
 
 log = logging.getLogger("runlm.native")
 
 # config families whose decoder is the plain Llama layer (Qwen3 adds per-head q/k norms, Qwen2 q/k/v biases)
-_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 
 def why_not_native(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
     """Why this model file cannot run on the native runner (None: it can). What the engine asks of it
     (exact numerics, a device, LoRA...) is the engine's to check (runlm/engine/runners/native.py)."""
     model_reasons = [(cfg.family not in _FAMILIES, f"the {cfg.family} family"),
-                     (bool(cfg.num_experts), "a mixture of experts"),
                      (cfg.sliding_window is not None or cfg.layer_types is not None, "sliding-window layers"),
                      (cfg.qk_norm_whole or cfg.clip_qkv is not None, "whole-projection q/k norms or clipping"),
                      (cfg.embed_scale is not None or cfg.norm_offset != 0.0, "scaled embeddings or offset norms"),
@@ -45,8 +46,11 @@ def why_not_native(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
             return what
     if not kernels.available():
         return "the native kernels are unavailable"
+    if cfg.num_experts and (why := why_not_native_moe(gguf, cfg)) is not None:
+        return why
     for name, info in gguf.tensors.items():
-        if len(info.shape) == 2 and name.endswith(".weight") and not kernels.supported(ggml_type(info.qtype)):
+        if len(info.shape) == 2 and name.endswith(".weight") and not kernels.supported(ggml_type(info.qtype)) \
+                and not (name.endswith(ROUTERS) and info.qtype == "F32"):
             return f"tensor {name} of type {info.qtype}"
     return None
 
@@ -94,9 +98,12 @@ class NativeModel:
             fused_gate_up = f"{b}.ffn_gate.weight" not in gguf.tensors
             gate_up = [f"{b}.ffn_up"] if fused_gate_up else [f"{b}.ffn_gate", f"{b}.ffn_up"]
             has_qk_norm = f"{b}.attn_q_norm.weight" in gguf.tensors
+            moe = cfg.is_moe_layer(i)  # its experts replace gate_up / down
             layers.append(kernels.DecoderLayer(
                 qkv=_linear(gguf, qkv, h), o=_linear(gguf, [f"{b}.attn_output"], cfg.num_heads * d),
-                gate_up=_linear(gguf, gate_up, h), down=_linear(gguf, [f"{b}.ffn_down"], cfg.intermediate_size),
+                gate_up=None if moe else _linear(gguf, gate_up, h),
+                down=None if moe else _linear(gguf, [f"{b}.ffn_down"], cfg.intermediate_size),
+                moe=layer_experts(gguf, cfg, i, lambda names, cols: _linear(gguf, names, cols)) if moe else None,
                 input_norm=_vector(gguf, f"{b}.attn_norm.weight"), post_norm=_vector(gguf, f"{b}.ffn_norm.weight"),
                 q_norm=_vector(gguf, f"{b}.attn_q_norm.weight") if has_qk_norm else None,
                 k_norm=_vector(gguf, f"{b}.attn_k_norm.weight") if has_qk_norm else None,
