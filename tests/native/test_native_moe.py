@@ -1,5 +1,5 @@
 """Mixtures of experts on the native runner (csrc/moe_impl.h, runlm/models/native_moe.py): Mixtral,
-Qwen2-MoE (its gated shared expert), Qwen3-MoE from llama.cpp's converter (q8_0: the native runner takes no
+Qwen2-MoE (its gated shared expert), Qwen3-MoE, OLMoE (unnormalized top-k, whole-projection q/k norms) from llama.cpp's converter (q8_0: the native runner takes no
 fp32 matrices), against the torch
 fast path on the same file. The experts' matrices go through the same block kernels, but the router's
 softmax, the experts' SiLU and the shared expert's sigmoid are computed by our C++ rather than torch's
@@ -34,7 +34,7 @@ def _logprobs(out) -> np.ndarray:
     return np.array(values)
 
 
-@pytest.mark.parametrize("recipe", ["mixtral", "qwen2-moe", "qwen3-moe"])
+@pytest.mark.parametrize("recipe", ["mixtral", "qwen2-moe", "qwen3-moe", "olmoe"])
 def test_experts_match_the_torch_fast_path(recipe: str) -> None:
     native, fused = _engines(str(converted_gguf(recipe, "q8_0")))
     a, b = _run(native, IDS), _run(fused, IDS)

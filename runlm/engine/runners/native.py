@@ -17,7 +17,7 @@ import numpy as np
 
 from runlm.engine.core.batch_plan import BatchPlan, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
-from runlm.engine.core.kv_groups import AnyBlockManager
+from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.mm_step import step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sample_batch
@@ -80,6 +80,8 @@ class NativeRunner:
         decoder = self.loaded.model.decoder
         if decoder is not None and self.kv_caches:
             decoder.set_kv_caches(self.kv_caches)
+            if isinstance(self.blocks, HybridBlockManager):  # sliding-window layers' K/V in a cache of their own
+                decoder.set_layer_groups(self.blocks.layer_group)
 
     def free_kv_cache(self) -> None:
         self.kv_caches = []
@@ -91,7 +93,7 @@ class NativeRunner:
     def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
         """Compute the scheduled tokens; sample for every sequence whose known tokens are now all computed."""
         plan = plan_batch(sched, self.blocks)
-        assert not plan.spec_seqs and plan.group_slots is None, "the native runner neither speculates nor windows"
+        assert not plan.spec_seqs, "the native runner does not speculate"
         hidden = self.run_model(plan, self.image_rows(sched) if self.loaded.vision is not None else None)
         model = self.loaded.model
         for rows in plan.prompt_logprob_rows:
@@ -123,6 +125,11 @@ class NativeRunner:
         if self._hidden.shape[0] < t:
             self._hidden = np.empty((t, self._hidden.shape[1]), dtype=np.float32)
         flat = np.concatenate(plan.context_slots) if len(plan.context_slots) > 1 else plan.context_slots[0]
-        return decoder.forward(plan.ids, plan.positions, plan.slot_mapping,
+        groups = None
+        if plan.group_slots is not None:  # per KV group after the first, per sequence: (new tokens', context) slots
+            groups = (np.stack([np.concatenate([new for new, _ in g]) for g in plan.group_slots]),
+                      np.stack([np.concatenate([context for _, context in g]) for g in plan.group_slots]))
+        positions = self.loaded.model.rope_positions(plan.positions, plan.query_lens, plan.context_lens)
+        return decoder.forward(plan.ids, positions, plan.slot_mapping,
                                np.asarray(plan.query_lens, dtype=np.int64),
-                               np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t], embeds)
+                               np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t], embeds, groups)

@@ -195,6 +195,20 @@ int runlm_decoder_set_cache(void* handle, int64_t i, float* k_cache, float* v_ca
   return 0;
 }
 
+// Layer i's settings beyond the Llama layer's (after its runlm_decoder_set_layer): rotary, the features of
+// each head RoPE rotates (the cos/sin tables' width; 0: all), even and at most head_dim; qk_norm_whole: its
+// q_norm [H D] and k_norm [KVH D] normalize the whole projection; group: the KV group holding its K/V (0:
+// the step's own slots, g > 0: the g-th of runlm_decoder_forward_groups' groups).
+int runlm_decoder_set_layer_family(void* handle, int64_t i, int64_t rotary, int qk_norm_whole, int64_t group) {
+  auto* dec = static_cast<Decoder*>(handle);
+  if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
+  if (rotary < 0 || rotary > dec->head_dim || rotary % 2 != 0)
+    return fail("rotary features must be even and at most head_dim, not " + std::to_string(rotary));
+  if (group < 0) return fail("a KV group is 0 or more, not " + std::to_string(group));
+  dec->layers[static_cast<size_t>(i)].fam = {rotary, qk_norm_whole != 0, group};
+  return 0;
+}
+
 // Checks that every layer is set and its shapes fit; call once after the set_layer calls.
 int runlm_decoder_check(const void* handle) { return status(static_cast<const Decoder*>(handle)->check()); }
 
@@ -272,6 +286,21 @@ int runlm_decoder_set_layer_moe(void* handle, int64_t i, const void* moe) {
   if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
   dec->layers[static_cast<size_t>(i)].moe = static_cast<const Experts*>(moe);
   return 0;
+}
+
+// runlm_decoder_forward_embeds with the slots of n_groups KV groups after the first (layers whose group is
+// g >= 1 write to group_slot_maps[(g - 1) t ...] and read group_flat[(g - 1) n_flat ...]): Gemma's
+// sliding-window layers, whose cache is their own. n_embeds may be 0 (embed_rows, embed_values null).
+int runlm_decoder_forward_groups(void* handle, const int64_t* ids, const int64_t* positions,
+                                 const int64_t* slot_mapping, int64_t t, const int64_t* query_lens,
+                                 const int64_t* context_lens, int64_t batch, const int64_t* flat_slots, int64_t n_flat,
+                                 float* out, const int64_t* embed_rows, const float* embed_values, int64_t n_embeds,
+                                 int64_t n_groups, const int64_t* group_slot_maps, const int64_t* group_flat) {
+  if (n_groups < 0) return fail("a negative number of KV groups");
+  const runlm::decoder::GroupSlots groups{n_groups, group_slot_maps, group_flat};
+  return status(static_cast<Decoder*>(handle)->forward(ids, positions, slot_mapping, t, query_lens, context_lens,
+                                                       batch, flat_slots, n_flat, out, embed_rows, embed_values,
+                                                       n_embeds, groups));
 }
 
 }  // extern "C"
