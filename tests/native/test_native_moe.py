@@ -1,10 +1,9 @@
-"""Mixtures of experts on the native runner (csrc/moe_impl.h, runlm/models/native_moe.py): Mixtral,
-Qwen2-MoE (its gated shared expert), Qwen3-MoE, OLMoE (unnormalized top-k, whole-projection q/k norms) from llama.cpp's converter (q8_0: the native runner takes no
-fp32 matrices), against the torch
-fast path on the same file. The experts' matrices go through the same block kernels, but the router's
-softmax, the experts' SiLU and the shared expert's sigmoid are computed by our C++ rather than torch's
-vectorized exp, so logits agree to float32 rounding (a few 1e-6 of a logprob here), not to the bit;
-greedy tokens are the same."""
+"""Mixtures of experts on the native runner (csrc/moe_impl.h, runlm/models/native_moe.py): Mixtral, Qwen2-MoE
+(its gated shared expert), Qwen3-MoE and OLMoE (unnormalized top-k, whole-projection q/k norms) from llama.cpp's
+converter, q8_0 (the native runner takes no fp32 matrices), against the torch fast path on the same file. The
+experts' matrices go through the same block kernels and the fp32 router through linear.cpp's reduction order,
+but the softmax, the experts' SiLU and the shared expert's sigmoid are our C++'s rather than torch's vectorized
+exp: logprobs are held to 1e-4 nats (on these files they come out identical), greedy tokens must be the same."""
 from __future__ import annotations
 
 import numpy as np
