@@ -25,6 +25,8 @@ ROUTERS = (".ffn_gate_inp.weight", ".ffn_gate_inp_shexp.weight")
 
 def why_not_native_moe(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
     """Why this file's experts cannot run natively (None: they can)."""
+    if not isinstance(gguf, GGUFFile):  # a safetensors directory (runlm.models.native_safetensors)
+        return "a mixture of experts outside a GGUF file"
     if cfg.num_experts_per_tok < 1 or cfg.num_experts_per_tok > cfg.num_experts:
         return f"{cfg.num_experts_per_tok} experts per token of {cfg.num_experts}"
     for i in range(cfg.num_layers):
