@@ -4,13 +4,14 @@ The fast path's numerics without torch's ~220 MiB: the weights are numpy views o
 their stored block types, the norms and RoPE tables small float32 arrays, and one native call
 (``kernels.Decoder.forward``) runs every layer of a step (the same kernels, in the same order, as
 the torch model's fused loop). Models that need anything else (exact numerics, LoRA, speculative
-decoding, mixtures of experts...) load as torch models.
+decoding...) load as torch models.
 
 The families beyond Llama's: Gemma 2/3 (the embedding scale, sandwich norms, attention and final soft-caps,
 query_pre_attn_scalar, sliding-window layers with their own KV group and, on Gemma 3, their own RoPE base),
 Phi-3 (LongRoPE: the short and long tables stacked, a sequence longer than original_max_position_embeddings
 rotating by the long one, as transformers decides it; partial rotary) and OLMoE's q/k norms over the whole
 projection.
+Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): runlm/models/native_moe.py.
 """
 from __future__ import annotations
 
@@ -25,20 +26,21 @@ from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile, ggml_type
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
+from runlm.models.native_moe import ROUTERS, layer_experts, why_not_native_moe
 from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, longrope, rope_kind, rope_tables
 from runlm.native import kernels
 
 log = logging.getLogger("runlm.native")
 
 # config families whose decoder is the plain Llama layer (Qwen3 adds per-head q/k norms, Qwen2 q/k/v biases)
-_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmoe")
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe",
+             "olmoe")
 
 
 def why_not_native(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
     """Why this model file cannot run on the native runner (None: it can). What the engine asks of it
     (exact numerics, a device, LoRA...) is the engine's to check (runlm/engine/runners/native.py)."""
     model_reasons = [(cfg.family not in _FAMILIES, f"the {cfg.family} family"),
-                     (bool(cfg.num_experts), "a mixture of experts"),
                      (cfg.clip_qkv is not None, "q/k/v clipping"),
                      (cfg.norm_offset != 0.0, "offset norms"),
                      (cfg.hidden_act not in ("silu", "gelu_tanh"), f"the {cfg.hidden_act} activation")]
@@ -47,8 +49,11 @@ def why_not_native(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
             return what
     if not kernels.available():
         return "the native kernels are unavailable"
+    if cfg.num_experts and (why := why_not_native_moe(gguf, cfg)) is not None:
+        return why
     for name, info in gguf.tensors.items():
-        if len(info.shape) == 2 and name.endswith(".weight") and not kernels.supported(ggml_type(info.qtype)):
+        if len(info.shape) == 2 and name.endswith(".weight") and not kernels.supported(ggml_type(info.qtype)) \
+                and not (name.endswith(ROUTERS) and info.qtype == "F32"):
             return f"tensor {name} of type {info.qtype}"
     return None
 
@@ -122,9 +127,12 @@ class NativeModel:
             fused_gate_up = f"{b}.ffn_gate.weight" not in gguf.tensors
             gate_up = [f"{b}.ffn_up"] if fused_gate_up else [f"{b}.ffn_gate", f"{b}.ffn_up"]
             layer_cos, layer_sin = local if windows[i] else (cos, sin)
+            moe = cfg.is_moe_layer(i)  # its experts replace gate_up / down
             layers.append(kernels.DecoderLayer(
                 qkv=_linear(gguf, qkv, h), o=_linear(gguf, [f"{b}.attn_output"], cfg.num_heads * d),
-                gate_up=_linear(gguf, gate_up, h), down=_linear(gguf, [f"{b}.ffn_down"], cfg.intermediate_size),
+                gate_up=None if moe else _linear(gguf, gate_up, h),
+                down=None if moe else _linear(gguf, [f"{b}.ffn_down"], cfg.intermediate_size),
+                moe=layer_experts(gguf, cfg, i, lambda names, cols: _linear(gguf, names, cols)) if moe else None,
                 input_norm=_vector(gguf, f"{b}.attn_norm.weight"), post_norm=_vector(gguf, f"{b}.ffn_norm.weight"),
                 q_norm=_norm(gguf, f"{b}.attn_q_norm.weight"), k_norm=_norm(gguf, f"{b}.attn_k_norm.weight"),
                 cos=layer_cos, sin=layer_sin, scale=(cfg.query_pre_attn_scalar or d) ** -0.5, window=windows[i],

@@ -18,6 +18,7 @@ from runlm.native.library import F32, I64, U8, Handle, arr, check_shape, lib, ok
 
 if TYPE_CHECKING:
     from runlm.native.linear_weights import LinearWeights
+    from runlm.native.moe import Experts
 
 _ACTS = {"silu": 0, "gelu_tanh": 1}
 
@@ -36,11 +37,12 @@ class LayerFamily:
 class DecoderLayer:
     """One layer's weights and settings. post_norm is the MLP input's norm (Llama's
     post_attention_layernorm; Gemma's pre_feedforward_layernorm, whose sandwich norms are
-    attn_out_norm and mlp_out_norm). window None: full attention; softcap None: none."""
+    attn_out_norm and mlp_out_norm). window None: full attention; softcap None: none. A layer with
+    ``moe`` (a mixture of experts) has no gate_up / down: the experts are its MLP."""
     qkv: LinearWeights
     o: LinearWeights
-    gate_up: LinearWeights
-    down: LinearWeights
+    gate_up: LinearWeights | None
+    down: LinearWeights | None
     input_norm: np.ndarray
     post_norm: np.ndarray
     q_norm: np.ndarray | None
@@ -53,6 +55,7 @@ class DecoderLayer:
     act: str = "silu"
     attn_out_norm: np.ndarray | None = None
     mlp_out_norm: np.ndarray | None = None
+    moe: Experts | None = None
     family: LayerFamily | None = None
 
 
@@ -82,13 +85,16 @@ class Decoder(Handle):
             q_width, k_width = (heads * head_dim, kv_heads * head_dim) if fam.qk_norm_whole else (head_dim, head_dim)
             check_shape("sin", layer.sin.shape, layer.cos.shape)
             ok(native.runlm_decoder_set_layer(
-                handle, i, layer.qkv.handle, layer.o.handle, layer.gate_up.handle, layer.down.handle,
+                handle, i, layer.qkv.handle, layer.o.handle, layer.gate_up.handle if layer.gate_up else None,
+                layer.down.handle if layer.down else None,
                 vector(layer.input_norm, "input_norm", hidden),
                 vector(layer.post_norm, "post_norm", hidden),
                 optional_f32(layer.q_norm, "q_norm", q_width), optional_f32(layer.k_norm, "k_norm", k_width),
                 optional_f32(layer.attn_out_norm, "attn_out_norm", hidden),
                 optional_f32(layer.mlp_out_norm, "mlp_out_norm", hidden), rope, arr(layer.sin, F32, "sin", 2),
                 layer.cos.shape[0], layer.scale, layer.window or 0, layer.softcap or 0.0, _ACTS[layer.act]))
+            if layer.moe is not None:
+                ok(native.runlm_decoder_set_layer_moe(handle, i, layer.moe.handle))
             if layer.family is not None:
                 ok(native.runlm_decoder_set_layer_family(handle, i, fam.rotary, int(fam.qk_norm_whole), fam.group))
         ok(native.runlm_decoder_check(handle))  # every layer's shapes against the decoder's

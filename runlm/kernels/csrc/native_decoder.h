@@ -13,6 +13,7 @@
 #include "attention_impl.h"
 #include "fused_ops_impl.h"
 #include "ggml_linear_impl.h"
+#include "moe_impl.h"
 
 namespace runlm::decoder {
 
@@ -59,6 +60,7 @@ struct Layer {
   bool gelu = false;    // the MLP's activation: gelu_tanh, else silu
   float *k_cache = nullptr, *v_cache = nullptr;  // [cache_slots, KVH, D]
   int64_t cache_slots = 0;
+  const moe::Experts* moe = nullptr;  // a mixture of experts instead of gate_up / down (moe_impl.h)
   FamilyOpts fam;
 };
 
@@ -76,12 +78,14 @@ struct Decoder {
   int64_t rows = 0;
   std::vector<float> residual, h, qkv, q, attn, o, gate_up, act, m;
   gl::Scratch quantized;
+  moe::Scratch moe_scratch;
   attention::RowPlan plan;
 
   void grow(int64_t t) {
     if (t <= rows) return;
     int64_t widest_mlp = 0;
-    for (const Layer& l : layers) widest_mlp = std::max(widest_mlp, l.gate_up->out());
+    for (const Layer& l : layers)
+      if (l.gate_up) widest_mlp = std::max(widest_mlp, l.gate_up->out());
     const auto size = [t](std::vector<float>& v, int64_t width) { v.resize(static_cast<size_t>(t * width)); };
     const int64_t qd = heads * head_dim;
     size(residual, hidden), size(h, hidden), size(o, hidden), size(m, hidden);
@@ -95,12 +99,14 @@ struct Decoder {
     for (size_t i = 0; i < layers.size(); ++i) {
       const Layer& l = layers[i];
       const std::string at = "layer " + std::to_string(i) + ": ";
-      if (!l.qkv || !l.o || !l.gate_up || !l.down || !l.input_norm || !l.post_norm || !l.cos || !l.sin)
+      if (!l.qkv || !l.o || (!l.moe && (!l.gate_up || !l.down)) || !l.input_norm || !l.post_norm || !l.cos || !l.sin)
         return at + "not set";
+      if (l.moe && l.moe->hidden != hidden) return at + "the experts' hidden size is not the decoder's";
       const int64_t qd = heads * head_dim;
       if (l.qkv->in() != hidden || l.qkv->out() != (heads + 2 * kv_heads) * head_dim)
         return at + "qkv must be [(H + 2 KVH) * D, hidden]";
       if (l.o->in() != qd || l.o->out() != hidden) return at + "o must be [hidden, H * D]";
+      if (l.moe) continue;
       const int64_t two_i = l.gate_up->out();
       if (l.gate_up->in() != hidden || two_i % 2 != 0) return at + "gate_up must be [2 I, hidden]";
       if (l.down->in() != two_i / 2 || l.down->out() != hidden) return at + "down must be [hidden, I]";
@@ -180,13 +186,17 @@ struct Decoder {
       l.o->apply(attn.data(), t, o.data(), quantized);
       if (l.attn_out_norm) fused::rms_norm(o.data(), l.attn_out_norm, o.data(), t, hidden, eps);
       fused::add_rms_norm(o.data(), res, l.post_norm, hp, t, hidden, eps);
-      const int64_t inner = l.gate_up->out() / 2;
-      l.gate_up->apply(hp, t, gate_up.data(), quantized);
-      if (l.gelu)
-        fused::gelu_tanh_mul(gate_up.data(), act.data(), t, inner);
-      else
-        fused::silu_mul(gate_up.data(), act.data(), t, inner);
-      l.down->apply(act.data(), t, m.data(), quantized);
+      if (l.moe) {
+        l.moe->apply(hp, t, m.data(), moe_scratch);
+      } else {
+        const int64_t inner = l.gate_up->out() / 2;
+        l.gate_up->apply(hp, t, gate_up.data(), quantized);
+        if (l.gelu)
+          fused::gelu_tanh_mul(gate_up.data(), act.data(), t, inner);
+        else
+          fused::silu_mul(gate_up.data(), act.data(), t, inner);
+        l.down->apply(act.data(), t, m.data(), quantized);
+      }
       if (l.mlp_out_norm) fused::rms_norm(m.data(), l.mlp_out_norm, m.data(), t, hidden, eps);
       const bool last = i + 1 == layers.size();
       fused::add_rms_norm(m.data(), res, last ? final_norm : layers[i + 1].input_norm, last ? out : hp, t, hidden, eps);
