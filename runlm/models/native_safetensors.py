@@ -47,7 +47,7 @@ def why_not_native_dir(st: SafetensorsDir, cfg: ModelConfig, hf_config: dict) ->
                ("vision_config" in hf_config or "text_config" in hf_config, "a vision-language model"),
                ((st.directory / "modules.json").exists(), "a sentence-transformers model"),
                # what runlm.models.native's GGUF loader builds and this one does not (yet)
-               (cfg.family not in ("llama", "mistral", "qwen2", "qwen3", "phi3"), f"the {cfg.family} family"),
+               (cfg.family in ("gemma2", "gemma3"), f"the {cfg.family} family"),
                (cfg.sliding_window is not None or cfg.layer_types is not None, "sliding-window layers"),
                (cfg.rotary_dim != cfg.head_dim or rope_kind(cfg.rope_scaling) in LONGROPE,
                 "partial rotary or LongRoPE")]
