@@ -67,7 +67,9 @@ class SpecDecoder:
                 state.seen_preemptions, state.draft_computed = seq.num_preemptions, 0
             if seq.num_computed_tokens != seq.num_tokens - 1 or seq.is_finished:
                 continue
-            k = state.draft_length(self._budget(seq))
+            k = self._budget(seq)
+            if self.config.min_acceptance_rate > 0:  # the cost controls are on: shrink after rejected drafts
+                k = state.draft_length(k)
             if k < 1 or not state.may_speculate():
                 continue
             if self.ngram is not None:

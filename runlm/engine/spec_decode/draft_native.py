@@ -16,6 +16,10 @@ class NativeDraftRunner:
         self.loaded, self.blocks = loaded, blocks
         self.runner = NativeRunner(config, loaded, blocks)
 
+    @property
+    def kv_caches(self) -> list:  # type: ignore[type-arg]
+        return self.runner.kv_caches
+
     def allocate_kv_cache(self) -> None:
         self.runner.allocate_kv_cache()
 

@@ -18,6 +18,10 @@ class TorchDraftRunner:
         self.loaded, self.blocks = loaded, blocks
         self.runner = ModelRunner(config, loaded, blocks)
 
+    @property
+    def kv_caches(self) -> list:  # type: ignore[type-arg]
+        return self.runner.kv_caches
+
     def allocate_kv_cache(self) -> None:
         self.runner.allocate_kv_cache()
 
