@@ -138,12 +138,12 @@ def main() -> None:
                      "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0,
                      "plain_tok_s": p, "spec_tok_s": s, "speedup": s / p,
                      "clock": "cpu" if args.cpu_time else "wall", "threads": args.threads})
-    print("| model | prompt | method | streams | acceptance | mean accepted length | plain tok/s | spec tok/s | speedup |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+    print("| model | prompt | method | streams | acceptance | mean accepted length | plain tok/s | spec tok/s "
+          "| speedup |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['prompt']} | {r['method']} k={r['k']} | {r['streams']} | {r['acceptance_rate']:.2f} | "
-              f"{r['mean_accepted_length']:.2f} | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | "
-              f"{r['speedup']:.2f}x |")
+        print(f"| {r['model']} | {r['prompt']} | {r['method']} k={r['k']} | {r['streams']} | "
+              f"{r['acceptance_rate']:.2f} | {r['mean_accepted_length']:.2f} | {r['plain_tok_s']:.1f} | "
+              f"{r['spec_tok_s']:.1f} | {r['speedup']:.2f}x |")
     out = Path(__file__).parent / "results" / f"spec_bench_{method}_{args.prompt}_{Path(path).stem}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(rows, indent=2))
