@@ -14,6 +14,7 @@ import pytest
 
 from runlm.engine.core.spec_state import SpecState
 from runlm.engine.llm import LLM
+from runlm.engine.spec_decode.decoder import break_even_rate
 from runlm.engine.spec_decode.ngram import NgramProposer
 from runlm.engine.types.outputs import RequestOutput
 from runlm.engine.types.sampling_params import SamplingParams
@@ -146,3 +147,10 @@ def test_a_draft_shrinks_after_rejections_and_grows_back() -> None:
     assert lengths == [1, 1, 3, 5, 5]
     state.record(4, 0, min_rate=0.5, warmup=1)  # paused: it starts over with the whole k
     assert state.paused_steps > 0 and state.draft_length(5) == 5
+
+
+def test_the_break_even_rate_rises_with_the_batch() -> None:
+    """A verification row is dear beside one sequence's step and cheap beside a big batch's fixed cost."""
+    rates = [break_even_rate(b, 0.1) for b in (1, 2, 8, 32)]
+    assert rates == sorted(rates) and 0.1 < rates[0] < 0.25 and 0.5 < rates[2] < 0.75 and rates[3] < 1.0
+    assert break_even_rate(1, 0.5) == 0.5 and break_even_rate(8, 0.0) == 0.0  # 0: the cost controls off
