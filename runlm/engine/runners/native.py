@@ -19,7 +19,7 @@ import numpy as np
 
 from runlm.engine.core.batch_plan import BatchPlan, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
-from runlm.engine.core.kv_groups import AnyBlockManager
+from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.mm_step import step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.sample.rejection import verify_draft
@@ -27,6 +27,7 @@ from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sampl
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
 from runlm.models.native import NativeLoaded, load_native
+from runlm.models.native_safetensors import load_native_safetensors
 
 log = logging.getLogger("runlm.native")
 
@@ -37,7 +38,11 @@ def why_not_native(config: EngineConfig) -> str | None:
     if os.environ.get("RUNLM_NATIVE_RUNNER", "1") == "0":
         return "RUNLM_NATIVE_RUNNER=0"
     reasons = [(config.exact_numerics, "exact numerics"), (config.device != "cpu", "a device other than cpu"),
-               (str(config.dtype).removeprefix("torch.") != "float32", "a dtype other than float32"),
+               # the native runner computes in float32 over weights as stored (bf16/fp16 safetensors stay half-size);
+               # bfloat16 or float16 compute (activations, KV cache) is the torch runner's
+               (str(config.dtype).removeprefix("torch.") != "float32",
+                f"{str(config.dtype).removeprefix('torch.')} compute (the native runner computes in float32 over "
+                f"weights as stored)"),
                (config.enable_lora, "LoRA adapters")]
     return next((what for bad, what in reasons if bad), None)
 
@@ -46,9 +51,11 @@ def native_model(path: Path, config: EngineConfig) -> NativeLoaded | None:
     """The model at ``path`` on the native runner, or None (logged, with the reason) where it needs torch."""
     reason = why_not_native(config)
     if reason is not None:
-        if path.is_file():
+        if path.exists():
             log.info("native runner not used for %s: %s", path.name, reason)
         return None
+    if path.is_dir():  # a safetensors model directory, its weights as stored
+        return load_native_safetensors(path, config.max_model_len)
     return load_native(path, config.max_model_len)
 
 
@@ -82,6 +89,8 @@ class NativeRunner:
         decoder = self.loaded.model.decoder
         if decoder is not None and self.kv_caches:
             decoder.set_kv_caches(self.kv_caches)
+            if isinstance(self.blocks, HybridBlockManager):  # sliding-window layers' K/V in a cache of their own
+                decoder.set_layer_groups(self.blocks.layer_group)
 
     def free_kv_cache(self) -> None:
         self.kv_caches = []
@@ -93,7 +102,6 @@ class NativeRunner:
     def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
         """Compute the scheduled tokens; sample for every sequence whose known tokens are now all computed."""
         plan = plan_batch(sched, self.blocks)
-        assert plan.group_slots is None, "the native runner has no sliding-window groups"
         hidden = self.run_model(plan, self.image_rows(sched) if self.loaded.vision is not None else None)
         model = self.loaded.model
         for rows in plan.prompt_logprob_rows:
@@ -133,6 +141,11 @@ class NativeRunner:
         if self._hidden.shape[0] < t:
             self._hidden = np.empty((t, self._hidden.shape[1]), dtype=np.float32)
         flat = np.concatenate(plan.context_slots) if len(plan.context_slots) > 1 else plan.context_slots[0]
-        return decoder.forward(plan.ids, plan.positions, plan.slot_mapping,
+        groups = None
+        if plan.group_slots is not None:  # per KV group after the first, per sequence: (new tokens', context) slots
+            groups = (np.stack([np.concatenate([new for new, _ in g]) for g in plan.group_slots]),
+                      np.stack([np.concatenate([context for _, context in g]) for g in plan.group_slots]))
+        positions = self.loaded.model.rope_positions(plan.positions, plan.query_lens, plan.context_lens)
+        return decoder.forward(plan.ids, positions, plan.slot_mapping,
                                np.asarray(plan.query_lens, dtype=np.int64),
-                               np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t], embeds)
+                               np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t], embeds, groups)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from runlm.engine.core.batch_plan import BatchPlan
 from runlm.engine.core.kv_cache import BlockManager
 from runlm.engine.core.sequence import Sequence
 from runlm.engine.runners.native import NativeRunner
@@ -31,17 +32,14 @@ class NativeDraftRunner:
         self.runner.rebind()
 
     def last_logits(self, items: list[tuple[Sequence, list[int], int]]) -> np.ndarray:
-        decoder, model = self.loaded.model.decoder, self.loaded.model
-        assert decoder is not None, "the draft's weights were released (sleep level 2)"
-        query_lens = np.fromiter((len(tokens) for _, tokens, _ in items), np.int64, len(items))
-        context_lens = np.fromiter((p + len(tokens) for _, tokens, p in items), np.int64, len(items))
-        ids = np.fromiter((t for _, tokens, _ in items for t in tokens), np.int64, int(query_lens.sum()))
+        # the target runner's own forward over a plan of these chunks: the same RoPE rows, caches and kernels
+        query_lens = [len(tokens) for _, tokens, _ in items]
+        context_lens = [p + len(tokens) for _, tokens, p in items]
+        ids = np.fromiter((t for _, tokens, _ in items for t in tokens), np.int64, sum(query_lens))
         positions = np.concatenate([np.arange(p, p + len(tokens), dtype=np.int64) for _, tokens, p in items])
         # the new tokens' slots are the tail of the context's: one lookup serves both
-        context = [np.asarray(self.blocks.slots(s.table, 0, int(c)), dtype=np.int64)
+        context = [np.asarray(self.blocks.slots(s.table, 0, c), dtype=np.int64)
                    for (s, _, _), c in zip(items, context_lens)]
-        slots = np.concatenate([c[c.shape[0] - int(q):] for c, q in zip(context, query_lens)])
-        flat = np.concatenate(context) if len(context) > 1 else context[0]
-        hidden = decoder.forward(ids, positions, slots, query_lens, context_lens, flat,
-                                 np.empty((ids.shape[0], decoder.hidden), dtype=np.float32))
-        return model.compute_logits(hidden[np.cumsum(query_lens) - 1])
+        slots = np.concatenate([c[c.shape[0] - q:] for c, q in zip(context, query_lens)])
+        hidden = self.runner.run_model(BatchPlan(ids, positions, slots, context, query_lens, context_lens))
+        return self.loaded.model.compute_logits(hidden[np.cumsum(query_lens) - 1])
