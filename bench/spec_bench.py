@@ -8,6 +8,13 @@ accepted length, tokens/s, speedup) and writes JSON to bench/results/spec_bench.
 
     .venv/bin/python bench/spec_bench.py [--model smollm2] [--tokens 96] [--streams 1 8] [--rounds 2]
                                          [--draft MODEL] [--k 5] [--threads N] [--cpu-time] [--smollm2-pair]
+                                         [--prompt copy|story] [--exclude-prefill]
+
+``--exclude-prefill``: time decoding alone (each prompt is put in the prefix cache by an untimed run first);
+by default the time includes the prompt's prefill, the same in both engines.
+
+``--prompt story``: ordinary text (write a short story), where the output rarely repeats the prompt and
+speculation must cost next to nothing; the default ``copy`` prompts repeat their input.
 
 ``--smollm2-pair``: a real close pair, smollm2 requantized by llama.cpp to Q8_0 as the target and to Q4_0 as
 the draft (from the shipped Q4_1 file; built once under .cache/bench-models).
@@ -22,6 +29,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 CODE = '''def parse_config(path):
@@ -39,16 +47,21 @@ CODE = '''def parse_config(path):
 PASSAGE = ("The lighthouse stood on the northern cliff for two hundred years. Every night its keeper climbed "
            "the ninety steps, trimmed the wick and wound the clockwork that turned the great lens. Ships "
            "passing in the dark counted its flashes, three short and one long, and knew where they were.")
+STORY = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 PROMPTS = [f"Rewrite this code with the variable `config` renamed to `settings`. Keep everything else the same.\n\n"
            f"{CODE}",
            f"Quote the following passage word for word, then stop.\n\n{PASSAGE}"]
 
 
-def run(llm, prompts: list[list[int]], tokens: int, clock=time.perf_counter):  # type: ignore[no-untyped-def]
+def run(llm, prompts: list[list[int]], tokens: int, clock=time.perf_counter,  # type: ignore[no-untyped-def]
+        exclude_prefill: bool = False):
     from runlm.engine.types.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     llm.reset_prefix_cache()
+    if exclude_prefill:  # the prompts' blocks into the prefix cache first: the timed run decodes (and recomputes
+        # at most a block's worth of each prompt)
+        llm.generate([{"prompt_token_ids": p} for p in prompts], replace(params, max_tokens=1), use_tqdm=False)
     t0 = clock()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     elapsed = clock() - t0
@@ -81,6 +94,9 @@ def main() -> None:
     ap.add_argument("--draft", default=None, help="a draft model (default: n-gram lookup)")
     ap.add_argument("--threads", type=int, default=None, help="the engines' threads (default: all cores)")
     ap.add_argument("--cpu-time", action="store_true", help="tokens per CPU second of this process, not wall-clock")
+    ap.add_argument("--prompt", choices=("copy", "story"), default="copy",
+                    help="copy: rewrite code / quote a passage; story: ordinary text")
+    ap.add_argument("--exclude-prefill", action="store_true", help="time decoding alone, the prompts prefix-cached")
     ap.add_argument("--smollm2-pair", action="store_true", help="target smollm2 Q8_0, draft smollm2 Q4_0")
     args = ap.parse_args()
     if args.smollm2_pair:
@@ -97,7 +113,8 @@ def main() -> None:
     if args.draft:
         config["model"] = str(resolve_model(args.draft))
     spec = LLM(path, max_num_seqs=max(args.streams), threads=args.threads, speculative_config=config)
-    encoded = [plain.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    texts = PROMPTS if args.prompt == "copy" else [STORY]
+    encoded = [plain.encode_chat([{"role": "user", "content": p}]) for p in texts]
     rows = []
     for streams in args.streams:
         prompts = [encoded[i % len(encoded)] for i in range(streams)]
@@ -106,8 +123,8 @@ def main() -> None:
         stats = spec.engine.spec.stats
         before = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
         for _ in range(args.rounds):
-            want, s_plain = run(plain, prompts, args.tokens, clock)
-            got, s_spec = run(spec, prompts, args.tokens, clock)
+            want, s_plain = run(plain, prompts, args.tokens, clock, args.exclude_prefill)
+            got, s_spec = run(spec, prompts, args.tokens, clock, args.exclude_prefill)
             assert got == want, "speculation changed the greedy output"
             speeds["plain"].append(s_plain)
             speeds["spec"].append(s_spec)
@@ -115,17 +132,19 @@ def main() -> None:
             (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens), before))
         p, s = statistics.median(speeds["plain"]), statistics.median(speeds["spec"])
         rows.append({"model": args.model, "method": args.draft or "ngram", "k": args.k, "streams": streams,
+                     "prompt": args.prompt, "native": bool(spec.engine.native),
+                     "prefill_timed": not args.exclude_prefill,
                      "acceptance_rate": accepted / drafted if drafted else 0.0,
                      "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0,
                      "plain_tok_s": p, "spec_tok_s": s, "speedup": s / p,
                      "clock": "cpu" if args.cpu_time else "wall", "threads": args.threads})
-    print("| model | method | streams | acceptance | mean accepted length | plain tok/s | spec tok/s | speedup |\n"
-          "|---|---|---|---|---|---|---|---|")
+    print("| model | prompt | method | streams | acceptance | mean accepted length | plain tok/s | spec tok/s "
+          "| speedup |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['method']} k={r['k']} | {r['streams']} | {r['acceptance_rate']:.2f} | "
-              f"{r['mean_accepted_length']:.2f} | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | "
-              f"{r['speedup']:.2f}x |")
-    out = Path(__file__).parent / "results" / f"spec_bench_{method}_{Path(path).stem}.json"
+        print(f"| {r['model']} | {r['prompt']} | {r['method']} k={r['k']} | {r['streams']} | "
+              f"{r['acceptance_rate']:.2f} | {r['mean_accepted_length']:.2f} | {r['plain_tok_s']:.1f} | "
+              f"{r['spec_tok_s']:.1f} | {r['speedup']:.2f}x |")
+    out = Path(__file__).parent / "results" / f"spec_bench_{method}_{args.prompt}_{Path(path).stem}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(rows, indent=2))
 

@@ -67,8 +67,9 @@ class LLMEngine(EngineCore):
             from runlm.engine.spec_decode.draft import load_draft
 
             assert spec.model is not None  # SpeculativeConfig checks it
-            assert not isinstance(self.loaded, NativeLoaded)  # (speculation runs on the torch model)
             draft = load_draft(config, spec.model, self.loaded)
+            if isinstance(draft, NativeLoaded) != isinstance(self.loaded, NativeLoaded):  # the other runner's threads
+                (set_native_threads if isinstance(draft, NativeLoaded) else set_torch_threads)(self.threads)
             dc = draft.config  # the draft's K/V lives in the same blocks: the budget pays for both
             per_token += kv_bytes_per_token(dc.num_layers, dc.num_kv_heads, dc.head_dim, dtype_itemsize(config.dtype))
         if self.gpu:  # CUDA: what a profiled largest step leaves of gpu_memory_utilization (CPU: kv_cache_memory)

@@ -5,7 +5,9 @@ The same phases as runlm.engine.runners.torch_runner (prepare -> forward -> prom
 sample), over the same plan (runlm.engine.core.batch_plan) and sampler, so the two runners differ only
 in what computes the forward pass. A vision-language model (a text GGUF + llama.cpp's mmproj) keeps its tower
 in torch: a step's image rows (runlm.engine.core.mm_step) come from the encoder cache, or one batched tower
-call, and go into the native step as embeddings written over their tokens'.
+call, and go into the native step as embeddings written over their tokens'. A speculating sequence's 1 + k rows
+(its last known token, then the draft) ride in the same native step as every other row and are verified
+(runlm.engine.sample.rejection) instead of sampled, as the torch runner does.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.mm_step import step_images
 from runlm.engine.core.scheduler import SchedulerOutput
+from runlm.engine.sample.rejection import verify_draft
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sample_batch
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
@@ -40,8 +43,7 @@ def why_not_native(config: EngineConfig) -> str | None:
                (str(config.dtype).removeprefix("torch.") != "float32",
                 f"{str(config.dtype).removeprefix('torch.')} compute (the native runner computes in float32 over "
                 f"weights as stored)"),
-               (config.enable_lora, "LoRA adapters"),
-               (config.speculative_config is not None, "speculative decoding")]
+               (config.enable_lora, "LoRA adapters")]
     return next((what for bad, what in reasons if bad), None)
 
 
@@ -102,16 +104,23 @@ class NativeRunner:
     def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
         """Compute the scheduled tokens; sample for every sequence whose known tokens are now all computed."""
         plan = plan_batch(sched, self.blocks)
-        assert not plan.spec_seqs, "the native runner does not speculate"
         hidden = self.run_model(plan, self.image_rows(sched) if self.loaded.vision is not None else None)
         model = self.loaded.model
         for rows in plan.prompt_logprob_rows:
             add_prompt_logprobs(rows.seq, model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count]),
                                 rows.first_pos)
-        if not plan.sample_seqs:
+        spec_rows = [r + j for r, s in zip(plan.spec_rows, plan.spec_seqs) for j in range(len(s.spec.tokens) + 1)]
+        if not plan.sample_seqs and not spec_rows:
             return []
-        raw = model.compute_logits(hidden[plan.sample_rows])
-        return sample_batch(raw, plan.sample_seqs, self.structured)
+        raw = model.compute_logits(hidden[plan.sample_rows + spec_rows])
+        plain = len(plan.sample_rows)
+        results = sample_batch(raw[:plain], plan.sample_seqs, self.structured) if plan.sample_seqs else []
+        for seq in plan.spec_seqs:
+            k = len(seq.spec.tokens)
+            results += [SampledToken(seq, t, lp) for t, lp in verify_draft(raw[plain:plain + k + 1], seq,
+                                                                           self.structured)]
+            plain += k + 1
+        return results
 
     def image_rows(self, sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray] | None:
         """(batch rows, their input embeddings) for the step's image tokens, as the torch runner splices them:

@@ -11,27 +11,51 @@ Prompt work: a block whose tokens the draft has all computed is marked ``draft_v
 is taken for new contents), so a sequence that finds such blocks in the prefix cache starts the draft after
 them. What the draft still has to catch up on counts against the step's token budget: it gets what the
 target's tokens left of ``max_num_batched_tokens``, the shortest catch-ups (decoding sequences) first.
+
+The draft runs on the native runner where it can (numpy K/V, runlm.engine.spec_decode.draft_native; no torch
+in the process), else on torch (draft_torch), whichever runner the target is on.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 from runlm.engine.core.kv_cache import RELEASED, BlockManager
 from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.sequence import Sequence
-from runlm.engine.runners.torch_runner import ModelRunner, PreparedBatch
+from runlm.engine.runners.native import native_model
 from runlm.engine.sample.sampler import draw, probabilities
 from runlm.engine.types.config import EngineConfig
-from runlm.models.attention import ForwardContext
-from runlm.models.load import LoadedModel, load_decoder
+from runlm.models.native import NativeLoaded
+
+if TYPE_CHECKING:
+    from runlm.models.load import LoadedModel
+
+# (sequence, its tokens to compute, the first one's position)
+Chunk = tuple[Sequence, list[int], int]
 
 
-def load_draft(config: EngineConfig, path: str, target: LoadedModel) -> LoadedModel:
-    """The draft model, refused up front unless its vocabulary is the target's."""
-    draft = load_decoder(Path(path), dtype=config.dtype, device=config.device, exact_numerics=config.exact_numerics)
+class DraftRunner(Protocol):
+    """Runs the draft model over its own K/V (the target's block tables' slots)."""
+    @property
+    def kv_caches(self) -> list: ...  # type: ignore[type-arg]
+    def allocate_kv_cache(self) -> None: ...
+    def free_kv_cache(self) -> None: ...
+    def rebind(self, loaded: LoadedModel | NativeLoaded) -> None: ...
+    def last_logits(self, items: list[Chunk]) -> np.ndarray: ...
+
+
+def load_draft(config: EngineConfig, path: str, target: LoadedModel | NativeLoaded) -> LoadedModel | NativeLoaded:
+    """The draft model (native where it can run natively, else torch's), refused up front unless its vocabulary is
+    the target's."""
+    draft: LoadedModel | NativeLoaded | None = native_model(Path(path), config)
+    if draft is None:
+        from runlm.models.load import load_decoder
+
+        draft = load_decoder(Path(path), dtype=config.dtype, device=config.device,
+                             exact_numerics=config.exact_numerics)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"speculative_config: the draft model's vocabulary ({draft.config.vocab_size} tokens) is "
                          f"not the target's ({target.config.vocab_size} tokens); a draft must share the target's "
@@ -40,13 +64,22 @@ def load_draft(config: EngineConfig, path: str, target: LoadedModel) -> LoadedMo
 
 
 class DraftModelProposer:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | NativeLoaded, blocks: AnyBlockManager) -> None:
         self.loaded, self.blocks = loaded, blocks
         # its own K/V tensors over the shared block tables (a cache in groups: the global group's, which holds
         # every block of a sequence)
         main: BlockManager = blocks.main if isinstance(blocks, HybridBlockManager) else blocks
         self.main = main
-        self.runner = ModelRunner(config, loaded, main)
+        self.native = isinstance(loaded, NativeLoaded)
+        self.runner: DraftRunner
+        if isinstance(loaded, NativeLoaded):
+            from runlm.engine.spec_decode.draft_native import NativeDraftRunner
+
+            self.runner = NativeDraftRunner(config, loaded, main)
+        else:
+            from runlm.engine.spec_decode.draft_torch import TorchDraftRunner
+
+            self.runner = TorchDraftRunner(config, loaded, main)
         self.max_chunk = config.max_num_batched_tokens  # catching up on a prompt goes at most this many a step
         self.max_position = loaded.config.max_position_embeddings
         self.num_catch_up_tokens = 0  # tokens of known text the draft has computed (its share of prompt work)
@@ -61,7 +94,8 @@ class DraftModelProposer:
         self.loaded.model.release_weights()
 
     def reload_weights(self, config: EngineConfig) -> None:
-        self.loaded.model = load_draft(config, str(self.loaded.path), self.loaded).model
+        self.loaded.model = load_draft(config, str(self.loaded.path), self.loaded).model  # type: ignore[assignment]
+        self.runner.rebind(self.loaded)
 
     def _cached_prefix(self, seq: Sequence, start: int) -> int:
         """Where the draft may start: past ``start``, over the blocks holding the draft's K/V for all their tokens
@@ -79,7 +113,6 @@ class DraftModelProposer:
             if ids[i] != RELEASED:
                 self.main.blocks[ids[i]].draft_valid = True
 
-    @torch.inference_mode()
     def propose(self, seqs: list[Sequence], ks: list[int], budget: int | None = None) -> None:
         """Set each sequence's draft (up to its k tokens; none while it is still catching up). ``budget``: how many
         tokens of catching up the step has room for (None: max_num_batched_tokens)."""
@@ -138,18 +171,6 @@ class DraftModelProposer:
             seq.spec.tokens = drafts[i]
             seq.spec.probs = np.stack(probs[i]) if probs[i] else None
 
-    def _forward(self, items: list[tuple[Sequence, list[int], int]]) -> np.ndarray:
+    def _forward(self, items: list[Chunk]) -> np.ndarray:
         """Run (seq, tokens, first position) chunks through the draft; the float32 logits of each chunk's last row."""
-        device = self.runner.device
-        ids = [t for _, tokens, _ in items for t in tokens]
-        positions = torch.cat([torch.arange(p, p + len(tokens)) for _, tokens, p in items])
-        query_lens = [len(tokens) for _, tokens, _ in items]
-        context_lens = [p + len(tokens) for _, tokens, p in items]
-        slots = np.concatenate([self.blocks.slots(s.table, p, p + len(tokens)) for s, tokens, p in items])
-        context = [self.runner.slot_tensor(self.blocks.slots(s.table, 0, c))
-                   for (s, _, _), c in zip(items, context_lens)]
-        ctx = ForwardContext(query_lens, context_lens, self.runner.slot_tensor(slots), context, self.runner.kv_caches)
-        batch = PreparedBatch(torch.tensor(ids, device=device), positions.to(device), ctx)
-        hidden = self.runner.run_model(batch)
-        last = (torch.tensor(query_lens).cumsum(0) - 1).tolist()
-        return self.loaded.model.compute_logits(hidden[last]).float().cpu().numpy()
+        return self.runner.last_logits(items)

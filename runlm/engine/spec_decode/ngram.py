@@ -1,11 +1,13 @@
 """Prompt lookup (n-gram) proposals: find the sequence's last n tokens earlier in itself and propose
 what followed them there. No second model; useful where the output repeats the input (quoting,
 rewriting code, extraction). vLLM's ``prompt_lookup_min`` / ``prompt_lookup_max``: the longest
-suffix from max down to min that occurs earlier wins, at its latest occurrence with k tokens after it."""
+suffix from max down to min that occurs earlier wins, at its latest occurrence with k tokens after it.
+
+It runs after every step for every decoding sequence, so it is one pass over the tokens: the earlier
+positions holding the last token, narrowed one token back at a time to those the suffix still matches."""
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 
 class NgramProposer:
@@ -18,14 +20,20 @@ class NgramProposer:
         if k < 1 or n_tokens < self.lookup_min + 1:
             return []
         ids = np.asarray(token_ids, dtype=np.int64)
-        for n in range(min(self.lookup_max, n_tokens - 1), self.lookup_min - 1, -1):
-            suffix = ids[-n:]
-            # windows starting at 0 .. n_tokens - n - 1: every occurrence but the suffix itself
-            windows = sliding_window_view(ids[:-1], n)
-            hits = np.flatnonzero((windows == suffix).all(axis=1))
-            if hits.size:
-                # the latest occurrence that is followed by k tokens, else the one with the longest continuation
-                full = hits[hits + n + k <= n_tokens]
-                start = int(full[-1] if full.size else hits[0]) + n
-                return token_ids[start:start + k]
-        return []
+        # the earlier positions (not the last) where a match of the suffix ends, for n = 1, 2, ...
+        ends = np.flatnonzero(ids[:-1] == ids[-1])
+        found = ends if self.lookup_min <= 1 else ends[:0]
+        for n in range(2, min(self.lookup_max, n_tokens - 1) + 1):
+            ends = ends[ends >= n - 1]
+            ends = ends[ids[ends - (n - 1)] == ids[-n]]
+            if not ends.size:
+                break
+            if n >= self.lookup_min:
+                found = ends  # the longest match wins
+        if not found.size:
+            return []
+        follow = found + 1  # where what followed each occurrence starts
+        # the latest occurrence that is followed by k tokens, else the one with the longest continuation
+        full = follow[follow + k <= n_tokens]
+        start = int(full[-1] if full.size else follow[0])
+        return token_ids[start:start + k]

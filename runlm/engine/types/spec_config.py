@@ -4,7 +4,10 @@
     {"method": "draft_model", "model": "path/or/name", "num_speculative_tokens": 4}
 
 ``min_acceptance_rate`` (Docker Model Runner's name) is runlm's addition: a sequence whose recent
-acceptance rate falls below it stops speculating for a while, so a poor draft costs little.
+acceptance rate falls below it (or below what pays for its verification rows beside the step's other
+sequences: runlm.engine.spec_decode.decoder.break_even_rate) stops speculating for a while, and a draft after a
+mostly rejected one is shorter (runlm.engine.core.spec_state), so a poor draft costs little; 0 turns these off
+(always k tokens).
 """
 from __future__ import annotations
 
