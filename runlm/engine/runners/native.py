@@ -5,7 +5,8 @@ The same phases as runlm.engine.runners.torch_runner (prepare -> forward -> prom
 sample), over the same plan (runlm.engine.core.batch_plan) and sampler, so the two runners differ only
 in what computes the forward pass. A vision-language model (a text GGUF + llama.cpp's mmproj) keeps its tower
 in torch: a step's image rows (runlm.engine.core.mm_step) come from the encoder cache, or one batched tower
-call, and go into the native step as embeddings written over their tokens'.
+call, and go into the native step as embeddings written over their tokens'. With LoRA enabled, each step
+tells the decoder each row's adapter key (the adapters themselves are runlm.engine.core.lora_manager's).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sampl
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
 from runlm.models.native import NativeLoaded, load_native
+from runlm.native import lora as native_lora
 
 log = logging.getLogger("runlm.native")
 
@@ -35,7 +37,6 @@ def why_not_native(config: EngineConfig) -> str | None:
         return "RUNLM_NATIVE_RUNNER=0"
     reasons = [(config.exact_numerics, "exact numerics"), (config.device != "cpu", "a device other than cpu"),
                (str(config.dtype).removeprefix("torch.") != "float32", "a dtype other than float32"),
-               (config.enable_lora, "LoRA adapters"),
                (config.speculative_config is not None, "speculative decoding")]
     return next((what for bad, what in reasons if bad), None)
 
@@ -60,6 +61,7 @@ class NativeRunner:
     def __init__(self, config: EngineConfig, loaded: NativeLoaded, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
         self.loaded, self.blocks, self.structured = loaded, blocks, structured
+        self.lora = config.enable_lora
         self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         self.kv_caches: list[tuple[np.ndarray, np.ndarray]] = []
         self._hidden = np.empty((0, loaded.config.hidden_size), dtype=np.float32)
@@ -92,6 +94,8 @@ class NativeRunner:
         """Compute the scheduled tokens; sample for every sequence whose known tokens are now all computed."""
         plan = plan_batch(sched, self.blocks)
         assert not plan.spec_seqs and plan.group_slots is None, "the native runner neither speculates nor windows"
+        if self.lora:
+            self.set_lora_rows(sched, plan)
         hidden = self.run_model(plan, self.image_rows(sched) if self.loaded.vision is not None else None)
         model = self.loaded.model
         for rows in plan.prompt_logprob_rows:
@@ -101,6 +105,13 @@ class NativeRunner:
             return []
         raw = model.compute_logits(hidden[plan.sample_rows])
         return sample_batch(raw, plan.sample_seqs, self.structured)
+
+    def set_lora_rows(self, sched: SchedulerOutput, plan: BatchPlan) -> None:
+        """Each row's adapter key for this step's forward pass (none at all when no sequence has one)."""
+        decoder = self.loaded.model.decoder
+        assert decoder is not None, "the model's weights were released (sleep level 2)"
+        keys = [s.lora_key for s in sched.seqs]
+        native_lora.set_rows(decoder, native_lora.row_keys(keys, plan.query_lens) if any(keys) else None)
 
     def image_rows(self, sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray] | None:
         """(batch rows, their input embeddings) for the step's image tokens, as the torch runner splices them:

@@ -1,0 +1,164 @@
+// LoRA adapters in the native decoder: after each base linear (GGUF blocks as stored), the rows of a step
+// that run with adapter a get y[rows] += (x[rows] A^T) B^T, B holding the adapter's scale (Punica's and
+// S-LoRA's idea: the base matrix once for every row, then one low-rank update per adapter for its rows).
+// A fused projection (qkv, gate_up) holds one shard per adapted sub-projection: its rows of the stacked A
+// and its B, added into its column range [lo, hi).
+//
+// The numbers are runlm.models.lora.LoRALayer.apply's on the torch fast path, to the bit: both products are
+// fp32 dot products in csrc/linear.cpp's reduction order (one 8-lane FMA accumulator walking k in steps of
+// 8, a masked tail, hsum8's fixed lane tree), and each update is added into the base output once. A row's
+// result depends only on its own input and adapter, never on the other rows or the thread count.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "parallel.h"
+
+namespace runlm::lora {
+
+enum Proj : int { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kProjs = 4 };
+
+struct Shard {
+  int64_t lo, hi;  // output columns of the layer
+  int64_t r0, r1;  // rows of the stacked A
+  const float* b;  // [hi - lo, r1 - r0], the scale folded in
+};
+
+struct Update {
+  const float* a = nullptr;  // [rank, in]: every shard's A stacked
+  int64_t rank = 0, in = 0;
+  std::vector<Shard> shards;
+};
+
+using Adapter = std::vector<std::array<Update, kProjs>>;  // per layer, per projection (rank 0: none)
+
+// The fixed lane-combine order of csrc/linear.cpp: (a0+a4, a1+a5, a2+a6, a3+a7) -> pairs -> total.
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// x . w over k values, in csrc/linear.cpp's order.
+inline float dot(const float* x, const float* w, int64_t k) {
+  __m256 acc = _mm256_setzero_ps();
+  const int64_t full = k / 8 * 8;
+  for (int64_t i = 0; i < full; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), acc);
+  if (full < k) {
+    alignas(32) static const int32_t bits[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + 8 - (k - full)));
+    acc = _mm256_fmadd_ps(_mm256_maskload_ps(x + full, mask), _mm256_maskload_ps(w + full, mask), acc);
+  }
+  return hsum8(acc);
+}
+
+// yrows[i][n] = xrows[i][:k] . w[n, :k] for m rows and n outputs (add: +=). Threads split the outputs;
+// small products stay on the calling thread.
+inline void matmul(const float* const* xrows, int64_t m, int64_t k, const float* w, int64_t n, float* const* yrows,
+                   bool add) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, m * k));
+  parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = n0; j < n1; ++j) {
+        const float d = dot(xrows[i], w + j * k, k);
+        float& out = yrows[i][j];
+        out = add ? out + d : d;
+      }
+  });
+}
+
+// Every loaded adapter (by the engine's key) and the present step's rows per adapter.
+struct Adapters {
+  std::map<int64_t, Adapter> by_key;
+  std::vector<std::pair<const Adapter*, std::vector<int64_t>>> groups;  // the step's, in first-row order
+  int64_t step_rows = 0;  // rows the groups were set for (0: none set)
+  std::vector<float> h;  // [rows, rank]: x A^T
+  std::vector<const float*> xrows, hsub;
+  std::vector<float*> hrows, yrows, ysub;
+
+  // Adapter key's update of one layer's projection p (the layer's linear maps in -> width features):
+  // a [rank, in]; shards [n, 4] (lo, hi, r0, r1) with their B matrices one after another in b. "" or an error.
+  std::string set(int64_t key, size_t layers, size_t layer, int p, const float* a, int64_t rank, int64_t in,
+                  int64_t width, int64_t n_shards, const int64_t* shards, const float* b) {
+    if (key <= 0) return "a LoRA adapter's key must be positive";
+    if (layer >= layers) return "no layer " + std::to_string(layer);
+    if (p < 0 || p >= kProjs) return "no projection " + std::to_string(p) + " (0 qkv, 1 o, 2 gate_up, 3 down)";
+    if (rank <= 0 || n_shards <= 0 || !a || !b) return "a LoRA update needs a rank and at least one shard";
+    Update u{a, rank, in, {}};
+    int64_t used = 0, prev_hi = 0;
+    for (int64_t i = 0; i < n_shards; ++i) {
+      const int64_t lo = shards[4 * i], hi = shards[4 * i + 1], r0 = shards[4 * i + 2], r1 = shards[4 * i + 3];
+      if (lo < prev_hi || hi <= lo || hi > width || r0 < 0 || r1 <= r0 || r1 > rank)
+        return "LoRA shard " + std::to_string(i) + " (columns " + std::to_string(lo) + ".." + std::to_string(hi) +
+               ", A rows " + std::to_string(r0) + ".." + std::to_string(r1) + ") does not fit a layer of " +
+               std::to_string(width) + " outputs and a rank of " + std::to_string(rank);
+      u.shards.push_back({lo, hi, r0, r1, b + used});
+      used += (hi - lo) * (r1 - r0), prev_hi = hi;
+    }
+    Adapter& adapter = by_key[key];
+    adapter.resize(layers);
+    adapter[layer][static_cast<size_t>(p)] = std::move(u);
+    return "";
+  }
+
+  void drop(int64_t key) {
+    if (by_key.erase(key)) groups.clear(), step_rows = 0;  // the step's groups may point at it
+  }
+
+  // Each row's adapter key for the next steps (0: none); t == 0 clears. "" or an error.
+  std::string set_rows(const int64_t* keys, int64_t t) {
+    groups.clear();
+    step_rows = 0;
+    std::map<int64_t, size_t> at;
+    for (int64_t r = 0; r < t; ++r) {
+      if (keys[r] == 0) continue;
+      auto found = by_key.find(keys[r]);
+      if (found == by_key.end()) {
+        groups.clear();
+        return "no LoRA adapter with key " + std::to_string(keys[r]) + " is set";
+      }
+      auto [it, fresh] = at.emplace(keys[r], groups.size());
+      if (fresh) groups.push_back({&found->second, {}});
+      groups[it->second].second.push_back(r);
+    }
+    step_rows = t;
+    return "";
+  }
+
+  std::string check_step(int64_t t) const {
+    if (step_rows != 0 && step_rows != t)
+      return "LoRA rows were set for " + std::to_string(step_rows) + " rows, the step has " + std::to_string(t);
+    return "";
+  }
+
+  // y [t, width] (the base output for x [t, in]) plus each row's update of layer's projection p.
+  void apply(size_t layer, Proj p, const float* x, int64_t in, float* y, int64_t width) {
+    for (const auto& [adapter, rows] : groups) {
+      const Update& u = (*adapter)[layer][p];
+      if (u.rank == 0) continue;
+      const size_t m = rows.size();
+      xrows.resize(m), hrows.resize(m), yrows.resize(m), hsub.resize(m), ysub.resize(m);
+      h.resize(m * static_cast<size_t>(u.rank));
+      for (size_t i = 0; i < m; ++i) {
+        xrows[i] = x + rows[i] * in;
+        hrows[i] = h.data() + i * static_cast<size_t>(u.rank);
+        yrows[i] = y + rows[i] * width;
+      }
+      matmul(xrows.data(), static_cast<int64_t>(m), in, u.a, u.rank, hrows.data(), false);
+      for (const Shard& s : u.shards) {
+        for (size_t i = 0; i < m; ++i) hsub[i] = hrows[i] + s.r0, ysub[i] = yrows[i] + s.lo;
+        matmul(hsub.data(), static_cast<int64_t>(m), s.r1 - s.r0, s.b, s.hi - s.lo, ysub.data(), true);
+      }
+    }
+  }
+};
+
+}  // namespace runlm::lora
