@@ -7,6 +7,7 @@ still goes through torch; running it does not.
 """
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -19,7 +20,10 @@ if TYPE_CHECKING:
     from runlm.models.lora_weights import LoRAWeights
     from runlm.models.native import NativeModel
 
-__all__ = ["attach", "detach"]
+__all__ = ["HALF", "attach", "detach"]
+
+# the adapters' storage on the native runner: fp16 (RUNLM_NATIVE_LORA_DTYPE=f16) or fp32, the torch path's bits
+HALF = os.environ.get("RUNLM_NATIVE_LORA_DTYPE", "f32") == "f16"
 
 
 class _Target(NamedTuple):
@@ -55,8 +59,10 @@ def _interleave(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def attach(model: NativeModel, key: int, weights: LoRAWeights, max_rank: int | None = None) -> None:
-    """Check every module of ``weights`` against the model, then set them all under ``key`` (all or nothing)."""
+def attach(model: NativeModel, key: int, weights: LoRAWeights, max_rank: int | None = None,
+           half: bool | None = None) -> None:
+    """Check every module of ``weights`` against the model, then set them all under ``key`` (all or nothing),
+    stored as fp16 where ``half`` (None: HALF)."""
     if model.decoder is None or model.gguf is None:
         raise RuntimeError("the model's weights were released (sleep level 2)")
     targets = _targets(model)
@@ -84,7 +90,7 @@ def attach(model: NativeModel, key: int, weights: LoRAWeights, max_rank: int | N
         a_parts = [np.ascontiguousarray(a) for _, _, a, _ in shards]
         b_parts = [native_lora.Shard(lo, hi, np.ascontiguousarray(b)) for lo, hi, _, b in shards]
         updates.append(native_lora.Update(layer, projection, a_parts, b_parts))
-    native_lora.set_adapter(model.decoder, key, updates)
+    native_lora.set_adapter(model.decoder, key, updates, HALF if half is None else half)
 
 
 def detach(model: NativeModel, key: int) -> None:

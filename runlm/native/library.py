@@ -49,7 +49,8 @@ def _declare(library: ctypes.CDLL) -> None:
         "runlm_decoder_forward": (c_int, [c_void_p, _P, _P, _P, c_int64, _P, _P, c_int64, _P, c_int64, _P]),
         "runlm_decoder_forward_embeds": (c_int, [c_void_p, _P, _P, _P, c_int64, _P, _P, c_int64, _P, c_int64, _P, _P,
                                                  _P, c_int64]),
-        "runlm_decoder_set_lora": (c_int, [c_void_p, c_int64, c_int64, c_int, _P, c_int64, c_int64, c_int64, _P, _P]),
+        "runlm_decoder_set_lora": (c_int, [c_void_p, c_int64, c_int64, c_int, _P, c_int64, c_int64, c_int64, _P, _P,
+                                           c_int]),
         "runlm_decoder_drop_lora": (None, [c_void_p, c_int64]),
         "runlm_decoder_set_lora_rows": (c_int, [c_void_p, _P, c_int64]),
     }

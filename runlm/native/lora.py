@@ -4,7 +4,8 @@ native update reads, and each step's adapter per row.
 An adapter is set per decoder projection (qkv, o, gate_up, down) as the torch model's fused Linear layers
 hold it (runlm.models.lora): the A matrices of the adapted sub-projections stacked [rank, in], and per
 sub-projection (a shard) its output columns and its B [hi - lo, r] with the adapter's scale folded in.
-Everything is fp32, as on the torch fast path, so the two compute the same bits. The decoder keeps
+In fp32 (as on the torch fast path) the two compute the same bits; in fp16 (``half=True``) the matrices take
+half the bytes a decode step streams, the products still fp32 on the fp16 values. The decoder keeps
 pointers: the arrays are held here, per adapter key, until the adapter is dropped.
 """
 from __future__ import annotations
@@ -42,17 +43,18 @@ class Update:
 _HELD: weakref.WeakKeyDictionary[Decoder, dict[int, list[np.ndarray]]] = weakref.WeakKeyDictionary()
 
 
-def set_adapter(decoder: Decoder, key: int, updates: list[Update]) -> None:
-    """Give adapter ``key`` (a positive int, the engine's) these updates; replaces any it had."""
+def set_adapter(decoder: Decoder, key: int, updates: list[Update], half: bool = False) -> None:
+    """Give adapter ``key`` (a positive int, the engine's) these updates, stored as fp16 where ``half`` (else
+    fp32); replaces any it had."""
     drop_adapter(decoder, key)
     held: list[np.ndarray] = []
-    native = lib()
+    native, dtype = lib(), np.dtype(np.float16) if half else F32
     try:
         for u in updates:
             if u.projection not in PROJECTIONS or len(u.a) != len(u.shards) or not u.shards:
                 raise ValueError(f"layer {u.layer}: a LoRA update needs one A per shard and a known projection "
                                  f"({sorted(PROJECTIONS)}), not {u.projection!r}")
-            a = np.ascontiguousarray(np.concatenate(u.a) if len(u.a) > 1 else u.a[0], dtype=np.float32)
+            a = np.ascontiguousarray(np.concatenate(u.a) if len(u.a) > 1 else u.a[0], dtype=dtype)
             bounds, r = [], 0
             for part, s in zip(u.a, u.shards):
                 if s.b.shape != (s.hi - s.lo, part.shape[0]):
@@ -61,11 +63,11 @@ def set_adapter(decoder: Decoder, key: int, updates: list[Update]) -> None:
                 bounds.append((s.lo, s.hi, r, r + part.shape[0]))
                 r += part.shape[0]
             shards = np.asarray(bounds, dtype=np.int64)
-            b = np.ascontiguousarray(np.concatenate([s.b.reshape(-1) for s in u.shards]), dtype=np.float32)
+            b = np.ascontiguousarray(np.concatenate([s.b.reshape(-1) for s in u.shards]), dtype=dtype)
             held += [a, shards, b]
             ok(native.runlm_decoder_set_lora(decoder.handle, key, u.layer, PROJECTIONS[u.projection],
-                                             arr(a, F32, "A", 2), a.shape[0], a.shape[1], shards.shape[0],
-                                             arr(shards, I64, "shards", 2), arr(b, F32, "B", 1)))
+                                             arr(a, dtype, "A", 2), a.shape[0], a.shape[1], shards.shape[0],
+                                             arr(shards, I64, "shards", 2), arr(b, dtype, "B", 1), int(half)))
     except Exception:
         native.runlm_decoder_drop_lora(decoder.handle, key)
         raise

@@ -8,6 +8,8 @@
 // fp32 dot products in csrc/linear.cpp's reduction order (one 8-lane FMA accumulator walking k in steps of
 // 8, a masked tail, hsum8's fixed lane tree), and each update is added into the base output once. A row's
 // result depends only on its own input and adapter, never on the other rows or the thread count.
+// Adapters may instead be stored as fp16 (half the bytes a decode step streams; the products still in fp32
+// in the same order, on the fp16 values): then the numbers are close to the torch path's, not equal.
 #pragma once
 
 #include <immintrin.h>
@@ -21,6 +23,10 @@
 
 #include "parallel.h"
 
+// fp16 storage is read with F16C (every AVX2 CPU has it; checked where an fp16 adapter is set)
+#pragma GCC push_options
+#pragma GCC target("f16c")
+
 namespace runlm::lora {
 
 enum Proj : int { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kProjs = 4 };
@@ -28,12 +34,13 @@ enum Proj : int { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kProjs = 4 };
 struct Shard {
   int64_t lo, hi;  // output columns of the layer
   int64_t r0, r1;  // rows of the stacked A
-  const float* b;  // [hi - lo, r1 - r0], the scale folded in
+  const void* b;   // [hi - lo, r1 - r0], the scale folded in
 };
 
 struct Update {
-  const float* a = nullptr;  // [rank, in]: every shard's A stacked
+  const void* a = nullptr;  // [rank, in]: every shard's A stacked
   int64_t rank = 0, in = 0;
+  bool half = false;  // A and B hold fp16 values (else fp32)
   std::vector<Shard> shards;
 };
 
@@ -47,31 +54,58 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// x . w over k values, in csrc/linear.cpp's order.
-inline float dot(const float* x, const float* w, int64_t k) {
-  __m256 acc = _mm256_setzero_ps();
+// Lane mask selecting the first r (0..8) lanes, for the K tail.
+inline __m256i first_lanes(int64_t r) {
+  alignas(32) static const int32_t bits[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + 8 - r));
+}
+
+// out[j] = x . w[j] (add: out[j] += x . w[j]) for NB rows of w of k values, in csrc/linear.cpp's order: one
+// 8-lane accumulator per output walking k in order (NB of them side by side only to hide the FMA latency).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 load_tail(const float* p, __m256i mask, int64_t) { return _mm256_maskload_ps(p, mask); }
+inline __m256 load_tail(const uint16_t* p, __m256i, int64_t r) {
+  alignas(16) uint16_t part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::copy_n(p, r, part);
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
+}
+
+template <int NB, class W>
+inline void dots(const float* x, const W* w, int64_t k, float* out, bool add) {
+  __m256 acc[NB];
+  for (int j = 0; j < NB; ++j) acc[j] = _mm256_setzero_ps();
   const int64_t full = k / 8 * 8;
-  for (int64_t i = 0; i < full; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), acc);
-  if (full < k) {
-    alignas(32) static const int32_t bits[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-    const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + 8 - (k - full)));
-    acc = _mm256_fmadd_ps(_mm256_maskload_ps(x + full, mask), _mm256_maskload_ps(w + full, mask), acc);
+  for (int64_t i = 0; i < full; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    for (int j = 0; j < NB; ++j) acc[j] = _mm256_fmadd_ps(xv, load8(w + j * k + i), acc[j]);
   }
-  return hsum8(acc);
+  if (full < k) {
+    const __m256i mask = first_lanes(k - full);
+    const __m256 xv = _mm256_maskload_ps(x + full, mask);
+    for (int j = 0; j < NB; ++j) acc[j] = _mm256_fmadd_ps(xv, load_tail(w + j * k + full, mask, k - full), acc[j]);
+  }
+  for (int j = 0; j < NB; ++j) out[j] = add ? out[j] + hsum8(acc[j]) : hsum8(acc[j]);
 }
 
 // yrows[i][n] = xrows[i][:k] . w[n, :k] for m rows and n outputs (add: +=). Threads split the outputs;
 // small products stay on the calling thread.
-inline void matmul(const float* const* xrows, int64_t m, int64_t k, const float* w, int64_t n, float* const* yrows,
-                   bool add) {
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, m * k));
-  parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = n0; j < n1; ++j) {
-        const float d = dot(xrows[i], w + j * k, k);
-        float& out = yrows[i][j];
-        out = add ? out + d : d;
+template <class W>
+void matmul(const float* const* xrows, int64_t m, int64_t k, const W* w, int64_t n, float* const* yrows, bool add) {
+  constexpr int64_t kBlock = 8;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, m * k * kBlock));
+  parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t j0 = b * kBlock, nb = std::min(kBlock, n - j0);
+      for (int64_t i = 0; i < m; ++i) {
+        if (nb == kBlock) {
+          dots<kBlock, W>(xrows[i], w + j0 * k, k, yrows[i] + j0, add);
+        } else {
+          for (int64_t j = j0; j < j0 + nb; ++j) dots<1, W>(xrows[i], w + j * k, k, yrows[i] + j, add);
+        }
       }
+    }
   });
 }
 
@@ -85,14 +119,17 @@ struct Adapters {
   std::vector<float*> hrows, yrows, ysub;
 
   // Adapter key's update of one layer's projection p (the layer's linear maps in -> width features):
-  // a [rank, in]; shards [n, 4] (lo, hi, r0, r1) with their B matrices one after another in b. "" or an error.
-  std::string set(int64_t key, size_t layers, size_t layer, int p, const float* a, int64_t rank, int64_t in,
-                  int64_t width, int64_t n_shards, const int64_t* shards, const float* b) {
+  // a [rank, in]; shards [n, 4] (lo, hi, r0, r1) with their B matrices one after another in b; half: a and b
+  // hold fp16 values, else fp32. "" or an error.
+  std::string set(int64_t key, size_t layers, size_t layer, int p, const void* a, int64_t rank, int64_t in,
+                  int64_t width, int64_t n_shards, const int64_t* shards, const void* b, bool half) {
     if (key <= 0) return "a LoRA adapter's key must be positive";
     if (layer >= layers) return "no layer " + std::to_string(layer);
     if (p < 0 || p >= kProjs) return "no projection " + std::to_string(p) + " (0 qkv, 1 o, 2 gate_up, 3 down)";
     if (rank <= 0 || n_shards <= 0 || !a || !b) return "a LoRA update needs a rank and at least one shard";
-    Update u{a, rank, in, {}};
+    if (half && !__builtin_cpu_supports("f16c")) return "fp16 LoRA adapters need a CPU with F16C";
+    Update u{a, rank, in, half, {}};
+    const int64_t item = half ? 2 : 4;
     int64_t used = 0, prev_hi = 0;
     for (int64_t i = 0; i < n_shards; ++i) {
       const int64_t lo = shards[4 * i], hi = shards[4 * i + 1], r0 = shards[4 * i + 2], r1 = shards[4 * i + 3];
@@ -100,7 +137,7 @@ struct Adapters {
         return "LoRA shard " + std::to_string(i) + " (columns " + std::to_string(lo) + ".." + std::to_string(hi) +
                ", A rows " + std::to_string(r0) + ".." + std::to_string(r1) + ") does not fit a layer of " +
                std::to_string(width) + " outputs and a rank of " + std::to_string(rank);
-      u.shards.push_back({lo, hi, r0, r1, b + used});
+      u.shards.push_back({lo, hi, r0, r1, static_cast<const char*>(b) + used * item});
       used += (hi - lo) * (r1 - r0), prev_hi = hi;
     }
     Adapter& adapter = by_key[key];
@@ -152,13 +189,25 @@ struct Adapters {
         hrows[i] = h.data() + i * static_cast<size_t>(u.rank);
         yrows[i] = y + rows[i] * width;
       }
-      matmul(xrows.data(), static_cast<int64_t>(m), in, u.a, u.rank, hrows.data(), false);
+      if (u.half)
+        matmul(xrows.data(), static_cast<int64_t>(m), in, static_cast<const uint16_t*>(u.a), u.rank, hrows.data(),
+               false);
+      else
+        matmul(xrows.data(), static_cast<int64_t>(m), in, static_cast<const float*>(u.a), u.rank, hrows.data(),
+               false);
       for (const Shard& s : u.shards) {
         for (size_t i = 0; i < m; ++i) hsub[i] = hrows[i] + s.r0, ysub[i] = yrows[i] + s.lo;
-        matmul(hsub.data(), static_cast<int64_t>(m), s.r1 - s.r0, s.b, s.hi - s.lo, ysub.data(), true);
+        if (u.half)
+          matmul(hsub.data(), static_cast<int64_t>(m), s.r1 - s.r0, static_cast<const uint16_t*>(s.b), s.hi - s.lo,
+                 ysub.data(), true);
+        else
+          matmul(hsub.data(), static_cast<int64_t>(m), s.r1 - s.r0, static_cast<const float*>(s.b), s.hi - s.lo,
+                 ysub.data(), true);
       }
     }
   }
 };
 
 }  // namespace runlm::lora
+
+#pragma GCC pop_options

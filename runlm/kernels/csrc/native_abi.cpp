@@ -216,9 +216,10 @@ int runlm_decoder_forward_embeds(void* handle, const int64_t* ids, const int64_t
 
 // LoRA (csrc/lora_impl.h). Adapter key's update of layer i's projection proj (0 qkv, 1 o, 2 gate_up, 3 down):
 // a [rank, in] (the projection's input width), shards [n_shards, 4] (output columns lo, hi; rows r0, r1 of a),
-// their B matrices [hi - lo, r1 - r0] one after another in b. The arrays stay the caller's, kept alive.
-int runlm_decoder_set_lora(void* handle, int64_t key, int64_t i, int proj, const float* a, int64_t rank, int64_t in,
-                           int64_t n_shards, const int64_t* shards, const float* b) {
+// their B matrices [hi - lo, r1 - r0] one after another in b; half: a and b hold fp16, else fp32 values. The
+// arrays stay the caller's, kept alive.
+int runlm_decoder_set_lora(void* handle, int64_t key, int64_t i, int proj, const void* a, int64_t rank, int64_t in,
+                           int64_t n_shards, const int64_t* shards, const void* b, int half) {
   auto* dec = static_cast<Decoder*>(handle);
   if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
   const Layer& l = dec->layers[static_cast<size_t>(i)];
@@ -226,7 +227,7 @@ int runlm_decoder_set_lora(void* handle, int64_t key, int64_t i, int proj, const
   if (w && w->in() != in)
     return fail("LoRA A has " + std::to_string(in) + " columns, the projection takes " + std::to_string(w->in()));
   return status(dec->lora.set(key, dec->layers.size(), static_cast<size_t>(i), proj, a, rank, in, w ? w->out() : 0,
-                              n_shards, shards, b));
+                              n_shards, shards, b, half != 0));
 }
 
 void runlm_decoder_drop_lora(void* handle, int64_t key) { static_cast<Decoder*>(handle)->lora.drop(key); }
