@@ -126,3 +126,16 @@ def test_fp16_adapters_give_the_same_greedy_tokens_and_close_logprobs(llama_q8_p
     diffs = [abs(a[t].logprob - b[t].logprob) for o, f in zip(ours, theirs)
              for t, a, b in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, f.outputs[0].logprobs)]
     assert 0 < max(diffs) < 0.1, max(diffs)  # not the fp32 bits, and close to them
+
+
+def test_adapters_survive_sleep_and_wake_on_the_native_runner() -> None:
+    llm = LLM(str(converted_gguf("llama", "q8_0")), kv_cache_memory="16MiB", max_model_len=128, enable_lora=True,
+              max_lora_rank=8)
+    assert llm.engine.native
+    a, _ = _adapters()
+    prompt = _prompts(1)
+    before = _tokens(llm.generate(prompt, GREEDY, use_tqdm=False, lora_request=a))
+    assert before != _tokens(llm.generate(prompt, GREEDY, use_tqdm=False))
+    llm.engine.sleep(2)  # the weights (and the native decoder) are dropped: the adapter is set on the new ones
+    llm.engine.wake_up()
+    assert _tokens(llm.generate(prompt, GREEDY, use_tqdm=False, lora_request=a)) == before
