@@ -63,7 +63,7 @@ def set_adapter(decoder: Decoder, key: int, updates: list[Update], half: bool = 
                 bounds.append((s.lo, s.hi, r, r + part.shape[0]))
                 r += part.shape[0]
             shards = np.asarray(bounds, dtype=np.int64)
-            b = np.ascontiguousarray(np.concatenate([s.b.reshape(-1) for s in u.shards]), dtype=dtype)
+            b = np.ascontiguousarray(np.concatenate([s.b.T.reshape(-1) for s in u.shards]), dtype=dtype)  # B^T
             held += [a, shards, b]
             ok(native.runlm_decoder_set_lora(decoder.handle, key, u.layer, PROJECTIONS[u.projection],
                                              arr(a, dtype, "A", 2), a.shape[0], a.shape[1], shards.shape[0],

@@ -139,3 +139,33 @@ def test_adapters_survive_sleep_and_wake_on_the_native_runner() -> None:
     llm.engine.sleep(2)  # the weights (and the native decoder) are dropped: the adapter is set on the new ones
     llm.engine.wake_up()
     assert _tokens(llm.generate(prompt, GREEDY, use_tqdm=False, lora_request=a)) == before
+
+
+def test_odd_shapes_compute_what_the_whole_blocks_compute(llama_q8_pair) -> None:
+    """A rank-5 update on columns 3..14 (8 outputs a vector, 3 one at a time; 5 of 8 lanes) gives the bits of
+    the same update padded with zeros to columns 0..16 (all vectors); and it changes the output."""
+    native, _ = llama_q8_pair
+    decoder = native.engine.loaded.model.decoder
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((5, 64)) * 0.3).astype(np.float32)
+    b = (rng.standard_normal((11, 5)) * 0.3).astype(np.float32)
+    padded = np.zeros((16, 5), dtype=np.float32)
+    padded[3:14] = b
+    native_lora.set_adapter(decoder, 31, [native_lora.Update(1, "o", [a], [native_lora.Shard(3, 14, b)])])
+    native_lora.set_adapter(decoder, 32, [native_lora.Update(1, "o", [a], [native_lora.Shard(0, 16, padded)])])
+    t = 7
+    ids, pos = np.arange(10, 10 + t, dtype=np.int64), np.arange(t, dtype=np.int64)
+    outs = []
+    try:
+        for key in (0, 31, 32):
+            native_lora.set_rows(decoder, np.full(t, key, dtype=np.int64))
+            out = np.empty((t, decoder.hidden), dtype=np.float32)
+            decoder.forward(ids, pos, pos.copy(), np.array([t]), np.array([t]), pos.copy(), out)
+            outs.append(out)
+    finally:
+        native_lora.set_rows(decoder, None)
+        native_lora.drop_adapter(decoder, 31)
+        native_lora.drop_adapter(decoder, 32)
+        native.reset_prefix_cache()  # (the steps wrote slots 0..6)
+    assert np.array_equal(outs[1], outs[2])
+    assert not np.array_equal(outs[0], outs[1])

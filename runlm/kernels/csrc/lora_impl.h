@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,7 +35,7 @@ enum Proj : int { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kProjs = 4 };
 struct Shard {
   int64_t lo, hi;  // output columns of the layer
   int64_t r0, r1;  // rows of the stacked A
-  const void* b;   // [hi - lo, r1 - r0], the scale folded in
+  const void* b;   // B transposed: [r1 - r0, hi - lo], the scale folded in
 };
 
 struct Update {
@@ -109,6 +110,52 @@ void matmul(const float* const* xrows, int64_t m, int64_t k, const W* w, int64_t
   });
 }
 
+inline float scalar(float v) { return v; }
+inline float scalar(uint16_t v) { return _cvtsh_ss(v); }
+
+// yrows[i][j] += xrows[i][:k] . bt[:k, j] for m rows and n outputs, bt the B matrix transposed [k, n]: the same
+// arithmetic as dots() per output (lane l of the 8-lane accumulator takes x[l], x[l + 8], ... by FMA; then
+// hsum8's tree), but computed for 8 outputs at once with the outputs across the lanes: a rank-r product has
+// r multiply-adds per output, too few to pay for a lane sum each.
+template <class W>
+void matmul_t(const float* const* xrows, int64_t m, int64_t k, const W* bt, int64_t n, float* const* yrows) {
+  const int64_t steps = (k + 7) / 8, blocks = n / 8;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, m * k * 8));
+  parallel_for(0, blocks + 1, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t i = 0; i < m; ++i) {
+      const float* x = xrows[i];
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t j0 = b * 8;
+        if (b < blocks) {
+          __m256 acc[8];
+          for (int l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
+          for (int64_t s = 0; s < steps; ++s)
+            for (int l = 0; l < 8; ++l) {
+              const int64_t kk = s * 8 + l;
+              const __m256 xv = _mm256_set1_ps(kk < k ? x[kk] : 0.0f);
+              const __m256 wv = kk < k ? load8(bt + kk * n + j0) : _mm256_setzero_ps();
+              acc[l] = _mm256_fmadd_ps(xv, wv, acc[l]);
+            }
+          const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                                           _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+          float* y = yrows[i] + j0;
+          _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(y), sum));
+        } else {
+          for (int64_t j = j0; j < n; ++j) {  // the last n % 8 outputs, one at a time (std::fma: the same rounding)
+            float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int64_t s = 0; s < steps; ++s)
+              for (int l = 0; l < 8; ++l) {
+                const int64_t kk = s * 8 + l;
+                a[l] = kk < k ? std::fma(x[kk], scalar(bt[kk * n + j]), a[l]) : std::fma(0.0f, 0.0f, a[l]);
+              }
+            yrows[i][j] += ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+          }
+        }
+      }
+    }
+  });
+}
+
 // Every loaded adapter (by the engine's key) and the present step's rows per adapter.
 struct Adapters {
   std::map<int64_t, Adapter> by_key;
@@ -119,8 +166,8 @@ struct Adapters {
   std::vector<float*> hrows, yrows, ysub;
 
   // Adapter key's update of one layer's projection p (the layer's linear maps in -> width features):
-  // a [rank, in]; shards [n, 4] (lo, hi, r0, r1) with their B matrices one after another in b; half: a and b
-  // hold fp16 values, else fp32. "" or an error.
+  // a [rank, in]; shards [n, 4] (lo, hi, r0, r1) with their B matrices, transposed ([r1 - r0, hi - lo]), one
+  // after another in b; half: a and b hold fp16 values, else fp32. "" or an error.
   std::string set(int64_t key, size_t layers, size_t layer, int p, const void* a, int64_t rank, int64_t in,
                   int64_t width, int64_t n_shards, const int64_t* shards, const void* b, bool half) {
     if (key <= 0) return "a LoRA adapter's key must be positive";
@@ -198,11 +245,11 @@ struct Adapters {
       for (const Shard& s : u.shards) {
         for (size_t i = 0; i < m; ++i) hsub[i] = hrows[i] + s.r0, ysub[i] = yrows[i] + s.lo;
         if (u.half)
-          matmul(hsub.data(), static_cast<int64_t>(m), s.r1 - s.r0, static_cast<const uint16_t*>(s.b), s.hi - s.lo,
-                 ysub.data(), true);
+          matmul_t(hsub.data(), static_cast<int64_t>(m), s.r1 - s.r0, static_cast<const uint16_t*>(s.b), s.hi - s.lo,
+                   ysub.data());
         else
-          matmul(hsub.data(), static_cast<int64_t>(m), s.r1 - s.r0, static_cast<const float*>(s.b), s.hi - s.lo,
-                 ysub.data(), true);
+          matmul_t(hsub.data(), static_cast<int64_t>(m), s.r1 - s.r0, static_cast<const float*>(s.b), s.hi - s.lo,
+                   ysub.data());
       }
     }
   }
