@@ -55,6 +55,11 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Multiply-adds per thread below which a product stays on the calling thread. Lower than the base linear's:
+// at decode a rank-16 product is a few 10k multiply-adds, and splitting it keeps the other threads busy
+// between the base matmuls' parallel regions (idle, they go to sleep and must be woken for the next one).
+constexpr int64_t kMinWork = int64_t{1} << 12;
+
 // Lane mask selecting the first r (0..8) lanes, for the K tail.
 inline __m256i first_lanes(int64_t r) {
   alignas(32) static const int32_t bits[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -95,7 +100,7 @@ template <class W>
 void matmul(const float* const* xrows, int64_t m, int64_t k, const W* w, int64_t n, float* const* yrows, bool add) {
   constexpr int64_t kBlock = 8;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, m * k * kBlock));
+  const int64_t grain = std::max<int64_t>(1, kMinWork / std::max<int64_t>(1, m * k * kBlock));
   parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t j0 = b * kBlock, nb = std::min(kBlock, n - j0);
@@ -120,7 +125,7 @@ inline float scalar(uint16_t v) { return _cvtsh_ss(v); }
 template <class W>
 void matmul_t(const float* const* xrows, int64_t m, int64_t k, const W* bt, int64_t n, float* const* yrows) {
   const int64_t steps = (k + 7) / 8, blocks = n / 8;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, m * k * 8));
+  const int64_t grain = std::max<int64_t>(1, kMinWork / std::max<int64_t>(1, m * k * 8));
   parallel_for(0, blocks + 1, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t i = 0; i < m; ++i) {
       const float* x = xrows[i];
