@@ -45,8 +45,10 @@ def _targets(model: NativeModel) -> dict[str, _Target]:
                     f"{attn}.k_proj": _Target("qkv", q, q + kv, c.num_kv_heads, h),
                     f"{attn}.v_proj": _Target("qkv", q + kv, q + 2 * kv, 0, h),
                     f"{attn}.qkv_proj": _Target("qkv", 0, q + 2 * kv, 0, h),
-                    f"{attn}.o_proj": _Target("o", 0, h, 0, q),
-                    f"{mlp}.gate_proj": _Target("gate_up", 0, inner, 0, h),
+                    f"{attn}.o_proj": _Target("o", 0, h, 0, q)}
+        if c.num_experts:  # a mixture of experts has no single gate/up/down to adapt (as on torch)
+            continue
+        targets |= {f"{mlp}.gate_proj": _Target("gate_up", 0, inner, 0, h),
                     f"{mlp}.up_proj": _Target("gate_up", inner, 2 * inner, 0, h),
                     f"{mlp}.gate_up_proj": _Target("gate_up", 0, 2 * inner, 0, h),
                     f"{mlp}.down_proj": _Target("down", 0, h, 0, inner)}
@@ -63,10 +65,11 @@ def attach(model: NativeModel, key: int, weights: LoRAWeights, max_rank: int | N
            half: bool | None = None) -> None:
     """Check every module of ``weights`` against the model, then set them all under ``key`` (all or nothing),
     stored as fp16 where ``half`` (None: HALF)."""
-    if model.decoder is None or model.gguf is None:
+    if model.decoder is None:
         raise RuntimeError("the model's weights were released (sleep level 2)")
     targets = _targets(model)
-    interleaved = gguf_rope_interleaved(model.gguf.architecture)
+    # a GGUF's Q/K rows are llama.cpp's interleaved pairs where its architecture's are; safetensors' never
+    interleaved = model.gguf is not None and gguf_rope_interleaved(model.gguf.architecture)
     parts: dict[tuple[int, str], list[tuple[int, int, np.ndarray, np.ndarray]]] = {}
     for name, m in weights.modules.items():
         t = targets.get(name)

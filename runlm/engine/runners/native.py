@@ -18,13 +18,14 @@ import numpy as np
 
 from runlm.engine.core.batch_plan import BatchPlan, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
-from runlm.engine.core.kv_groups import AnyBlockManager
+from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.mm_step import step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sample_batch
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
 from runlm.models.native import NativeLoaded, load_native
+from runlm.models.native_safetensors import load_native_safetensors
 from runlm.native import lora as native_lora
 
 log = logging.getLogger("runlm.native")
@@ -36,7 +37,11 @@ def why_not_native(config: EngineConfig) -> str | None:
     if os.environ.get("RUNLM_NATIVE_RUNNER", "1") == "0":
         return "RUNLM_NATIVE_RUNNER=0"
     reasons = [(config.exact_numerics, "exact numerics"), (config.device != "cpu", "a device other than cpu"),
-               (str(config.dtype).removeprefix("torch.") != "float32", "a dtype other than float32"),
+               # the native runner computes in float32 over weights as stored (bf16/fp16 safetensors stay half-size);
+               # bfloat16 or float16 compute (activations, KV cache) is the torch runner's
+               (str(config.dtype).removeprefix("torch.") != "float32",
+                f"{str(config.dtype).removeprefix('torch.')} compute (the native runner computes in float32 over "
+                f"weights as stored)"),
                (config.speculative_config is not None, "speculative decoding")]
     return next((what for bad, what in reasons if bad), None)
 
@@ -45,16 +50,20 @@ def native_model(path: Path, config: EngineConfig) -> NativeLoaded | None:
     """The model at ``path`` on the native runner, or None (logged, with the reason) where it needs torch."""
     reason = why_not_native(config)
     if reason is not None:
-        if path.is_file():
+        if path.exists():
             log.info("native runner not used for %s: %s", path.name, reason)
         return None
+    if path.is_dir():  # a safetensors model directory, its weights as stored
+        return load_native_safetensors(path, config.max_model_len)
     return load_native(path, config.max_model_len)
 
 
 def why_not_native_vision(vision: object) -> str | None:
     """What a vision tower asks of the text model that the native runner does not do (None: nothing): M-RoPE
-    positions (Qwen2.5-VL); bidirectional image spans (Gemma 3) are the Gemma family's, not native already."""
-    return "M-RoPE positions" if getattr(vision, "uses_mrope", False) else None
+    positions (Qwen2.5-VL), bidirectional attention among an image's tokens (Gemma 3)."""
+    reasons = [(getattr(vision, "uses_mrope", False), "M-RoPE positions"),
+               (getattr(vision, "bidirectional_images", False), "bidirectional attention among an image's tokens")]
+    return next((what for bad, what in reasons if bad), None)
 
 
 class NativeRunner:
@@ -82,6 +91,8 @@ class NativeRunner:
         decoder = self.loaded.model.decoder
         if decoder is not None and self.kv_caches:
             decoder.set_kv_caches(self.kv_caches)
+            if isinstance(self.blocks, HybridBlockManager):  # sliding-window layers' K/V in a cache of their own
+                decoder.set_layer_groups(self.blocks.layer_group)
 
     def free_kv_cache(self) -> None:
         self.kv_caches = []
@@ -93,7 +104,7 @@ class NativeRunner:
     def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
         """Compute the scheduled tokens; sample for every sequence whose known tokens are now all computed."""
         plan = plan_batch(sched, self.blocks)
-        assert not plan.spec_seqs and plan.group_slots is None, "the native runner neither speculates nor windows"
+        assert not plan.spec_seqs, "the native runner does not speculate"
         if self.lora:
             self.set_lora_rows(sched, plan)
         hidden = self.run_model(plan, self.image_rows(sched) if self.loaded.vision is not None else None)
@@ -134,6 +145,11 @@ class NativeRunner:
         if self._hidden.shape[0] < t:
             self._hidden = np.empty((t, self._hidden.shape[1]), dtype=np.float32)
         flat = np.concatenate(plan.context_slots) if len(plan.context_slots) > 1 else plan.context_slots[0]
-        return decoder.forward(plan.ids, plan.positions, plan.slot_mapping,
+        groups = None
+        if plan.group_slots is not None:  # per KV group after the first, per sequence: (new tokens', context) slots
+            groups = (np.stack([np.concatenate([new for new, _ in g]) for g in plan.group_slots]),
+                      np.stack([np.concatenate([context for _, context in g]) for g in plan.group_slots]))
+        positions = self.loaded.model.rope_positions(plan.positions, plan.query_lens, plan.context_lens)
+        return decoder.forward(plan.ids, positions, plan.slot_mapping,
                                np.asarray(plan.query_lens, dtype=np.int64),
-                               np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t], embeds)
+                               np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t], embeds, groups)
