@@ -232,8 +232,8 @@ int runlm_decoder_forward_embeds(void* handle, const int64_t* ids, const int64_t
 
 // LoRA (csrc/lora_impl.h). Adapter key's update of layer i's projection proj (0 qkv, 1 o, 2 gate_up, 3 down):
 // a [rank, in] (the projection's input width), shards [n_shards, 4] (output columns lo, hi; rows r0, r1 of a),
-// their B matrices transposed, [r1 - r0, hi - lo], one after another in b; half: a and b hold fp16, else fp32 values. The
-// arrays stay the caller's, kept alive.
+// their B matrices transposed, [r1 - r0, hi - lo], one after another in b; half: a and b hold fp16, else fp32
+// values. The arrays stay the caller's, kept alive.
 int runlm_decoder_set_lora(void* handle, int64_t key, int64_t i, int proj, const void* a, int64_t rank, int64_t in,
                            int64_t n_shards, const int64_t* shards, const void* b, int half) {
   auto* dec = static_cast<Decoder*>(handle);
