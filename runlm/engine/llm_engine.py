@@ -105,7 +105,6 @@ class LLMEngine(EngineCore):
             self.runner = ModelRunner(config, self.loaded, self.blocks, self.structured)
         self.runner.encoder_cache = self.encoder_cache
         if config.enable_lora:
-            assert not isinstance(self.loaded, NativeLoaded)  # (adapters attach to the torch model)
             self.lora = LoRAManager(self.loaded.model, mc, config.max_loras, config.max_lora_rank,
                                     config.max_cpu_loras)
             self.scheduler.max_loras = config.max_loras
@@ -373,7 +372,6 @@ class LLMEngine(EngineCore):
         if level == 2:
             self.loaded.model = self._load(self.loaded.path).model  # type: ignore[assignment]
             if self.lora is not None:
-                assert not isinstance(self.loaded, NativeLoaded)
                 self.lora.rebind(self.loaded.model)
             if draft is not None:
                 draft.reload_weights(self.config)

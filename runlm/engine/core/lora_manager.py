@@ -6,6 +6,8 @@
 * Each load gets a fresh key: the forward pass's adapter index and the prefix cache's salt, so KV
   blocks computed under one adapter are never reused under another (nor under a reloaded one).
 * ``max_loras`` (adapters in one step) is the scheduler's to enforce; ``max_lora_rank`` is checked here.
+* The model is a torch model (adapters attach to its Linear layers, runlm.models.lora) or a NativeModel
+  (adapters live in the native decoder, runlm.models.native_lora; the native runner passes each row's key).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 from runlm.engine.types.lora_request import LoRARequest
 from runlm.formats import LoRAError
 from runlm.models.config import ModelConfig
+from runlm.models.native import NativeModel
 
 if TYPE_CHECKING:  # the adapter code is torch's: imported where an adapter is enabled, loaded or run
     import torch
@@ -43,10 +46,8 @@ def lora_salt(key: int) -> bytes | None:
 
 
 class LoRAManager:
-    def __init__(self, model: torch.nn.Module, cfg: ModelConfig, max_loras: int, max_lora_rank: int,
+    def __init__(self, model: torch.nn.Module | NativeModel, cfg: ModelConfig, max_loras: int, max_lora_rank: int,
                  max_cpu_loras: int | None) -> None:
-        from runlm.models.lora import enable
-
         self.model, self.cfg = model, cfg
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self.max_cpu_loras = max_cpu_loras or max_loras
@@ -54,7 +55,7 @@ class LoRAManager:
         self.pinned: set[int] = set()
         self.by_key: dict[int, LoadedLoRA] = {}  # every attached adapter, listed or not
         self._keys = itertools.count(1)
-        enable(model)
+        _enable(model)
 
     # ---- the adapter set -------------------------------------------------------------------------
     def add(self, request: LoRARequest) -> bool:
@@ -65,7 +66,6 @@ class LoRAManager:
         if not request.lora_path:
             raise LoRAError(f"LoRA adapter {request.lora_name!r} (id {request.lora_int_id}) is not loaded and "
                             f"names no lora_path to load it from")
-        from runlm.models.lora import attach
         from runlm.models.lora_weights import read_adapter
 
         weights = read_adapter(request.lora_path, self.cfg)
@@ -74,7 +74,7 @@ class LoRAManager:
                             f"{self.max_lora_rank} (raise --max-lora-rank)")
         self._make_room()
         key = next(self._keys)
-        attach(self.model, key, weights, self.max_lora_rank)
+        _attach(self.model, key, weights, self.max_lora_rank)
         adapter = LoadedLoRA(request, key, weights)
         self.loaded[request.lora_int_id] = self.by_key[key] = adapter
         return True
@@ -108,9 +108,7 @@ class LoRAManager:
         return set(self.loaded)
 
     def _drop(self, adapter: LoadedLoRA) -> None:
-        from runlm.models.lora import detach
-
-        detach(self.model, adapter.key)
+        _detach(self.model, adapter.key)
         self.by_key.pop(adapter.key, None)
 
     # ---- requests --------------------------------------------------------------------------------
@@ -135,17 +133,44 @@ class LoRAManager:
     def batch(self, keys: Iterable[int]) -> AbstractContextManager[None]:
         """The forward passes of a step whose sequences hold these keys."""
         keys = list(keys)
-        if not any(keys):
+        if not any(keys) or isinstance(self.model, NativeModel):  # (the native runner passes the keys itself)
             return nullcontext()
         from runlm.models.lora import LoRABatch, lora_batch
 
         return lora_batch(LoRABatch(keys))
 
-    def rebind(self, model: torch.nn.Module) -> None:
+    def rebind(self, model: torch.nn.Module | NativeModel) -> None:
         """Attach every held adapter to a reloaded model."""
-        from runlm.models.lora import attach, enable
-
         self.model = model
-        enable(model)
+        _enable(model)
         for adapter in self.by_key.values():
-            attach(model, adapter.key, adapter.weights)
+            _attach(model, adapter.key, adapter.weights)
+
+
+def _enable(model: torch.nn.Module | NativeModel) -> None:
+    if not isinstance(model, NativeModel):  # (a native decoder takes adapters as they come)
+        from runlm.models.lora import enable
+
+        enable(model)
+
+
+def _attach(model: torch.nn.Module | NativeModel, key: int, weights: LoRAWeights, max_rank: int | None = None) -> None:
+    if isinstance(model, NativeModel):
+        from runlm.models import native_lora
+
+        native_lora.attach(model, key, weights, max_rank)
+    else:
+        from runlm.models.lora import attach
+
+        attach(model, key, weights, max_rank)
+
+
+def _detach(model: torch.nn.Module | NativeModel, key: int) -> None:
+    if isinstance(model, NativeModel):
+        from runlm.models import native_lora
+
+        native_lora.detach(model, key)
+    else:
+        from runlm.models.lora import detach
+
+        detach(model, key)

@@ -7,7 +7,8 @@ in what computes the forward pass. A vision-language model (a text GGUF + llama.
 in torch: a step's image rows (runlm.engine.core.mm_step) come from the encoder cache, or one batched tower
 call, and go into the native step as embeddings written over their tokens'. A speculating sequence's 1 + k rows
 (its last known token, then the draft) ride in the same native step as every other row and are verified
-(runlm.engine.sample.rejection) instead of sampled, as the torch runner does.
+(runlm.engine.sample.rejection) instead of sampled, as the torch runner does. With LoRA enabled, each step
+tells the decoder each row's adapter key (the adapters themselves are runlm.engine.core.lora_manager's).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
 from runlm.models.native import NativeLoaded, load_native
 from runlm.models.native_safetensors import load_native_safetensors
+from runlm.native import lora as native_lora
 
 log = logging.getLogger("runlm.native")
 
@@ -42,8 +44,7 @@ def why_not_native(config: EngineConfig) -> str | None:
                # bfloat16 or float16 compute (activations, KV cache) is the torch runner's
                (str(config.dtype).removeprefix("torch.") != "float32",
                 f"{str(config.dtype).removeprefix('torch.')} compute (the native runner computes in float32 over "
-                f"weights as stored)"),
-               (config.enable_lora, "LoRA adapters")]
+                f"weights as stored)")]
     return next((what for bad, what in reasons if bad), None)
 
 
@@ -71,6 +72,7 @@ class NativeRunner:
     def __init__(self, config: EngineConfig, loaded: NativeLoaded, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
         self.loaded, self.blocks, self.structured = loaded, blocks, structured
+        self.lora = config.enable_lora
         self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         self.kv_caches: list[tuple[np.ndarray, np.ndarray]] = []
         self._hidden = np.empty((0, loaded.config.hidden_size), dtype=np.float32)
@@ -104,6 +106,8 @@ class NativeRunner:
     def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
         """Compute the scheduled tokens; sample for every sequence whose known tokens are now all computed."""
         plan = plan_batch(sched, self.blocks)
+        if self.lora:
+            self.set_lora_rows(sched, plan)
         hidden = self.run_model(plan, self.image_rows(sched) if self.loaded.vision is not None else None)
         model = self.loaded.model
         for rows in plan.prompt_logprob_rows:
@@ -121,6 +125,13 @@ class NativeRunner:
                                                                            self.structured)]
             plain += k + 1
         return results
+
+    def set_lora_rows(self, sched: SchedulerOutput, plan: BatchPlan) -> None:
+        """Each row's adapter key for this step's forward pass (none at all when no sequence has one)."""
+        decoder = self.loaded.model.decoder
+        assert decoder is not None, "the model's weights were released (sleep level 2)"
+        keys = [s.lora_key for s in sched.seqs]
+        native_lora.set_rows(decoder, native_lora.row_keys(keys, plan.query_lens) if any(keys) else None)
 
     def image_rows(self, sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray] | None:
         """(batch rows, their input embeddings) for the step's image tokens, as the torch runner splices them:

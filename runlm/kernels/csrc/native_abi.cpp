@@ -230,6 +230,29 @@ int runlm_decoder_forward_embeds(void* handle, const int64_t* ids, const int64_t
                                                        n_embeds));
 }
 
+// LoRA (csrc/lora_impl.h). Adapter key's update of layer i's projection proj (0 qkv, 1 o, 2 gate_up, 3 down):
+// a [rank, in] (the projection's input width), shards [n_shards, 4] (output columns lo, hi; rows r0, r1 of a),
+// their B matrices transposed, [r1 - r0, hi - lo], one after another in b; half: a and b hold fp16, else fp32
+// values. The arrays stay the caller's, kept alive.
+int runlm_decoder_set_lora(void* handle, int64_t key, int64_t i, int proj, const void* a, int64_t rank, int64_t in,
+                           int64_t n_shards, const int64_t* shards, const void* b, int half) {
+  auto* dec = static_cast<Decoder*>(handle);
+  if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
+  const Layer& l = dec->layers[static_cast<size_t>(i)];
+  const Weights* w = proj == 0 ? l.qkv : proj == 1 ? l.o : proj == 2 ? l.gate_up : proj == 3 ? l.down : nullptr;
+  if (w && w->in() != in)
+    return fail("LoRA A has " + std::to_string(in) + " columns, the projection takes " + std::to_string(w->in()));
+  return status(dec->lora.set(key, dec->layers.size(), static_cast<size_t>(i), proj, a, rank, in, w ? w->out() : 0,
+                              n_shards, shards, b, half != 0));
+}
+
+void runlm_decoder_drop_lora(void* handle, int64_t key) { static_cast<Decoder*>(handle)->lora.drop(key); }
+
+// Each of the next steps' t rows' adapter key (0: none); t == 0: no adapters.
+int runlm_decoder_set_lora_rows(void* handle, const int64_t* keys, int64_t t) {
+  return status(static_cast<Decoder*>(handle)->lora.set_rows(keys, t));
+}
+
 // A mixture of experts' handle: n_experts of which each token takes top_k (renormalize: their weights
 // rescaled to sum to 1); the router [E, hidden] of router_type (0: fp32); stacked expert tensors gate and
 // up [E, I, hidden], or gate [E, 2I, hidden] with up null (merged, the gate's rows first), down [E, hidden, I];

@@ -13,6 +13,7 @@
 #include "attention_impl.h"
 #include "fused_ops_impl.h"
 #include "ggml_linear_impl.h"
+#include "lora_impl.h"
 #include "moe_impl.h"
 
 namespace runlm::decoder {
@@ -73,6 +74,7 @@ struct Decoder {
   float embed_scale = 1.0f;  // Gemma multiplies the embedding by sqrt(hidden)
   const float* final_norm = nullptr;
   std::vector<Layer> layers;
+  lora::Adapters lora;  // LoRA adapters, and the present step's rows per adapter (csrc/lora_impl.h)
 
   // scratch, grown on demand
   int64_t rows = 0;
@@ -154,6 +156,7 @@ struct Decoder {
     for (const Layer& l : layers)
       if (!l.k_cache || !l.v_cache) return "no KV cache set";
     std::string bad = gl::check_ids(ids, t, vocab);
+    if (bad.empty()) bad = lora.check_step(t);
     if (bad.empty()) bad = attention::plan_rows(query_lens, context_lens, batch, t, n_flat, plan);
     if (!bad.empty()) return bad;
     bad = check_slots(positions, slot_mapping, t, flat_slots, n_flat, groups);
@@ -179,11 +182,13 @@ struct Decoder {
       const int64_t* slots = g == 0 ? slot_mapping : groups.slot_maps + (g - 1) * t;
       const int64_t* context = g == 0 ? flat_slots : groups.flat + (g - 1) * n_flat;
       l.qkv->apply(hp, t, qkv.data(), quantized);
+      lora.apply(i, lora::kQkv, hp, hidden, qkv.data(), l.qkv->out());
       fused::qkv_rope_store(qkv.data(), positions, l.cos, l.sin, l.k_cache, l.v_cache, slots, shape, l.q_norm,
                             l.k_norm, eps, q.data());
       attention::paged_attention(q.data(), l.k_cache, l.v_cache, context, plan, t, heads, kv_heads, head_dim,
                                  l.scale, l.window, l.softcap, attn.data());
       l.o->apply(attn.data(), t, o.data(), quantized);
+      lora.apply(i, lora::kO, attn.data(), l.o->in(), o.data(), hidden);
       if (l.attn_out_norm) fused::rms_norm(o.data(), l.attn_out_norm, o.data(), t, hidden, eps);
       fused::add_rms_norm(o.data(), res, l.post_norm, hp, t, hidden, eps);
       if (l.moe) {
@@ -191,11 +196,13 @@ struct Decoder {
       } else {
         const int64_t inner = l.gate_up->out() / 2;
         l.gate_up->apply(hp, t, gate_up.data(), quantized);
+        lora.apply(i, lora::kGateUp, hp, hidden, gate_up.data(), l.gate_up->out());
         if (l.gelu)
           fused::gelu_tanh_mul(gate_up.data(), act.data(), t, inner);
         else
           fused::silu_mul(gate_up.data(), act.data(), t, inner);
         l.down->apply(act.data(), t, m.data(), quantized);
+        lora.apply(i, lora::kDown, act.data(), inner, m.data(), hidden);
       }
       if (l.mlp_out_norm) fused::rms_norm(m.data(), l.mlp_out_norm, m.data(), t, hidden, eps);
       const bool last = i + 1 == layers.size();
