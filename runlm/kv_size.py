@@ -30,5 +30,7 @@ def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, 
                              bytes_per_value: int = 4) -> int:
     """kv_bytes_per_token for a cache of kv_cache_dtype ("auto": bytes_per_value per value)."""
     if check_kv_cache_dtype(kv_cache_dtype) == "q8_0":
+        if head_dim % Q8_BLOCK:
+            raise ValueError(f"a q8_0 KV cache needs head_dim a multiple of 32, not {head_dim}")
         return 2 * num_layers * num_kv_heads * q8_row_bytes(head_dim)
     return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value)
