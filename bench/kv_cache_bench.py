@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-LLAMA_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type values
+LLAMA_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values (an f32 cache, type 0, gave the f16 logits: not taken)
 
 
 def model_path(name: str) -> Path:

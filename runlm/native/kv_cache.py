@@ -24,10 +24,10 @@ def allocate(kv_cache_dtype: str, slots: int, kv_heads: int, head_dim: int) -> t
         reason = why_not_q8(head_dim)
         if reason is not None:
             raise ValueError(reason)
-        shape, dtype = (slots, kv_heads, q8_row_bytes(head_dim)), U8
-    else:
-        shape, dtype = (slots, kv_heads, head_dim), F32
-    return np.empty(shape, dtype=dtype), np.empty(shape, dtype=dtype)
+        shape = (slots, kv_heads, q8_row_bytes(head_dim))
+        return np.empty(shape, dtype=U8), np.empty(shape, dtype=U8)
+    shape = (slots, kv_heads, head_dim)
+    return np.empty(shape, dtype=F32), np.empty(shape, dtype=F32)
 
 
 def quantize_q8(x: np.ndarray) -> np.ndarray:
