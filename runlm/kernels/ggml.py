@@ -13,7 +13,10 @@ SIMD lanes. bench/quant_gemm_bench.py (Qwen2.5-0.5B's layers, 1 thread, AVX2) me
 against vec_dot: at M = 128 3-4x faster for the 32-value types and 1.6-3x for the K-quants; at
 M = 1 (decode, memory-bound) level or faster. Each output's arithmetic is the exact integer dot
 product per block, converted once and accumulated in block order, so every M, chunk and thread
-count gives the same bits. Other types (IQ4_NL, IQ4_XS, Q2_K, Q3_K, F16, BF16) use ggml's vec_dot.
+count gives the same bits. Half-precision weights (F16, BF16: safetensors checkpoints as stored)
+go through csrc/half_gemm.h: tiles of 4 weight rows x 2 activation rows share each widened step
+(each output's lanes accumulated in K order, so again the same bits for every M; about 1.6-2x
+vec_dot at M = 64). Other types (IQ4_NL, IQ4_XS, Q2_K, Q3_K) use ggml's vec_dot.
 
 Types are ggml's enum values (``gguf.GGMLQuantizationType``). Unavailable (no libggml, no
 compiler, no AVX2/FMA, RUNLM_NO_KERNELS) means callers fall back to dequantized fp32 weights.

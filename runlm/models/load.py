@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import ENCODER_GGUF_ARCHS, ENCODER_HF_ARCHS
 from runlm.formats.gguf import GGUFFile
+from runlm.formats.safetensors import read_hf_config
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
 
@@ -39,8 +40,6 @@ def model_task(path: Path) -> str:
     """'generate', 'embed' or 'score', from the file's own metadata (no weights read)."""
     if path.is_file():
         return _gguf_task(GGUFFile(path))
-    from runlm.models.weights import read_hf_config
-
     return _hf_task(read_hf_config(path), path)
 
 
@@ -49,15 +48,23 @@ def _gguf_task(gguf: GGUFFile) -> str:
 
 
 def _hf_task(cfg: dict, path: Path) -> str:
-    from runlm.models.pooling import has_sentence_transformers_pooling
-
     archs = cfg.get("architectures") or []
     if any(a.endswith("ForSequenceClassification") for a in archs) or cfg.get("classifier_from_token"):
         return "score"
     is_encoder = any(a in ENCODER_HF_ARCHS for a in archs) or cfg.get("model_type") in ("bert", "roberta")
     # a bare decoder body (Qwen3Model) or one shipped with a sentence-transformers pooler embeds
-    is_embedder = any(a in _DECODER_BODY_ARCHS for a in archs) or has_sentence_transformers_pooling(path)
+    is_embedder = any(a in _DECODER_BODY_ARCHS for a in archs) or _sentence_transformers_pooling(path)
     return "embed" if is_encoder or is_embedder else "generate"
+
+
+def _sentence_transformers_pooling(path: Path) -> bool:
+    """Whether the directory ships a sentence-transformers pooler (runlm.models.pooling, torch's: imported only
+    where modules.json is there, so a generator's directory is told apart without torch)."""
+    if not (path / "modules.json").is_file():
+        return False
+    from runlm.models.pooling import has_sentence_transformers_pooling
+
+    return has_sentence_transformers_pooling(path)
 
 
 def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> LlamaForCausalLM:
@@ -123,7 +130,6 @@ def load_decoder(path: str | Path, dtype: torch.dtype | str = "float32", device:
     from runlm.models.weights import (
         gguf_rope_interleaved,
         gguf_weights,
-        read_hf_config,
         rope_freq_factors,
         safetensors_weights,
     )

@@ -15,6 +15,7 @@ import torch
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import ggml_type
+from runlm.formats.safetensors import read_hf_config as read_hf_config  # (its home: torch-free readers)
 from runlm.kernels import ggml
 from runlm.kernels.linear import dequantize_blocks
 from runlm.models.config import ModelConfig
@@ -108,17 +109,6 @@ def _experts(gguf: GGUFFile, name: str, template: str, mode: str) -> Iterator[tu
     stacked = gguf.load(name)
     for e in range(experts):
         yield template.format(e=e), stacked[e]
-
-
-def read_hf_config(directory: Path) -> dict:
-    path = directory / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelFormatError(f"{directory}: no config.json (a model directory needs config.json and "
-                               f"*.safetensors)") from None
-    except json.JSONDecodeError as exc:
-        raise ModelFormatError(f"{path}: not valid JSON ({exc})") from None
 
 
 # half-precision safetensors dtypes -> the ggml type that computes on them as stored

@@ -36,7 +36,7 @@ def test_every_type_multiplies_as_its_dequantized_weights(qtype: T, weight: torc
     assert _rel(y, x @ dense.T) < 0.02
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.F16],
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.F16, T.BF16],
                          ids=lambda t: t.name)
 def test_a_rows_result_never_depends_on_the_batch(qtype: T, weight: torch.Tensor) -> None:
     # 69 rows: the block kernels' panels of 8 end in a partial one; 40 x rows: a chunk of 32 and a rest

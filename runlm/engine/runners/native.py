@@ -24,6 +24,7 @@ from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sampl
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
 from runlm.models.native import NativeLoaded, load_native
+from runlm.models.native_safetensors import load_native_safetensors
 from runlm.native.kv_cache import allocate
 
 log = logging.getLogger("runlm.native")
@@ -35,7 +36,11 @@ def why_not_native(config: EngineConfig) -> str | None:
     if os.environ.get("RUNLM_NATIVE_RUNNER", "1") == "0":
         return "RUNLM_NATIVE_RUNNER=0"
     reasons = [(config.exact_numerics, "exact numerics"), (config.device != "cpu", "a device other than cpu"),
-               (str(config.dtype).removeprefix("torch.") != "float32", "a dtype other than float32"),
+               # the native runner computes in float32 over weights as stored (bf16/fp16 safetensors stay half-size);
+               # bfloat16 or float16 compute (activations, KV cache) is the torch runner's
+               (str(config.dtype).removeprefix("torch.") != "float32",
+                f"{str(config.dtype).removeprefix('torch.')} compute (the native runner computes in float32 over "
+                f"weights as stored)"),
                (config.enable_lora, "LoRA adapters"),
                (config.speculative_config is not None, "speculative decoding")]
     return next((what for bad, what in reasons if bad), None)
@@ -45,9 +50,11 @@ def native_model(path: Path, config: EngineConfig) -> NativeLoaded | None:
     """The model at ``path`` on the native runner, or None (logged, with the reason) where it needs torch."""
     reason = why_not_native(config)
     if reason is not None:
-        if path.is_file():
+        if path.exists():
             log.info("native runner not used for %s: %s", path.name, reason)
         return None
+    if path.is_dir():  # a safetensors model directory, its weights as stored
+        return load_native_safetensors(path, config.max_model_len)
     return load_native(path, config.max_model_len)
 
 
@@ -64,7 +71,17 @@ def why_torch(path: Path, config: EngineConfig) -> str:
             reason = why_not_native_file(gguf, ModelConfig.from_gguf(gguf))
         except Exception:  # noqa: BLE001 - a file the native loader does not read: the torch loader says why
             reason = "a model file the native loader does not read"
-    return reason or ("a model directory (safetensors)" if path.is_dir() else "its vision tower")
+    if reason is None and path.is_dir():
+        from runlm.formats.safetensors import SafetensorsDir, read_hf_config
+        from runlm.models.config import ModelConfig
+        from runlm.models.native_safetensors import why_not_native_dir
+
+        try:
+            hf = read_hf_config(path)
+            reason = why_not_native_dir(SafetensorsDir(path), ModelConfig.from_hf(hf, source=str(path)), hf)
+        except Exception:  # noqa: BLE001 - as above
+            reason = "a model directory the native loader does not read"
+    return reason or "its vision tower"
 
 
 def refuse_kv_cache_dtype(config: EngineConfig, runner_reason: str) -> None:

@@ -12,7 +12,9 @@
 // The 32-value block types (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1) and the K-quants Q4_K, Q5_K, Q6_K go
 // through our own kernels instead (block_gemm.h, kquant_gemm.h: 8 weight rows unpacked once per
 // block and multiplied into every activation row, the 8 results in 8 SIMD lanes: no horizontal
-// sums; prefill is compute-bound). bench/quant_gemm_bench.py compares them with vec_dot.
+// sums; prefill is compute-bound). bench/quant_gemm_bench.py compares them with vec_dot. BF16 and
+// F16 (safetensors checkpoints as stored) go through half_gemm.h: tiles of weight and activation
+// rows sharing each widened step.
 //
 // Batch invariance: y[m, n] depends only on x row m and weight row n (one pair's dot product),
 // never on M, on the tile a row lands in, or on the thread count; threads split N only.
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "block_gemm.h"
+#include "half_gemm.h"
 #include "kquant_gemm.h"
 #include "parallel.h"
 
@@ -105,6 +108,8 @@ inline OurKernel our_kernel(int64_t type) {
     case GGML_TYPE_Q4_K: return kquant_type<kquant::Q4_K>();
     case GGML_TYPE_Q5_K: return kquant_type<kquant::Q5_K>();
     case GGML_TYPE_Q6_K: return kquant_type<kquant::Q6_K>();
+    case GGML_TYPE_BF16: return {halfgemm::rows<halfgemm::BF16>, false};  // (half_gemm.h)
+    case GGML_TYPE_F16: return {halfgemm::rows<halfgemm::F16>, false};
     default: return {};
   }
 }
