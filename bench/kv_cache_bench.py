@@ -11,7 +11,8 @@ Three measurements on one file (default smollm2, Q4_1):
 - **KV bytes at ``--kv-context`` tokens** (8k): what the native runner allocates per dtype (its own allocation
   function), and the ratio q8_0 / fp32.
 - **Decode speed at a long context**: tokens per second of ``--gen`` greedy tokens after a ``--context``-token
-  prompt, fp32 cache against q8_0, children alternating for ``--rounds`` rounds.
+  prompt (the request's first-token to finished times), fp32 cache against q8_0, children alternating for
+  ``--rounds`` rounds.
 
     .venv/bin/python bench/kv_cache_bench.py --rounds 2
 """
@@ -23,7 +24,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -86,14 +86,12 @@ def child_decode(path: Path, dtype: str, context: int, gen: int) -> dict:
     llm = LLM(str(path), kv_cache_dtype=dtype, max_model_len=context + gen + 16, max_num_seqs=1,
               kv_cache_memory=str((context + gen + 64) * llm_bytes_per_token(path, dtype)))
     assert llm.engine.native, "the native runner does not run this file"
-    prompt = [{"prompt_token_ids": ids}]
-    t0 = time.perf_counter()
-    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-    prefill = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=gen + 1, ignore_eos=True), use_tqdm=False)
-    total = time.perf_counter() - t0  # the prompt is in the prefix cache now, but for its last block
-    return {"dtype": dtype, "prefill_s": prefill, "decode_tok_s": gen / max(total - (prefill * 16 / context), 1e-9)}
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=gen + 1, ignore_eos=True),
+                       use_tqdm=False)[0]
+    m = out.metrics
+    assert m is not None and m.first_token_time is not None and m.finished_time is not None
+    return {"dtype": dtype, "prefill_s": m.first_token_time - m.arrival_time,
+            "decode_tok_s": gen / (m.finished_time - m.first_token_time)}
 
 
 def llm_bytes_per_token(path: Path, dtype: str) -> int:
@@ -188,6 +186,7 @@ def main() -> None:
                                       dtype, "--context", str(args.context), "--gen", str(args.gen)],
                                      capture_output=True, text=True, check=True)
                 speeds[dtype].append(json.loads(out.stdout.strip().splitlines()[-1])["decode_tok_s"])
+                print(f"  {dtype}: {speeds[dtype][-1]:.1f} tok/s", flush=True)
         best = {d: max(v) for d, v in speeds.items()}
         print(f"decode at {args.context} context, tok/s (best of {args.rounds}): fp32 {best['auto']:.1f}, "
               f"q8_0 {best['q8_0']:.1f} ({best['q8_0'] / best['auto']:.2f}x); all: {json.dumps(speeds)}")
