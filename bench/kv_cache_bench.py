@@ -78,12 +78,12 @@ def child_llamacpp_logits(path: Path, ids: list[int], out: Path) -> None:
         del llm
 
 
-def child_decode(path: Path, dtype: str, context: int, gen: int) -> dict:
+def child_decode(path: Path, dtype: str, context: int, gen: int, threads: int | None) -> dict:
     from runlm.engine.llm import LLM
     from runlm.engine.types.sampling_params import SamplingParams
 
     ids = text_ids(path, context)
-    llm = LLM(str(path), kv_cache_dtype=dtype, max_model_len=context + gen + 16, max_num_seqs=1,
+    llm = LLM(str(path), kv_cache_dtype=dtype, max_model_len=context + gen + 16, max_num_seqs=1, threads=threads,
               kv_cache_memory=str((context + gen + 64) * llm_bytes_per_token(path, dtype)))
     assert llm.engine.native, "the native runner does not run this file"
     out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=gen + 1, ignore_eos=True),
@@ -161,6 +161,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096, help="the decode measurement's prompt (0 skips it)")
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="the decode children's threads (default: the engine's; on a machine others load, 1 keeps "
+                         "OpenMP's waits from dominating)")
     ap.add_argument("--child", choices=["runlm-logits", "llamacpp-logits", "decode"])
     ap.add_argument("--ids")
     ap.add_argument("--out")
@@ -172,7 +175,7 @@ def main() -> None:
     if args.child == "llamacpp-logits":
         return child_llamacpp_logits(path, json.loads(args.ids), Path(args.out))
     if args.child == "decode":
-        print(json.dumps(child_decode(path, args.dtype, args.context, args.gen)))
+        print(json.dumps(child_decode(path, args.dtype, args.context, args.gen, args.threads)))
         return None
     print(f"{path.name}; the machine's load is whatever else runs on it (report ratios)", flush=True)
     print("KV bytes:", json.dumps(kv_bytes(path, args.kv_context)), flush=True)
@@ -183,7 +186,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for dtype in speeds:
                 out = subprocess.run([sys.executable, __file__, "--child", "decode", "--model", str(path), "--dtype",
-                                      dtype, "--context", str(args.context), "--gen", str(args.gen)],
+                                      dtype, "--context", str(args.context), "--gen", str(args.gen),
+                                      *(["--threads", str(args.threads)] if args.threads else [])],
                                      capture_output=True, text=True, check=True)
                 speeds[dtype].append(json.loads(out.stdout.strip().splitlines()[-1])["decode_tok_s"])
                 print(f"  {dtype}: {speeds[dtype][-1]:.1f} tok/s", flush=True)

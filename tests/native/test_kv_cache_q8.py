@@ -76,6 +76,7 @@ def test_q8_0_cache_holds_3_76x_the_tokens_and_keeps_requests_independent() -> N
     assert [t[:2] for t in _greedy(fp32, PROMPTS)] == [t[:2] for t in together]
 
 
+@pytest.mark.slow  # two 1536-token prefills of smollm2: ~10-40 s on 2 shared cores
 def test_kl_from_the_fp32_cache_is_within_llama_cpps(smollm2_gguf) -> None:
     from runlm.engine.runners.native import native_model
     from runlm.engine.types.config import EngineConfig
