@@ -4,7 +4,8 @@ Each family of tests/fixtures/models.py (Llama, Gemma 2 and 3, Phi-3, the mixtur
 built at a benchmark shape (hidden 512, 12 layers, 8 heads of 64, random weights, smollm2's tokenizer),
 written by llama.cpp's own converter (f16) and quantizer (Q4_K_M), then decoded greedily by both peers in
 child processes, alternating round by round (bench/quant_bench.py's children). llama.cpp cannot read the
-Phi-3 file's substituted BPE vocabulary (tests/fixtures/gguf_convert.py), so Phi-3 has runlm's figure only.
+Phi-3 file's substituted BPE vocabulary (tests/fixtures/gguf_convert.py), so Phi-3 is compared with runlm's
+torch runner instead (``runlm-torch``: the same file with RUNLM_NATIVE_RUNNER=0).
 
 Writes bench/results/family_bench.json and .md.
 
@@ -68,6 +69,21 @@ def family_file(recipe: str) -> Path:
     return quantize(f16, target, "q4_k_m")
 
 
+def _decode_tok_s(peer: str, path: Path, ids: list[int], args: argparse.Namespace) -> float:
+    """A child's decode speed; ``runlm-torch`` is runlm's fast mode on the torch runner."""
+    if peer != "runlm-torch":
+        return float(_run_child(peer, path, ids, args)["decode_tok_s"])
+    old = os.environ.get("RUNLM_NATIVE_RUNNER")
+    os.environ["RUNLM_NATIVE_RUNNER"] = "0"
+    try:
+        return float(_run_child("runlm-fast", path, ids, args)["decode_tok_s"])
+    finally:
+        if old is None:
+            del os.environ["RUNLM_NATIVE_RUNNER"]
+        else:
+            os.environ["RUNLM_NATIVE_RUNNER"] = old
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default=",".join(FAMILIES))
@@ -81,20 +97,20 @@ def main() -> None:
     for recipe in args.families.split(","):
         path = family_file(recipe)
         ids = prompt_ids(path, args.prompt_tokens)
-        peers = ["runlm-fast"] + ([] if recipe in NO_LLAMA_CPP else ["llamacpp"])
+        peers = ["runlm-fast"] + (["runlm-torch"] if recipe in NO_LLAMA_CPP else ["llamacpp"])
         runs: dict[str, list[float]] = {p: [] for p in peers}
         for _ in range(args.rounds):
             for peer in peers:
-                runs[peer].append(_run_child(peer, path, ids, args)["decode_tok_s"])
+                runs[peer].append(_decode_tok_s(peer, path, ids, args))
         results[recipe] = {"file": str(path), "size_bytes": path.stat().st_size,
                            "decode_tok_s": {p: statistics.median(v) for p, v in runs.items()}, "runs": runs}
         print(recipe, results[recipe]["decode_tok_s"], flush=True)
-    lines = ["| family | file MB | runlm fast decode tok/s | llama.cpp | ratio |", "|---|---|---|---|---|"]
+    lines = ["| family | file MB | runlm fast decode tok/s | peer | peer tok/s | ratio |", "|---|---|---|---|---|---|"]
     for recipe, r in results.items():
-        ours, theirs = r["decode_tok_s"]["runlm-fast"], r["decode_tok_s"].get("llamacpp")
-        ratio = f"{ours / theirs:.2f}x" if theirs else "n/a (llama.cpp cannot read the file)"
-        lines.append(f"| {recipe} | {r['size_bytes'] / 1e6:.0f} | {ours:.1f} | "
-                     f"{f'{theirs:.1f}' if theirs else 'n/a'} | {ratio} |")
+        ours = r["decode_tok_s"]["runlm-fast"]
+        peer, theirs = next((p, v) for p, v in r["decode_tok_s"].items() if p != "runlm-fast")
+        lines.append(f"| {recipe} | {r['size_bytes'] / 1e6:.0f} | {ours:.1f} | {peer} | {theirs:.1f} | "
+                     f"{ours / theirs:.2f}x |")
     report = "\n".join(lines)
     print(f"\nCPU: {cpu_name()}; {args.threads} threads\n\n{report}")
     RESULTS.mkdir(exist_ok=True)

@@ -4,7 +4,14 @@ The fast path's numerics without torch's ~220 MiB: the weights are numpy views o
 their stored block types, the norms and RoPE tables small float32 arrays, and one native call
 (``kernels.Decoder.forward``) runs every layer of a step (the same kernels, in the same order, as
 the torch model's fused loop). Models that need anything else (exact numerics, LoRA, speculative
-decoding, Gemma's extra norms, mixtures of experts, sliding windows...) load as torch models.
+decoding...) load as torch models.
+
+The families beyond Llama's: Gemma 2/3 (the embedding scale, sandwich norms, attention and final soft-caps,
+query_pre_attn_scalar, sliding-window layers with their own KV group and, on Gemma 3, their own RoPE base),
+Phi-3 (LongRoPE: the short and long tables stacked, a sequence longer than original_max_position_embeddings
+rotating by the long one, as transformers decides it; partial rotary) and OLMoE's q/k norms over the whole
+projection.
+Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): runlm/models/native_moe.py.
 """
 from __future__ import annotations
 
@@ -19,34 +26,34 @@ from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile, ggml_type
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
-from runlm.models.rope_freqs import inverse_frequencies, rope_kind, rope_tables
+from runlm.models.native_moe import ROUTERS, layer_experts, why_not_native_moe
+from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, longrope, rope_kind, rope_tables
 from runlm.native import kernels
 
 log = logging.getLogger("runlm.native")
 
 # config families whose decoder is the plain Llama layer (Qwen3 adds per-head q/k norms, Qwen2 q/k/v biases)
-_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe",
+             "olmoe")
 
 
 def why_not_native(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
     """Why this model file cannot run on the native runner (None: it can). What the engine asks of it
     (exact numerics, a device, LoRA...) is the engine's to check (runlm/engine/runners/native.py)."""
     model_reasons = [(cfg.family not in _FAMILIES, f"the {cfg.family} family"),
-                     (bool(cfg.num_experts), "a mixture of experts"),
-                     (cfg.sliding_window is not None or cfg.layer_types is not None, "sliding-window layers"),
-                     (cfg.qk_norm_whole or cfg.clip_qkv is not None, "whole-projection q/k norms or clipping"),
-                     (cfg.embed_scale is not None or cfg.norm_offset != 0.0, "scaled embeddings or offset norms"),
-                     (cfg.attn_logit_softcap is not None or cfg.final_logit_softcap is not None, "soft-capping"),
-                     (cfg.partial_rotary_factor != 1.0 or cfg.rope_local_theta is not None, "partial or local RoPE"),
-                     (rope_kind(cfg.rope_scaling) in ("longrope", "su"), "LongRoPE"),
+                     (cfg.clip_qkv is not None, "q/k/v clipping"),
+                     (cfg.norm_offset != 0.0, "offset norms"),
                      (cfg.hidden_act not in ("silu", "gelu_tanh"), f"the {cfg.hidden_act} activation")]
     for bad, what in model_reasons:
         if bad:
             return what
     if not kernels.available():
         return "the native kernels are unavailable"
+    if cfg.num_experts and (why := why_not_native_moe(gguf, cfg)) is not None:
+        return why
     for name, info in gguf.tensors.items():
-        if len(info.shape) == 2 and name.endswith(".weight") and not kernels.supported(ggml_type(info.qtype)):
+        if len(info.shape) == 2 and name.endswith(".weight") and not kernels.supported(ggml_type(info.qtype)) \
+                and not (name.endswith(ROUTERS) and info.qtype == "F32"):
             return f"tensor {name} of type {info.qtype}"
     return None
 
@@ -70,22 +77,48 @@ def _linear(gguf: GGUFFile, names: list[str], cols: int) -> kernels.LinearWeight
     return kernels.LinearWeights([p[0] for p in parts], [p[1] for p in parts], cols, bias)
 
 
+def _rope(gguf: GGUFFile, cfg: ModelConfig, length: int, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The global layers' cos/sin [length, rotary_dim], as runlm.models.rope builds them; LongRoPE's long table
+    follows the short one (rows length..2 length-1: NativeModel.rope_positions picks them)."""
+    r = cfg.rotary_dim
+    inv, attn = inverse_frequencies(r, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+    if "rope_freqs.weight" in gguf.tensors:  # GGUF llama3 models carry their scaling as a tensor
+        inv = (inv / _vector(gguf, "rope_freqs.weight")).astype(np.float32)
+    cos, sin = rope_tables(inv, attn, length, interleaved)
+    if rope_kind(cfg.rope_scaling) in LONGROPE:
+        assert cfg.rope_scaling is not None
+        long_inv, long_attn = longrope(r, cfg.rope_theta, cfg.rope_scaling, "long_factor")
+        long_cos, long_sin = rope_tables(long_inv, long_attn, length, interleaved)
+        cos, sin = np.concatenate((cos, long_cos)), np.concatenate((sin, long_sin))
+    return cos, sin
+
+
+def _norm(gguf: GGUFFile, name: str) -> np.ndarray | None:
+    return _vector(gguf, name) if name in gguf.tensors else None
+
+
 @dataclass
 class NativeModel:
-    """forward(...) -> final-normed hidden [T, H]; compute_logits(hidden) -> [N, vocab] (float32 numpy)."""
+    """forward(...) -> final-normed hidden [T, H]; compute_logits(hidden) -> [N, vocab] (float32 numpy).
+    ``long_rope_after``: LongRoPE's original_max_position_embeddings (None: one RoPE table), ``rope_len`` the
+    positions each table covers."""
     config: ModelConfig
     decoder: kernels.Decoder | None
     head: kernels.LinearWeights | None
     gguf: GGUFFile | None  # keeps the mapping (the weights' memory) alive
+    long_rope_after: int | None = None
+    rope_len: int = 0
 
     @classmethod
     def load(cls, gguf: GGUFFile, cfg: ModelConfig, max_positions: int) -> NativeModel:
         h, d = cfg.hidden_size, cfg.head_dim
-        inv, attn = inverse_frequencies(d, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
-        if "rope_freqs.weight" in gguf.tensors:  # GGUF llama3 models carry their scaling as a tensor
-            inv = (inv / _vector(gguf, "rope_freqs.weight")).astype(np.float32)
         interleaved = gguf_rope_interleaved(gguf.architecture)
-        cos, sin = rope_tables(inv, attn, max_positions, interleaved)
+        cos, sin = _rope(gguf, cfg, max_positions, interleaved)
+        local = cos, sin  # sliding-window layers with a RoPE base of their own (Gemma 3) rotate unscaled
+        if cfg.rope_local_theta:
+            local = rope_tables(inverse_frequencies(d, cfg.rope_local_theta, None, max_positions)[0], 1.0,
+                                max_positions, interleaved)
+        windows = [cfg.layer_window(i) for i in range(cfg.num_layers)]
         fused_qkv, layers = "blk.0.attn_qkv.weight" in gguf.tensors, []
         for i in range(cfg.num_layers):
             b = f"blk.{i}"
@@ -93,27 +126,54 @@ class NativeModel:
             # Phi-3 stores gate and up as one ffn_up matrix, the gate's rows first
             fused_gate_up = f"{b}.ffn_gate.weight" not in gguf.tensors
             gate_up = [f"{b}.ffn_up"] if fused_gate_up else [f"{b}.ffn_gate", f"{b}.ffn_up"]
-            has_qk_norm = f"{b}.attn_q_norm.weight" in gguf.tensors
+            layer_cos, layer_sin = local if windows[i] else (cos, sin)
+            moe = cfg.is_moe_layer(i)  # its experts replace gate_up / down
             layers.append(kernels.DecoderLayer(
                 qkv=_linear(gguf, qkv, h), o=_linear(gguf, [f"{b}.attn_output"], cfg.num_heads * d),
-                gate_up=_linear(gguf, gate_up, h), down=_linear(gguf, [f"{b}.ffn_down"], cfg.intermediate_size),
+                gate_up=None if moe else _linear(gguf, gate_up, h),
+                down=None if moe else _linear(gguf, [f"{b}.ffn_down"], cfg.intermediate_size),
+                moe=layer_experts(gguf, cfg, i, lambda names, cols: _linear(gguf, names, cols)) if moe else None,
                 input_norm=_vector(gguf, f"{b}.attn_norm.weight"), post_norm=_vector(gguf, f"{b}.ffn_norm.weight"),
-                q_norm=_vector(gguf, f"{b}.attn_q_norm.weight") if has_qk_norm else None,
-                k_norm=_vector(gguf, f"{b}.attn_k_norm.weight") if has_qk_norm else None,
-                cos=cos, sin=sin, scale=(cfg.query_pre_attn_scalar or d) ** -0.5, window=None, softcap=None,
-                act=cfg.hidden_act))
+                q_norm=_norm(gguf, f"{b}.attn_q_norm.weight"), k_norm=_norm(gguf, f"{b}.attn_k_norm.weight"),
+                cos=layer_cos, sin=layer_sin, scale=(cfg.query_pre_attn_scalar or d) ** -0.5, window=windows[i],
+                softcap=cfg.attn_logit_softcap, act=cfg.hidden_act,
+                # Gemma's sandwich norms: the attention's and the MLP's outputs normalized before the residual add
+                attn_out_norm=_norm(gguf, f"{b}.post_attention_norm.weight"),
+                mlp_out_norm=_norm(gguf, f"{b}.post_ffw_norm.weight"),
+                family=kernels.LayerFamily(rotary=cfg.rotary_dim if cfg.rotary_dim != d else 0,
+                                           qk_norm_whole=cfg.qk_norm_whole)))
         embed, embed_type = _matrix(gguf, "token_embd.weight")
         decoder = kernels.Decoder(hidden=h, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=d,
                                   eps=cfg.rms_norm_eps, interleaved=interleaved,
                                   embed_table=embed, embed_qtype=embed_type,
-                                  final_norm=_vector(gguf, "output_norm.weight"), layers=layers)
+                                  final_norm=_vector(gguf, "output_norm.weight"), layers=layers,
+                                  embed_scale=cfg.embed_scale or 1.0)
         head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], h)
-        return cls(cfg, decoder, head, gguf)
+        long_after = (int(cfg.rope_scaling["original_max_position_embeddings"])
+                      if cfg.rope_scaling is not None and rope_kind(cfg.rope_scaling) in LONGROPE else None)
+        return cls(cfg, decoder, head, gguf, long_after, max_positions)
+
+    def rope_positions(self, positions: np.ndarray, query_lens: list[int], context_lens: list[int]) -> np.ndarray:
+        """The RoPE table rows of a step's rows: their positions, but with LongRoPE every row of a sequence whose
+        context is longer than original_max_position_embeddings takes the long table's (transformers' rule)."""
+        if self.long_rope_after is None:
+            return positions
+        if positions.size and int(positions.max()) >= self.rope_len:  # past the short table: the long one's rows
+            raise ValueError(f"position {int(positions.max())} is past the rope table ({self.rope_len} positions)")
+        if max(context_lens, default=0) <= self.long_rope_after:
+            return positions
+        long = np.repeat(np.asarray(context_lens) > self.long_rope_after, query_lens)
+        return positions + long * self.rope_len
 
     def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
         assert self.head is not None, "the model's weights were released (sleep level 2)"
         out = np.empty((hidden.shape[0], self.head.rows), dtype=np.float32)
-        return kernels.linear(np.ascontiguousarray(hidden), self.head, out)
+        logits = kernels.linear(np.ascontiguousarray(hidden), self.head, out)
+        cap = self.config.final_logit_softcap
+        if cap:  # Gemma 2: cap * tanh(logits / cap), as the torch model computes it
+            np.tanh(np.divide(logits, np.float32(cap), out=logits), out=logits)
+            logits *= np.float32(cap)
+        return logits
 
     def release_weights(self) -> None:
         """Drop every view of the file (sleep level 2); wake_up loads the model again."""

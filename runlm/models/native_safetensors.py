@@ -29,7 +29,7 @@ from runlm.formats.safetensors import SafetensorsDir, read_hf_config
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
 from runlm.models.native import NativeLoaded, NativeModel, why_not_native
-from runlm.models.rope_freqs import inverse_frequencies, rope_tables
+from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, rope_kind, rope_tables
 from runlm.native import kernels
 
 if TYPE_CHECKING:
@@ -45,7 +45,12 @@ def why_not_native_dir(st: SafetensorsDir, cfg: ModelConfig, hf_config: dict) ->
     reasons = [(bool(hf_config.get("quantization_config")), "a quantized checkpoint"),
                (any(not a.endswith("ForCausalLM") for a in archs), f"the {archs[0] if archs else ''} architecture"),
                ("vision_config" in hf_config or "text_config" in hf_config, "a vision-language model"),
-               ((st.directory / "modules.json").exists(), "a sentence-transformers model")]
+               ((st.directory / "modules.json").exists(), "a sentence-transformers model"),
+               # what runlm.models.native's GGUF loader builds and this one does not (yet)
+               (cfg.family in ("gemma2", "gemma3"), f"the {cfg.family} family"),
+               (cfg.sliding_window is not None or cfg.layer_types is not None, "sliding-window layers"),
+               (cfg.rotary_dim != cfg.head_dim or rope_kind(cfg.rope_scaling) in LONGROPE,
+                "partial rotary or LongRoPE")]
     reason = next((what for bad, what in reasons if bad), None)
     if reason is not None:
         return reason

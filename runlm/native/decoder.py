@@ -4,7 +4,9 @@ add_rms_norm; gate_up linear; act·mul; down linear; add_rms_norm into the next 
 final norm), returning the final-normed hidden states, the same bits as the per-op path. Python runs once
 per step; the scratch buffers live in the native decoder and are reused across steps. A vision-language
 model's image rows go in as embeddings written over their tokens' (``forward(..., embeds=(rows, values))``,
-a separate entry point: a text-only step calls exactly what it called before)."""
+a separate entry point: a text-only step calls exactly what it called before). A layer's ``family`` settings
+(partial rotary, whole-projection q/k norms, its KV group) and a step's ``groups`` (the slots of the sliding-window
+layers' own cache) are what Phi-3, OLMo2/OLMoE and Gemma 2/3 add."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,19 +19,31 @@ from runlm.native.library import F32, I64, U8, Handle, arr, check_shape, lib, ok
 
 if TYPE_CHECKING:
     from runlm.native.linear_weights import LinearWeights
+    from runlm.native.moe import Experts
 
 _ACTS = {"silu": 0, "gelu_tanh": 1}
+
+
+@dataclass(frozen=True)
+class LayerFamily:
+    """A layer's settings beyond the Llama layer's. rotary: the features of each head RoPE rotates (the tables'
+    width; 0: all); qk_norm_whole: q_norm [H D] and k_norm [KVH D] normalize the whole projection (OLMo2, OLMoE);
+    group: the KV group holding the layer's K/V (0: the step's own slots; g: row g - 1 of forward's groups)."""
+    rotary: int = 0
+    qk_norm_whole: bool = False
+    group: int = 0
 
 
 @dataclass
 class DecoderLayer:
     """One layer's weights and settings. post_norm is the MLP input's norm (Llama's
     post_attention_layernorm; Gemma's pre_feedforward_layernorm, whose sandwich norms are
-    attn_out_norm and mlp_out_norm). window None: full attention; softcap None: none."""
+    attn_out_norm and mlp_out_norm). window None: full attention; softcap None: none. A layer with
+    ``moe`` (a mixture of experts) has no gate_up / down: the experts are its MLP."""
     qkv: LinearWeights
     o: LinearWeights
-    gate_up: LinearWeights
-    down: LinearWeights
+    gate_up: LinearWeights | None
+    down: LinearWeights | None
     input_norm: np.ndarray
     post_norm: np.ndarray
     q_norm: np.ndarray | None
@@ -42,6 +56,8 @@ class DecoderLayer:
     act: str = "silu"
     attn_out_norm: np.ndarray | None = None
     mlp_out_norm: np.ndarray | None = None
+    moe: Experts | None = None
+    family: LayerFamily | None = None
 
 
 class Decoder(Handle):
@@ -64,17 +80,24 @@ class Decoder(Handle):
         for i, layer in enumerate(layers):
             if layer.act not in _ACTS:
                 raise ValueError(f"layer {i}: act must be one of {sorted(_ACTS)}, not {layer.act!r}")
+            fam = layer.family or LayerFamily()
             rope = arr(layer.cos, F32, "cos", 2)
-            check_shape("cos", layer.cos.shape, (layer.cos.shape[0], head_dim))
+            check_shape("cos", layer.cos.shape, (layer.cos.shape[0], fam.rotary or head_dim))
+            q_width, k_width = (heads * head_dim, kv_heads * head_dim) if fam.qk_norm_whole else (head_dim, head_dim)
             check_shape("sin", layer.sin.shape, layer.cos.shape)
             ok(native.runlm_decoder_set_layer(
-                handle, i, layer.qkv.handle, layer.o.handle, layer.gate_up.handle, layer.down.handle,
+                handle, i, layer.qkv.handle, layer.o.handle, layer.gate_up.handle if layer.gate_up else None,
+                layer.down.handle if layer.down else None,
                 vector(layer.input_norm, "input_norm", hidden),
                 vector(layer.post_norm, "post_norm", hidden),
-                optional_f32(layer.q_norm, "q_norm", head_dim), optional_f32(layer.k_norm, "k_norm", head_dim),
+                optional_f32(layer.q_norm, "q_norm", q_width), optional_f32(layer.k_norm, "k_norm", k_width),
                 optional_f32(layer.attn_out_norm, "attn_out_norm", hidden),
                 optional_f32(layer.mlp_out_norm, "mlp_out_norm", hidden), rope, arr(layer.sin, F32, "sin", 2),
                 layer.cos.shape[0], layer.scale, layer.window or 0, layer.softcap or 0.0, _ACTS[layer.act]))
+            if layer.moe is not None:
+                ok(native.runlm_decoder_set_layer_moe(handle, i, layer.moe.handle))
+            if layer.family is not None:
+                ok(native.runlm_decoder_set_layer_family(handle, i, fam.rotary, int(fam.qk_norm_whole), fam.group))
         ok(native.runlm_decoder_check(handle))  # every layer's shapes against the decoder's
 
     def set_kv_caches(self, caches: list[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -96,15 +119,28 @@ class Decoder(Handle):
             ok(native.runlm_decoder_set_cache(self.handle, i, kp, vp, k.shape[0]))
         self._caches = list(caches)
 
+    def set_layer_groups(self, groups: list[int]) -> None:
+        """Each layer's KV group (0: the step's own slots; g: row g - 1 of forward's ``groups``), as the engine's
+        HybridBlockManager holds them (Gemma's sliding-window layers in a cache of their own)."""
+        if len(groups) != len(self.layers):
+            raise ValueError(f"{len(groups)} KV groups for {len(self.layers)} layers")
+        for i, (layer, g) in enumerate(zip(self.layers, groups)):
+            fam = layer.family or LayerFamily()
+            ok(lib().runlm_decoder_set_layer_family(self.handle, i, fam.rotary, int(fam.qk_norm_whole), int(g)))
+
     def forward(self, ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray, query_lens: np.ndarray,
                 context_lens: np.ndarray, flat_slots: np.ndarray, out: np.ndarray,
-                embeds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+                embeds: tuple[np.ndarray, np.ndarray] | None = None,
+                groups: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """out [T, hidden]: the final-normed hidden states of tokens ``ids`` (int64 [T]) at ``positions``,
         their K/V written to ``slot_mapping``; sequence b's rows are its last query_lens[b] of
         context_lens[b] positions, whose slots are flat_slots[sum(context_lens[:b]) : ...].
 
         ``embeds``: (rows int64 [N], values float32 [N, hidden]): these rows take these input embeddings
-        instead of their token's (after the embedding scale), a vision-language model's image rows."""
+        instead of their token's (after the embedding scale), a vision-language model's image rows.
+
+        ``groups``: (slot maps int64 [G, T], context slots int64 [G, len(flat_slots)]) of the KV groups after the
+        first, for layers whose ``family.group`` is 1..G."""
         if not self._caches:
             raise ValueError("set_kv_caches first")
         t = ids.shape[0] if ids.ndim == 1 else -1
@@ -115,6 +151,10 @@ class Decoder(Handle):
         if positions.shape != ids.shape or slot_mapping.shape != ids.shape or context_lens.shape != query_lens.shape:
             raise ValueError("one position and one slot per id, one context length per query length")
         check_shape("out", out.shape, (t, self.hidden))
+        if groups is not None:
+            self._forward_groups(ip, pp, sp, t, qlp, clp, query_lens.shape[0], fp, flat_slots.shape[0], op, embeds,
+                                 groups)
+            return out
         if embeds is not None and embeds[0].shape[0]:
             rows, values = embeds
             rp, vp = arr(rows, I64, "embed rows", 1), arr(values, F32, "embed values", 2)
@@ -125,3 +165,20 @@ class Decoder(Handle):
         ok(lib().runlm_decoder_forward(self.handle, ip, pp, sp, t, qlp, clp, query_lens.shape[0], fp,
                                        flat_slots.shape[0], op))
         return out
+
+    def _forward_groups(self, ip: int, pp: int, sp: int, t: int, qlp: int, clp: int, batch: int, fp: int, n_flat: int,
+                        op: int, embeds: tuple[np.ndarray, np.ndarray] | None,
+                        groups: tuple[np.ndarray, np.ndarray]) -> None:
+        slot_maps, flat = groups
+        g = slot_maps.shape[0] if slot_maps.ndim == 2 else -1
+        gsp, gfp = arr(slot_maps, I64, "group slot maps", 2), arr(flat, I64, "group context slots", 2)
+        check_shape("group slot maps", slot_maps.shape, (g, t))
+        check_shape("group context slots", flat.shape, (g, n_flat))
+        rp = vp = None
+        n = 0
+        if embeds is not None and embeds[0].shape[0]:
+            rows, values = embeds
+            rp, vp, n = arr(rows, I64, "embed rows", 1), arr(values, F32, "embed values", 2), rows.shape[0]
+            check_shape("embed values", values.shape, (n, self.hidden))
+        ok(lib().runlm_decoder_forward_groups(self.handle, ip, pp, sp, t, qlp, clp, batch, fp, n_flat, op, rp, vp, n,
+                                              g, gsp, gfp))

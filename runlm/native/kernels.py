@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from runlm.native.decoder import Decoder, DecoderLayer
+from runlm.native.decoder import Decoder, DecoderLayer, LayerFamily
 from runlm.native.library import F32, I64, U8, arr, available, check_shape, lib, ok, optional_f32, ptr, vector
 from runlm.native.linear_weights import LinearWeights
 
-__all__ = ["Decoder", "DecoderLayer", "LinearWeights", "add_rms_norm", "available", "block_size", "cpu_features",
-           "dequantize", "embedding", "gelu_tanh_mul", "get_threads", "linear", "paged_attention", "qkv_rope_store",
-           "rms_norm", "row_bytes", "set_threads", "silu_mul", "supported"]
+__all__ = ["Decoder", "DecoderLayer", "LayerFamily", "LinearWeights", "add_rms_norm", "available", "block_size",
+           "cpu_features", "dequantize", "embedding", "gelu_tanh_mul", "get_threads", "linear", "paged_attention",
+           "qkv_rope_store", "rms_norm", "row_bytes", "set_threads", "silu_mul", "supported"]
 
 
 def cpu_features() -> str:

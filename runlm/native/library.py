@@ -51,6 +51,15 @@ def _declare(library: ctypes.CDLL) -> None:
         "runlm_decoder_forward": (c_int, [c_void_p, _P, _P, _P, c_int64, _P, _P, c_int64, _P, c_int64, _P]),
         "runlm_decoder_forward_embeds": (c_int, [c_void_p, _P, _P, _P, c_int64, _P, _P, c_int64, _P, c_int64, _P, _P,
                                                  _P, c_int64]),
+        "runlm_moe_new": (c_void_p, [c_int64, c_int64, c_int, c_int64, c_int64, _P, c_int64, _P, c_int64, _P,
+                                     c_int64, _P, c_int64, c_int]),
+        "runlm_moe_free": (None, [c_void_p]),
+        "runlm_moe_set_shared": (c_int, [c_void_p, c_void_p, c_void_p, _P]),
+        "runlm_moe_forward": (c_int, [c_void_p, _P, c_int64, _P]),
+        "runlm_decoder_set_layer_moe": (c_int, [c_void_p, c_int64, c_void_p]),
+        "runlm_decoder_set_layer_family": (c_int, [c_void_p, c_int64, c_int64, c_int, c_int64]),
+        "runlm_decoder_forward_groups": (c_int, [c_void_p, _P, _P, _P, c_int64, _P, _P, c_int64, _P, c_int64, _P, _P,
+                                                 _P, c_int64, c_int64, _P, _P]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(library, name)

@@ -17,7 +17,7 @@ import numpy as np
 
 from runlm.engine.core.batch_plan import BatchPlan, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
-from runlm.engine.core.kv_groups import AnyBlockManager
+from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.mm_step import step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sample_batch
@@ -93,8 +93,10 @@ def refuse_kv_cache_dtype(config: EngineConfig, runner_reason: str) -> None:
 
 def why_not_native_vision(vision: object) -> str | None:
     """What a vision tower asks of the text model that the native runner does not do (None: nothing): M-RoPE
-    positions (Qwen2.5-VL); bidirectional image spans (Gemma 3) are the Gemma family's, not native already."""
-    return "M-RoPE positions" if getattr(vision, "uses_mrope", False) else None
+    positions (Qwen2.5-VL), bidirectional attention among an image's tokens (Gemma 3)."""
+    reasons = [(getattr(vision, "uses_mrope", False), "M-RoPE positions"),
+               (getattr(vision, "bidirectional_images", False), "bidirectional attention among an image's tokens")]
+    return next((what for bad, what in reasons if bad), None)
 
 
 class NativeRunner:
@@ -120,6 +122,8 @@ class NativeRunner:
         decoder = self.loaded.model.decoder
         if decoder is not None and self.kv_caches:
             decoder.set_kv_caches(self.kv_caches)
+            if isinstance(self.blocks, HybridBlockManager):  # sliding-window layers' K/V in a cache of their own
+                decoder.set_layer_groups(self.blocks.layer_group)
 
     def free_kv_cache(self) -> None:
         self.kv_caches = []
@@ -131,7 +135,7 @@ class NativeRunner:
     def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
         """Compute the scheduled tokens; sample for every sequence whose known tokens are now all computed."""
         plan = plan_batch(sched, self.blocks)
-        assert not plan.spec_seqs and plan.group_slots is None, "the native runner neither speculates nor windows"
+        assert not plan.spec_seqs, "the native runner does not speculate"
         hidden = self.run_model(plan, self.image_rows(sched) if self.loaded.vision is not None else None)
         model = self.loaded.model
         for rows in plan.prompt_logprob_rows:
@@ -163,6 +167,11 @@ class NativeRunner:
         if self._hidden.shape[0] < t:
             self._hidden = np.empty((t, self._hidden.shape[1]), dtype=np.float32)
         flat = np.concatenate(plan.context_slots) if len(plan.context_slots) > 1 else plan.context_slots[0]
-        return decoder.forward(plan.ids, plan.positions, plan.slot_mapping,
+        groups = None
+        if plan.group_slots is not None:  # per KV group after the first, per sequence: (new tokens', context) slots
+            groups = (np.stack([np.concatenate([new for new, _ in g]) for g in plan.group_slots]),
+                      np.stack([np.concatenate([context for _, context in g]) for g in plan.group_slots]))
+        positions = self.loaded.model.rope_positions(plan.positions, plan.query_lens, plan.context_lens)
+        return decoder.forward(plan.ids, positions, plan.slot_mapping,
                                np.asarray(plan.query_lens, dtype=np.int64),
-                               np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t], embeds)
+                               np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t], embeds, groups)

@@ -9,8 +9,10 @@
 //   add_rms_norm(x, residual, w, eps)           residual += x; out = rms_norm(residual)
 //   silu_mul(gate_up)                           [T, 2I] -> silu(gate) * up  [T, I]
 //   gelu_tanh_mul(gate_up)                      [T, 2I] -> gelu_tanh(gate) * up  [T, I]
-//   qkv_rope_store(qkv, ...)                    split a fused QKV row, optional per-head RMSNorm
-//                                               of q and k, RoPE, K/V written to their cache
+//   qkv_rope_store(qkv, ...)                    split a fused QKV row, optional RMSNorm of q and k
+//                                               (per head, or over the whole projection: OLMo2/
+//                                               OLMoE), RoPE (of the first rotary features of each
+//                                               head: partial rotary), K/V written to their cache
 //                                               slots; writes q [T, H, D] for attention
 #pragma once
 
@@ -68,8 +70,9 @@ inline void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_
         [](float x) { return 0.5f * x * (1.0f + std::tanh(kBeta * (x + kKappa * x * x * x))); });
 }
 
-// One head of D values rotated in place by the table rows cos/sin (laid out as RotaryEmbedding
-// builds them): pairs (i, i + D/2) for rotate-half, (2i, 2i + 1) for the interleaved layout.
+// The first d values of one head rotated in place by the table rows cos/sin [d] (laid out as
+// RotaryEmbedding builds them): pairs (i, i + d/2) for rotate-half, (2i, 2i + 1) for the interleaved
+// layout. d is the head's rotary features (all of them but with partial rotary).
 inline void rope_head(float* x, const float* cos, const float* sin, int64_t d, bool interleaved) {
   if (interleaved) {
     for (int64_t i = 0; i < d; i += 2) {
@@ -92,6 +95,8 @@ struct QkvShape {
   int64_t table_rows;  // positions the cos/sin tables cover
   int64_t cache_slots;
   bool interleaved;
+  int64_t rotary = 0;          // features of each head RoPE rotates (the tables' width); 0: all d
+  bool qk_norm_whole = false;  // q_norm [H D] / k_norm [KVH D] normalize the whole projection, not each head
 };
 
 // Positions and slots in range; an error message, or "" when they are.
@@ -104,27 +109,44 @@ inline std::string check_qkv_rows(const QkvShape& s, const int64_t* pos, const i
   return "";
 }
 
-// qkv [T, (H + 2 KVH) D]; cos/sin [table_rows, D]; caches [slots, KVH, D]; q_norm/k_norm [D] or null;
-// q [T, H, D] out. Positions and slots must have passed check_qkv_rows.
+// qkv [T, (H + 2 KVH) D]; cos/sin [table_rows, rotary]; caches [slots, KVH, D]; q_norm/k_norm [D] (or
+// [H D] / [KVH D] with qk_norm_whole) or null; q [T, H, D] out. Positions and slots must have passed
+// check_qkv_rows.
 inline void qkv_rope_store(const float* qkv, const int64_t* pos, const float* cos, const float* sin, float* k_cache,
                            float* v_cache, const int64_t* slots, const QkvShape& s, const float* q_norm,
                            const float* k_norm, float eps, float* q) {
   const int64_t heads = s.heads, kv_heads = s.kv_heads, d = s.d, width = (heads + 2 * kv_heads) * d;
+  const int64_t rot = s.rotary > 0 ? s.rotary : d;
   const bool interleaved = s.interleaved;
+  const bool q_whole = s.qk_norm_whole && q_norm, k_whole = s.qk_norm_whole && k_norm;  // one norm per row
   parallel_for(0, s.t, 8, [&](int64_t b, int64_t end) {
     for (int64_t r = b; r < end; ++r) {
       const float* row = qkv + r * width;
-      const float *c = cos + pos[r] * d, *sn = sin + pos[r] * d;
+      const float *c = cos + pos[r] * rot, *sn = sin + pos[r] * rot;
+      float* qrow = q + r * heads * d;
+      if (q_whole) norm_row(row, q_norm, qrow, heads * d, eps);
       for (int64_t h = 0; h < heads; ++h) {
-        float* dst = q + (r * heads + h) * d;
-        if (q_norm) norm_row(row + h * d, q_norm, dst, d, eps); else std::copy(row + h * d, row + (h + 1) * d, dst);
-        rope_head(dst, c, sn, d, interleaved);
+        float* dst = qrow + h * d;
+        if (q_whole) {  // normalized above, all heads at once
+        } else if (q_norm) {
+          norm_row(row + h * d, q_norm, dst, d, eps);
+        } else {
+          std::copy(row + h * d, row + (h + 1) * d, dst);
+        }
+        rope_head(dst, c, sn, rot, interleaved);
       }
+      float* krow = k_cache + slots[r] * kv_heads * d;
+      if (k_whole) norm_row(row + heads * d, k_norm, krow, kv_heads * d, eps);
       for (int64_t h = 0; h < kv_heads; ++h) {
         const float* k = row + (heads + h) * d;
-        float* kd = k_cache + (slots[r] * kv_heads + h) * d;
-        if (k_norm) norm_row(k, k_norm, kd, d, eps); else std::copy(k, k + d, kd);
-        rope_head(kd, c, sn, d, interleaved);
+        float* kd = krow + h * d;
+        if (k_whole) {  // normalized above
+        } else if (k_norm) {
+          norm_row(k, k_norm, kd, d, eps);
+        } else {
+          std::copy(k, k + d, kd);
+        }
+        rope_head(kd, c, sn, rot, interleaved);
         const float* v = row + (heads + kv_heads + h) * d;
         std::copy(v, v + d, v_cache + (slots[r] * kv_heads + h) * d);
       }

@@ -16,6 +16,7 @@
 #include "fused_ops_impl.h"
 #include "ggml_linear_impl.h"
 #include "kv_q8_impl.h"
+#include "moe_impl.h"
 #include "native_decoder.h"
 
 namespace {
@@ -26,6 +27,7 @@ namespace attn = runlm::attention;
 using runlm::decoder::Decoder;
 using runlm::decoder::Layer;
 using runlm::decoder::Weights;
+using runlm::moe::Experts;
 
 thread_local std::string g_error;
 
@@ -213,6 +215,20 @@ int runlm_kv_q8_quantize(const float* x, int64_t n, int64_t d, uint8_t* out) {
   return 0;
 }
 
+// Layer i's settings beyond the Llama layer's (after its runlm_decoder_set_layer): rotary, the features of
+// each head RoPE rotates (the cos/sin tables' width; 0: all), even and at most head_dim; qk_norm_whole: its
+// q_norm [H D] and k_norm [KVH D] normalize the whole projection; group: the KV group holding its K/V (0:
+// the step's own slots, g > 0: the g-th of runlm_decoder_forward_groups' groups).
+int runlm_decoder_set_layer_family(void* handle, int64_t i, int64_t rotary, int qk_norm_whole, int64_t group) {
+  auto* dec = static_cast<Decoder*>(handle);
+  if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
+  if (rotary < 0 || rotary > dec->head_dim || rotary % 2 != 0)
+    return fail("rotary features must be even and at most head_dim, not " + std::to_string(rotary));
+  if (group < 0) return fail("a KV group is 0 or more, not " + std::to_string(group));
+  dec->layers[static_cast<size_t>(i)].fam = {rotary, qk_norm_whole != 0, group};
+  return 0;
+}
+
 // Checks that every layer is set and its shapes fit; call once after the set_layer calls.
 int runlm_decoder_check(const void* handle) { return status(static_cast<const Decoder*>(handle)->check()); }
 
@@ -232,6 +248,79 @@ int runlm_decoder_forward_embeds(void* handle, const int64_t* ids, const int64_t
   return status(static_cast<Decoder*>(handle)->forward(ids, positions, slot_mapping, t, query_lens, context_lens,
                                                        batch, flat_slots, n_flat, out, embed_rows, embed_values,
                                                        n_embeds));
+}
+
+// A mixture of experts' handle: n_experts of which each token takes top_k (renormalize: their weights
+// rescaled to sum to 1); the router [E, hidden] of router_type (0: fp32); stacked expert tensors gate and
+// up [E, I, hidden], or gate [E, 2I, hidden] with up null (merged, the gate's rows first), down [E, hidden, I];
+// act 0 silu, 1 gelu_tanh. Null on bad shapes or types (runlm_last_error says why).
+void* runlm_moe_new(int64_t n_experts, int64_t top_k, int renormalize, int64_t hidden, int64_t inner,
+                    const uint8_t* router, int64_t router_type, const uint8_t* gate, int64_t gate_type,
+                    const uint8_t* up, int64_t up_type, const uint8_t* down, int64_t down_type, int act) {
+  auto* moe = new Experts;
+  moe->n_experts = n_experts, moe->top_k = top_k, moe->hidden = hidden, moe->inner = inner;
+  moe->renormalize = renormalize != 0, moe->gelu = act == 1;
+  std::string bad;
+  if (router_type == 0) {
+    moe->router_f32 = reinterpret_cast<const float*>(router);
+  } else {
+    bad = gl::make_plan({{router, n_experts, gl::row_bytes(router_type, hidden), router_type}}, hidden, false,
+                        moe->router_plan);
+    if (!bad.empty()) bad = "router: " + bad;
+  }
+  const int64_t gate_rows = up ? inner : 2 * inner;
+  if (bad.empty())
+    bad = moe->build({gate, gate_type, gate_rows, hidden}, {up, up_type, inner, hidden}, {down, down_type, hidden, inner});
+  if (!bad.empty()) {
+    delete moe;
+    fail(bad);
+    return nullptr;
+  }
+  return moe;
+}
+
+void runlm_moe_free(void* moe) { delete static_cast<Experts*>(moe); }
+
+// The always-on shared expert (linear handles: gate_up [2 S, hidden], down [hidden, S]) and its gate
+// [hidden] (null: ungated), as Qwen2-MoE has.
+int runlm_moe_set_shared(void* handle, const void* gate_up, const void* down, const float* gate) {
+  auto* moe = static_cast<Experts*>(handle);
+  const auto *gu = static_cast<const Weights*>(gate_up), *dn = static_cast<const Weights*>(down);
+  if (!gu || !dn || gu->in() != moe->hidden || gu->out() % 2 != 0 || dn->in() != gu->out() / 2 ||
+      dn->out() != moe->hidden)
+    return fail("shared expert: gate_up must be [2 S, hidden] and down [hidden, S]");
+  moe->shared_gate_up = &gu->plan, moe->shared_down = &dn->plan, moe->shared_gate = gate;
+  return 0;
+}
+
+// out [t, hidden] = the mixture of experts on x [t, hidden] (the op alone, for tests).
+int runlm_moe_forward(const void* handle, const float* x, int64_t t, float* out) {
+  thread_local runlm::moe::Scratch scratch;
+  static_cast<const Experts*>(handle)->apply(x, t, out, scratch);
+  return 0;
+}
+
+// Layer i's MLP becomes the mixture of experts `moe` (from runlm_moe_new); its gate_up / down may be null.
+int runlm_decoder_set_layer_moe(void* handle, int64_t i, const void* moe) {
+  auto* dec = static_cast<Decoder*>(handle);
+  if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
+  dec->layers[static_cast<size_t>(i)].moe = static_cast<const Experts*>(moe);
+  return 0;
+}
+
+// runlm_decoder_forward_embeds with the slots of n_groups KV groups after the first (layers whose group is
+// g >= 1 write to group_slot_maps[(g - 1) t ...] and read group_flat[(g - 1) n_flat ...]): Gemma's
+// sliding-window layers, whose cache is their own. n_embeds may be 0 (embed_rows, embed_values null).
+int runlm_decoder_forward_groups(void* handle, const int64_t* ids, const int64_t* positions,
+                                 const int64_t* slot_mapping, int64_t t, const int64_t* query_lens,
+                                 const int64_t* context_lens, int64_t batch, const int64_t* flat_slots, int64_t n_flat,
+                                 float* out, const int64_t* embed_rows, const float* embed_values, int64_t n_embeds,
+                                 int64_t n_groups, const int64_t* group_slot_maps, const int64_t* group_flat) {
+  if (n_groups < 0) return fail("a negative number of KV groups");
+  const runlm::decoder::GroupSlots groups{n_groups, group_slot_maps, group_flat};
+  return status(static_cast<Decoder*>(handle)->forward(ids, positions, slot_mapping, t, query_lens, context_lens,
+                                                       batch, flat_slots, n_flat, out, embed_rows, embed_values,
+                                                       n_embeds, groups));
 }
 
 }  // extern "C"

@@ -274,6 +274,7 @@ def _classes() -> tuple[type, type]:
 
     class Gemma3Vision(nn.Module):
         uses_mrope = False
+        bidirectional_images = True  # the text model attends bidirectionally among an image's tokens
 
         def __init__(self, vit: ViTConfig, projector: Gemma3Projector, processor: Gemma3ImageProcessor) -> None:
             super().__init__()
