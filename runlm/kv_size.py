@@ -7,3 +7,30 @@ from __future__ import annotations
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
     """A K and a V vector per layer and KV head."""
     return 2 * num_layers * num_kv_heads * head_dim * bytes_per_value
+
+
+# --kv-cache-dtype (vLLM's name): "auto" keeps the cache in the compute dtype (fp32 on the CPU); "q8_0" stores it
+# in llama.cpp's q8_0 blocks, 34 bytes (an fp16 scale and 32 int8) per 32 values, on the native runner.
+KV_CACHE_DTYPES = ("auto", "q8_0")
+Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34
+
+
+def check_kv_cache_dtype(value: str) -> str:
+    if value not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, not {value!r}")
+    return value
+
+
+def q8_row_bytes(head_dim: int) -> int:
+    """One KV head's row of head_dim values in q8_0 blocks (head_dim a multiple of 32)."""
+    return head_dim // Q8_BLOCK * Q8_BLOCK_BYTES
+
+
+def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str,
+                             bytes_per_value: int = 4) -> int:
+    """kv_bytes_per_token for a cache of kv_cache_dtype ("auto": bytes_per_value per value)."""
+    if check_kv_cache_dtype(kv_cache_dtype) == "q8_0":
+        if head_dim % Q8_BLOCK:
+            raise ValueError(f"a q8_0 KV cache needs head_dim a multiple of 32, not {head_dim}")
+        return 2 * num_layers * num_kv_heads * q8_row_bytes(head_dim)
+    return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value)

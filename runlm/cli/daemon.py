@@ -57,10 +57,11 @@ def cmd_ps(args: argparse.Namespace) -> int:
         return 0
     rows = [[r["model_name"], r["model_id"].removeprefix("sha256:")[:12], r["backend_name"], r["mode"],
              human_bytes(r["memory"]["ram"] + r["memory"]["vram"]),
-             human_bytes(r["resident"]) if r.get("resident") is not None else "-", str(r["pid"] or "-"), _until(r)]
-            for r in runners]
-    # SIZE: what the runner reserved for it (weights + a full KV cache); RESIDENT: what its process holds now
-    print_table(rows, ["NAME", "ID", "BACKEND", "MODE", "SIZE", "RESIDENT", "PID", "UNTIL"])
+             human_bytes(r["resident"]) if r.get("resident") is not None else "-", r.get("kv_cache_dtype") or "-",
+             str(r["pid"] or "-"), _until(r)] for r in runners]
+    # SIZE: what the runner reserved for it (weights + a full KV cache); RESIDENT: what its process holds now;
+    # KV: the KV cache's storage (--kv-cache-dtype), where the backend says
+    print_table(rows, ["NAME", "ID", "BACKEND", "MODE", "SIZE", "RESIDENT", "KV", "PID", "UNTIL"])
     return 0
 
 

@@ -21,7 +21,7 @@ from runlm.engine.core.sequence import Sequence
 from runlm.engine.core.thinking import ThinkingTracker
 from runlm.engine.engine_core import EngineCore, log, set_native_threads, set_torch_threads
 from runlm.engine.runners.gpu_select import check_gpu, use_gpu_runner
-from runlm.engine.runners.native import NativeRunner, native_model
+from runlm.engine.runners.native import NativeRunner, native_model, refuse_kv_cache_dtype, why_torch
 from runlm.engine.sample.sampler import SampledToken, make_generator
 from runlm.engine.spec_decode.decoder import SpecDecoder, SpecDecodeStats
 from runlm.engine.structured.backend import StructuredOutputManager
@@ -30,7 +30,7 @@ from runlm.engine.types.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.types.outputs import RequestOutput
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
-from runlm.kv_size import kv_bytes_per_token
+from runlm.kv_size import kv_bytes_per_token, kv_cache_bytes_per_token
 from runlm.models.load import LoadedModel, load_decoder
 from runlm.models.native import NativeLoaded
 from runlm.models.vision.images import ImageError, open_image
@@ -59,8 +59,8 @@ class LLMEngine(EngineCore):
         mc = self.loaded.config
         self.vocab_size = mc.vocab_size
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
-        self.kv_bytes_per_token = per_token = kv_bytes_per_token(
-            mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype_itemsize(config.dtype))
+        self.kv_bytes_per_token = per_token = kv_cache_bytes_per_token(
+            mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_cache_dtype, dtype_itemsize(config.dtype))
         spec = config.speculative_config
         draft = None
         if spec is not None and spec.method == "draft_model":
@@ -129,6 +129,7 @@ class LLMEngine(EngineCore):
             from runlm.models.gpu_load import load_to_device
 
             check_gpu(self.config)
+            refuse_kv_cache_dtype(self.config, "the GPU runner")
             self.native = False
             set_torch_threads(self.threads)
             return load_to_device(path, dtype=self.config.dtype, device=self.config.device,
@@ -157,6 +158,7 @@ class LLMEngine(EngineCore):
             if native.vision is not None:
                 set_torch_threads(self.threads)  # the vision tower computes in torch
             return native
+        refuse_kv_cache_dtype(c, why_torch(path, c))
         return load_decoder(path, dtype=c.dtype, device=c.device, exact_numerics=c.exact_numerics, mmproj=mmproj)
 
     # ---- images -----------------------------------------------------------------------------

@@ -53,9 +53,12 @@ def all_logits(model, ids: list[int], chunk: int = 512,
     return torch.cat(out)
 
 
-def native_logits(model: NativeModel, ids: list[int], chunk: int = 512) -> torch.Tensor:
-    """``all_logits`` of a model on the native runner (runlm.models.native.NativeModel): what fast mode serves."""
+def native_logits(model: NativeModel, ids: list[int], chunk: int = 512, kv_cache_dtype: str = "auto") -> torch.Tensor:
+    """``all_logits`` of a model on the native runner (runlm.models.native.NativeModel): what fast mode serves;
+    ``kv_cache_dtype`` as the engine's (``q8_0``: the 8-bit cache)."""
     import numpy as np
+
+    from runlm.native.kv_cache import allocate
 
     cfg, decoder = model.config, model.decoder
     assert decoder is not None
@@ -63,8 +66,7 @@ def native_logits(model: NativeModel, ids: list[int], chunk: int = 512) -> torch
     for start in range(0, len(ids), chunk):
         window = np.asarray(ids[start:start + chunk], dtype=np.int64)
         n = len(window)
-        decoder.set_kv_caches([(np.empty((n, cfg.num_kv_heads, cfg.head_dim), np.float32),
-                                np.empty((n, cfg.num_kv_heads, cfg.head_dim), np.float32))
+        decoder.set_kv_caches([allocate(kv_cache_dtype, n, cfg.num_kv_heads, cfg.head_dim)
                                for _ in range(cfg.num_layers)])
         slots, lens = np.arange(n, dtype=np.int64), np.array([n], dtype=np.int64)
         hidden = decoder.forward(window, slots, slots, lens, lens, slots, np.empty((n, cfg.hidden_size), np.float32))

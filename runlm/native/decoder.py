@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from runlm.kv_size import q8_row_bytes
 from runlm.native.library import F32, I64, U8, Handle, arr, check_shape, lib, ok, optional_f32, vector
 
 if TYPE_CHECKING:
@@ -100,11 +101,18 @@ class Decoder(Handle):
         ok(native.runlm_decoder_check(handle))  # every layer's shapes against the decoder's
 
     def set_kv_caches(self, caches: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """Each layer's (k, v) cache, fp32 [slots, kv_heads, head_dim]; kept alive until replaced."""
+        """Each layer's (k, v) cache, fp32 [slots, kv_heads, head_dim], or uint8 [slots, kv_heads, head_dim / 32 *
+        34] for q8_0 blocks (runlm.native.kv_cache); kept alive until replaced."""
         if len(caches) != len(self.layers):
             raise ValueError(f"{len(caches)} caches for {len(self.layers)} layers")
         native = lib()
         for i, (k, v) in enumerate(caches):
+            if k.dtype == U8:
+                kp, vp = arr(k, U8, f"k_cache {i}", 3), arr(v, U8, f"v_cache {i}", 3)
+                check_shape(f"k_cache {i}", k.shape, (k.shape[0], self.kv_heads, q8_row_bytes(self.head_dim)))
+                check_shape(f"v_cache {i}", v.shape, k.shape)
+                ok(native.runlm_decoder_set_cache_q8(self.handle, i, kp, vp, k.shape[0]))
+                continue
             kp, vp = arr(k, F32, f"k_cache {i}", 3), arr(v, F32, f"v_cache {i}", 3)
             check_shape(f"k_cache {i}", k.shape, (k.shape[0], self.kv_heads, self.head_dim))
             check_shape(f"v_cache {i}", v.shape, k.shape)

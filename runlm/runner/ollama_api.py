@@ -72,6 +72,7 @@ async def ps(request: Request) -> JSONResponse:
         entry = tag_entry(r.model)
         entry.update(size=r.memory.ram + r.memory.vram, size_vram=r.memory.vram,
                      context_length=r.backend.context_size(r.model, r.config),
+                     kv_cache_dtype=r.backend.kv_cache_dtype(r.config),
                      expires_at=(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.expires_at)) if r.expires_at
                                  else "2318-01-01T00:00:00Z" if r.keep_alive < 0 or r.in_use else now_iso()))
         out.append(entry)

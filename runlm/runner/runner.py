@@ -79,4 +79,5 @@ class Runner:
                 "loaded_at": int(self.loaded_at), "expires_at": int(self.expires_at) if self.expires_at else None,
                 "keep_alive": self.keep_alive, "memory": {"ram": self.memory.ram, "vram": self.memory.vram},
                 "resident": resident_bytes(self.pid),
-                "context_size": self.backend.context_size(self.model, self.config)}
+                "context_size": self.backend.context_size(self.model, self.config),
+                "kv_cache_dtype": self.backend.kv_cache_dtype(self.config)}

@@ -43,6 +43,7 @@ class RayServeArgs(BaseModel):
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)
     kv_cache_memory: str | None = Field(None, description="bytes such as 2GiB")
+    kv_cache_dtype: Literal["auto", "q8_0"] = "auto"
     max_waiting: int = Field(256, ge=0)
     max_body_size: str = "32MiB"
     # Serve's autoscaling on queue depth
@@ -68,7 +69,8 @@ class RayServeArgs(BaseModel):
     def engine_args(self) -> dict[str, Any]:
         args: dict[str, Any] = dict(task=self.task, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
                                     max_num_batched_tokens=self.max_num_batched_tokens, device=self.device,
-                                    kv_cache_memory=self.kv_cache_memory, threads=self.threads)
+                                    kv_cache_memory=self.kv_cache_memory, kv_cache_dtype=self.kv_cache_dtype,
+                                    threads=self.threads)
         if self.dtype or self.device.startswith("cuda"):
             args["dtype"] = self.dtype or "bfloat16"
         return args

@@ -16,7 +16,7 @@ from typing import Any
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import ENCODER_GGUF_ARCHS, ENCODER_HF_ARCHS
 from runlm.formats.sampling_defaults import from_generation_config, from_gguf_metadata
-from runlm.kv_size import kv_bytes_per_token
+from runlm.kv_size import kv_bytes_per_token, kv_cache_bytes_per_token
 
 # GGUF types whose 2-D tensors runlm's engine keeps as int8 blocks in memory (about 1.25 bytes per weight)
 
@@ -56,6 +56,13 @@ class ModelInfo:
 
     def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, bytes_per_value)
+
+    def kv_cache_bytes_per_token(self, kv_cache_dtype: str = "auto") -> int:
+        """The CPU engine's KV bytes per token for --kv-cache-dtype (auto: fp32; a model whose head_dim q8_0 cannot
+        hold counts as fp32: its engine refuses to start, and says why)."""
+        if kv_cache_dtype == "q8_0" and self.head_dim % 32:
+            kv_cache_dtype = "auto"
+        return kv_cache_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_cache_dtype)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -212,3 +212,24 @@ def test_native_backend_puts_a_model_on_the_gpu_where_there_is_one(tmp_path: Pat
                 ["--allowed-media-domains", "file:///etc"]):
         with pytest.raises(ConfigError):
             native.check_flags(bad)
+
+
+def test_a_q8_0_kv_cache_runtime_flag_is_checked_counted_and_shown(stored, tmp_path: Path) -> None:
+    """--kv-cache-dtype q8_0 (issue 30): an allowed native runtime flag with a checked value; the budget counts the
+    8-bit cache's bytes (34 per 32 values instead of 128) and the runner's entry (`runlm ps`) names the dtype."""
+    store, model = stored
+    native = all_backends(tmp_path)["native"]
+    plain, q8 = BackendConfig(context_size=1024), BackendConfig(context_size=1024,
+                                                                runtime_flags=["--kv-cache-dtype", "q8_0"])
+    assert native.check_flags(["--kv-cache-dtype", "q8_0"]) == ["--kv-cache-dtype", "q8_0"]
+    for bad in (["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "q8_0;rm"]):
+        with pytest.raises(ConfigError):
+            native.check_flags(bad)
+    assert kv_cache_bytes(model, 1024, q8) * 128 == kv_cache_bytes(model, 1024, plain) * 34
+    assert native.required_memory(model, plain).ram - native.required_memory(model, q8).ram == \
+        kv_cache_bytes(model, 1024, plain) - kv_cache_bytes(model, 1024, q8)
+    argv = native.command("/s.sock", "/m.gguf", "m", model, q8)
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "q8_0"
+    assert int(argv[argv.index("--kv-cache-memory") + 1]) == kv_cache_bytes(model, 1024, q8)
+    assert native.kv_cache_dtype(q8) == "q8_0" and native.kv_cache_dtype(plain) == "auto"
+    assert all_backends(tmp_path)["llamacpp"].kv_cache_dtype(q8) is None

@@ -71,3 +71,14 @@ def test_refuses_to_replace_a_file_with_its_socket(tmp_path) -> None:
     res = subprocess.run([*RUNLM, "smollm2", "--uds", str(victim)], env=ENV, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 1 and "not a socket" in res.stderr and victim.read_text() == "keep me"
+
+
+def test_a_q8_0_kv_cache_where_torch_would_run_exits_1_saying_why(tiny_model) -> None:
+    # --kv-cache-dtype q8_0 is the native runner's; exact numerics run on torch
+    res = subprocess.run([*RUNLM, str(tiny_model("qwen2")), "--port", "0", "--kv-cache-dtype", "q8_0",
+                          "--exact-numerics"], env=ENV, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "kv_cache_dtype 'q8_0' needs the native runner" in res.stderr
+    assert "exact numerics" in res.stderr
+    res = subprocess.run([*RUNLM, "smollm2", "--port", "0", "--kv-cache-dtype", "fp8"], env=ENV, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2 and "--kv-cache-dtype" in res.stderr

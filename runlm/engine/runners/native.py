@@ -30,6 +30,7 @@ from runlm.engine.types.config import EngineConfig
 from runlm.models.native import NativeLoaded, load_native
 from runlm.models.native_safetensors import load_native_safetensors
 from runlm.native import lora as native_lora
+from runlm.native.kv_cache import allocate
 
 log = logging.getLogger("runlm.native")
 
@@ -60,6 +61,39 @@ def native_model(path: Path, config: EngineConfig) -> NativeLoaded | None:
     return load_native(path, config.max_model_len)
 
 
+def why_torch(path: Path, config: EngineConfig) -> str:
+    """Why the model at ``path`` runs on the torch runner (for messages; the engine decided already)."""
+    reason = why_not_native(config)
+    if reason is None and path.is_file():
+        from runlm.formats.gguf import GGUFFile
+        from runlm.models.config import ModelConfig
+        from runlm.models.native import why_not_native as why_not_native_file
+
+        try:
+            gguf = GGUFFile(path)
+            reason = why_not_native_file(gguf, ModelConfig.from_gguf(gguf))
+        except Exception:  # noqa: BLE001 - a file the native loader does not read: the torch loader says why
+            reason = "a model file the native loader does not read"
+    if reason is None and path.is_dir():
+        from runlm.formats.safetensors import SafetensorsDir, read_hf_config
+        from runlm.models.config import ModelConfig
+        from runlm.models.native_safetensors import why_not_native_dir
+
+        try:
+            hf = read_hf_config(path)
+            reason = why_not_native_dir(SafetensorsDir(path), ModelConfig.from_hf(hf, source=str(path)), hf)
+        except Exception:  # noqa: BLE001 - as above
+            reason = "a model directory the native loader does not read"
+    return reason or "its vision tower"
+
+
+def refuse_kv_cache_dtype(config: EngineConfig, runner_reason: str) -> None:
+    """A q8_0 KV cache is the native runner's: a ValueError naming why this model runs elsewhere."""
+    if config.kv_cache_dtype != "auto":
+        raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype!r} needs the native runner, which does not run "
+                         f"this model ({runner_reason}); use kv_cache_dtype 'auto' (--kv-cache-dtype auto)")
+
+
 def why_not_native_vision(vision: object) -> str | None:
     """What a vision tower asks of the text model that the native runner does not do (None: nothing): M-RoPE
     positions (Qwen2.5-VL), bidirectional attention among an image's tokens (Gemma 3)."""
@@ -73,6 +107,7 @@ class NativeRunner:
                  structured: StructuredOutputManager | None = None) -> None:
         self.loaded, self.blocks, self.structured = loaded, blocks, structured
         self.lora = config.enable_lora
+        self.kv_cache_dtype = config.kv_cache_dtype
         self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         self.kv_caches: list[tuple[np.ndarray, np.ndarray]] = []
         self._hidden = np.empty((0, loaded.config.hidden_size), dtype=np.float32)
@@ -83,10 +118,8 @@ class NativeRunner:
 
     def allocate_kv_cache(self) -> None:
         c = self.loaded.config
-        # empty, not zeros: attention reads only slots already written, and untouched pages cost no RAM
-        self.kv_caches = [tuple(np.empty((self.blocks.layer_blocks(i) * self.blocks.block_size, c.num_kv_heads,
-                                          c.head_dim), dtype=np.float32) for _ in range(2))  # type: ignore[misc]
-                          for i in range(c.num_layers)]
+        self.kv_caches = [allocate(self.kv_cache_dtype, self.blocks.layer_blocks(i) * self.blocks.block_size,
+                                   c.num_kv_heads, c.head_dim) for i in range(c.num_layers)]
         self._bind()
 
     def _bind(self) -> None:

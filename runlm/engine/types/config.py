@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from runlm.dtypes import DTYPE_BYTES, dtype_itemsize, torch_dtype
 from runlm.engine.types.spec_config import SpeculativeConfig
+from runlm.kv_size import check_kv_cache_dtype
 from runlm.sizes import available_memory, parse_size
 
 if TYPE_CHECKING:
@@ -39,6 +40,9 @@ class EngineConfig:
     # bytes ('2GiB', 1<<30) or a fraction of currently available memory (0 < x <= 1)
     kv_cache_memory: int | float | str | None = None
     enable_prefix_caching: bool = True
+    # the KV cache's storage (vLLM's --kv-cache-dtype): "auto" (the compute dtype) or "q8_0" (llama.cpp's 8-bit
+    # blocks, the native runner only; runlm.kv_size)
+    kv_cache_dtype: str = "auto"
     # a torch.dtype, or its name: the common names stay strings so a config needs no torch (see torch_dtype)
     dtype: torch.dtype | str = "float32"
     device: str = "cpu"
@@ -69,6 +73,7 @@ class EngineConfig:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
         if not (isinstance(self.dtype, str) and self.dtype in DTYPE_BYTES):
             object.__setattr__(self, "dtype", torch_dtype(self.dtype))  # a rarer name, checked by torch
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if self.task not in ("auto", "generate", "embed", "score"):
             raise ValueError(f"task must be auto, generate, embed or score, not {self.task!r}")
         if self.max_num_seqs < 1:

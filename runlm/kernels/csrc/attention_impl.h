@@ -88,22 +88,14 @@ inline float dot(const Args& a, const float* x, const float* y) {
   return hsum8(acc);
 }
 
-// One query row t (at position p of a sequence whose slots start at `slots`) and one KV head.
-// scores: scratch of G * (p + 1) floats; acc: G * D floats.
-inline void row(const Args& a, int64_t t, int64_t kvh, int64_t p, const int64_t* slots, float* scores, float* acc) {
-  const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
-  const int64_t L = p - lo + 1;
-  const float* q = a.q + (t * a.H + kvh * a.G) * a.D;
-  for (int64_t j = 0; j < L; ++j) {
-    const float* kr = a.k + (slots[lo + j] * a.KVH + kvh) * a.D;
-    for (int64_t g = 0; g < a.G; ++g) scores[g * L + j] = dot(a, q + g * a.D, kr) * a.scale;
-  }
+// Scores [G, L] of one row: soft-capped, then each head's row turned in place into e^(s - max) with
+// inv[g] = 1 / its sum (the caller scales the weighted V sum by it). Shared by the q8_0 cache's rows.
+inline void softmax(const Args& a, float* scores, int64_t L, float* inv) {
   if (a.softcap > 0.0f)
     for (int64_t i = 0; i < a.G * L; ++i) scores[i] = std::tanh(scores[i] / a.softcap) * a.softcap;
   const int64_t lfull = L / 8 * 8;
   const __m256i ltail = first_lanes(L - lfull);
   const __m256 ninf = _mm256_set1_ps(-INFINITY);
-  std::vector<float> inv(a.G);
   for (int64_t g = 0; g < a.G; ++g) {
     float* s = scores + g * L;
     __m256 mx = ninf;
@@ -124,6 +116,20 @@ inline void row(const Args& a, int64_t t, int64_t kvh, int64_t p, const int64_t*
     }
     inv[g] = 1.0f / hsum8(sum);
   }
+}
+
+// One query row t (at position p of a sequence whose slots start at `slots`) and one KV head.
+// scores: scratch of G * (p + 1) floats; acc: G * D floats.
+inline void row(const Args& a, int64_t t, int64_t kvh, int64_t p, const int64_t* slots, float* scores, float* acc) {
+  const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
+  const int64_t L = p - lo + 1;
+  const float* q = a.q + (t * a.H + kvh * a.G) * a.D;
+  for (int64_t j = 0; j < L; ++j) {
+    const float* kr = a.k + (slots[lo + j] * a.KVH + kvh) * a.D;
+    for (int64_t g = 0; g < a.G; ++g) scores[g * L + j] = dot(a, q + g * a.D, kr) * a.scale;
+  }
+  std::vector<float> inv(a.G);
+  softmax(a, scores, L, inv.data());
   std::fill(acc, acc + a.G * a.D, 0.0f);
   for (int64_t j = 0; j < L; ++j) {
     const float* vr = a.v + (slots[lo + j] * a.KVH + kvh) * a.D;

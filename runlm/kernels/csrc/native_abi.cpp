@@ -15,6 +15,7 @@
 #include "attention_impl.h"
 #include "fused_ops_impl.h"
 #include "ggml_linear_impl.h"
+#include "kv_q8_impl.h"
 #include "moe_impl.h"
 #include "native_decoder.h"
 
@@ -191,7 +192,26 @@ int runlm_decoder_set_cache(void* handle, int64_t i, float* k_cache, float* v_ca
   auto* dec = static_cast<Decoder*>(handle);
   if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
   Layer& l = dec->layers[static_cast<size_t>(i)];
-  l.k_cache = k_cache, l.v_cache = v_cache, l.cache_slots = cache_slots;
+  l.k_cache = k_cache, l.v_cache = v_cache, l.cache_slots = cache_slots, l.q8 = {};
+  return 0;
+}
+
+// Layer i's KV cache in q8_0 blocks (kv_q8_impl.h): k/v [cache_slots, kv_heads, head_dim / 32 * 34] bytes.
+int runlm_decoder_set_cache_q8(void* handle, int64_t i, uint8_t* k_cache, uint8_t* v_cache, int64_t cache_slots) {
+  auto* dec = static_cast<Decoder*>(handle);
+  if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
+  const std::string bad = runlm::kv_q8::check_head_dim(dec->head_dim);
+  if (!bad.empty()) return fail(bad);
+  Layer& l = dec->layers[static_cast<size_t>(i)];
+  l.k_cache = nullptr, l.v_cache = nullptr, l.q8 = {k_cache, v_cache}, l.cache_slots = cache_slots;
+  return 0;
+}
+
+// n rows of d floats (d a multiple of 32) into q8_0 blocks [n, d / 32 * 34], as the q8_0 KV cache stores them.
+int runlm_kv_q8_quantize(const float* x, int64_t n, int64_t d, uint8_t* out) {
+  const std::string bad = runlm::kv_q8::check_head_dim(d);
+  if (!bad.empty()) return fail(bad);
+  for (int64_t r = 0; r < n; ++r) runlm::kv_q8::quantize_row(x + r * d, out + r * runlm::kv_q8::row_bytes(d), d);
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include "fused_ops_impl.h"
 #include "ggml_linear_impl.h"
 #include "lora_impl.h"
+#include "kv_q8_impl.h"
 #include "moe_impl.h"
 
 namespace runlm::decoder {
@@ -60,6 +61,7 @@ struct Layer {
   float softcap = 0.0f; // 0: none
   bool gelu = false;    // the MLP's activation: gelu_tanh, else silu
   float *k_cache = nullptr, *v_cache = nullptr;  // [cache_slots, KVH, D]
+  kv_q8::Cache q8;                                // set instead of k_cache / v_cache: a q8_0 cache
   int64_t cache_slots = 0;
   const moe::Experts* moe = nullptr;  // a mixture of experts instead of gate_up / down (moe_impl.h)
   FamilyOpts fam;
@@ -80,6 +82,7 @@ struct Decoder {
   int64_t rows = 0;
   std::vector<float> residual, h, qkv, q, attn, o, gate_up, act, m;
   gl::Scratch quantized;
+  kv_q8::Staging kv8;
   moe::Scratch moe_scratch;
   attention::RowPlan plan;
 
@@ -154,7 +157,7 @@ struct Decoder {
                       int64_t n_embeds = 0, const GroupSlots& groups = GroupSlots{}) {
     if (layers.empty()) return "a decoder needs at least one layer";
     for (const Layer& l : layers)
-      if (!l.k_cache || !l.v_cache) return "no KV cache set";
+      if ((!l.k_cache || !l.v_cache) && (!l.q8.k || !l.q8.v)) return "no KV cache set";
     std::string bad = gl::check_ids(ids, t, vocab);
     if (bad.empty()) bad = lora.check_step(t);
     if (bad.empty()) bad = attention::plan_rows(query_lens, context_lens, batch, t, n_flat, plan);
@@ -183,10 +186,19 @@ struct Decoder {
       const int64_t* context = g == 0 ? flat_slots : groups.flat + (g - 1) * n_flat;
       l.qkv->apply(hp, t, qkv.data(), quantized);
       lora.apply(i, lora::kQkv, hp, hidden, qkv.data(), l.qkv->out());
-      fused::qkv_rope_store(qkv.data(), positions, l.cos, l.sin, l.k_cache, l.v_cache, slots, shape, l.q_norm,
-                            l.k_norm, eps, q.data());
-      attention::paged_attention(q.data(), l.k_cache, l.v_cache, context, plan, t, heads, kv_heads, head_dim,
-                                 l.scale, l.window, l.softcap, attn.data());
+      float *kc = l.k_cache, *vc = l.v_cache;  // a q8_0 cache: fp32 rows 0..t-1 of kv8, quantized below
+      const int64_t* kv_slots = slots;
+      if (l.q8.k) kv8.grow(t, kv_heads * head_dim), kc = kv8.k.data(), vc = kv8.v.data(), kv_slots = kv8.slots.data();
+      fused::qkv_rope_store(qkv.data(), positions, l.cos, l.sin, kc, vc, kv_slots, shape, l.q_norm, l.k_norm, eps,
+                            q.data());
+      if (l.q8.k) {
+        kv_q8::store(kc, vc, slots, t, kv_heads, head_dim, l.q8);
+        kv_q8::paged_attention(q.data(), l.q8, context, plan, t, heads, kv_heads, head_dim, l.scale, l.window,
+                               l.softcap, attn.data());
+      } else {
+        attention::paged_attention(q.data(), l.k_cache, l.v_cache, context, plan, t, heads, kv_heads, head_dim,
+                                   l.scale, l.window, l.softcap, attn.data());
+      }
       l.o->apply(attn.data(), t, o.data(), quantized);
       lora.apply(i, lora::kO, attn.data(), l.o->in(), o.data(), hidden);
       if (l.attn_out_norm) fused::rms_norm(o.data(), l.attn_out_norm, o.data(), t, hidden, eps);

@@ -99,6 +99,10 @@ class Backend(abc.ABC):
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
         """Memory a process serving ``model`` with ``config`` will need: weights + KV cache + runtime."""
 
+    def kv_cache_dtype(self, config: BackendConfig) -> str | None:
+        """The KV cache's storage the backend will use (--kv-cache-dtype's names), None where it does not say."""
+        return None
+
     def context_size(self, model: StoredModel, config: BackendConfig) -> int:
         """The context length the backend will run ``model`` with."""
         return min(config.context_size or DEFAULT_CONTEXT, model.info.context_length or DEFAULT_CONTEXT)

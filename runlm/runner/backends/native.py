@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runlm import __version__
+from runlm.kv_size import KV_CACHE_DTYPES
 from runlm.runner.backends.base import STATUS_RUNNING, RequiredMemory, format_status
 from runlm.runner.backends.flags import is_float, is_int, is_size
 from runlm.runner.backends.process import ProcessBackend
@@ -42,10 +43,16 @@ def kv_cache_bytes(model: StoredModel, context: int, config: BackendConfig | Non
     keeps it in the same blocks and splits the cache by both models' bytes per token)."""
     if "completion" not in model.info.capabilities:
         return MIN_KV_BYTES
-    per_token = model.info.kv_bytes_per_token(4)
+    per_token = model.info.kv_cache_bytes_per_token(kv_cache_dtype(config) if config is not None else "auto")
     if config is not None and config.speculative is not None:
         per_token += config.speculative.draft_kv_bytes_per_token
     return max(per_token * context * KV_SEQUENCES, MIN_KV_BYTES)
+
+
+def kv_cache_dtype(config: BackendConfig) -> str:
+    """The KV cache's storage a --kv-cache-dtype runtime flag asks for ("auto" without one)."""
+    value = flag_value(config.runtime_flags, "--kv-cache-dtype") or "auto"
+    return value if value in KV_CACHE_DTYPES else "auto"
 
 
 def flag_value(flags: list[str], name: str) -> str | None:
@@ -115,6 +122,7 @@ class NativeBackend(ProcessBackend):
     name = "native"
     supports_speculative = True
     allowed_flags = {"--max-num-seqs": is_int, "--max-num-batched-tokens": is_int, "--kv-cache-memory": is_size,
+                     "--kv-cache-dtype": lambda v: v in KV_CACHE_DTYPES,
                      "--device": lambda v: v in ("cpu", "cuda", "auto") or v.startswith("cuda:") and v[5:].isdigit(),
                      "--dtype": lambda v: v in ("float32", "bfloat16", "float16"),
                      "--gpu-memory-utilization": lambda v: is_float(v) and 0 < float(v) <= 1,
@@ -133,6 +141,9 @@ class NativeBackend(ProcessBackend):
 
     def disk_usage(self) -> int:
         return 0
+
+    def kv_cache_dtype(self, config: BackendConfig) -> str | None:
+        return kv_cache_dtype(config)
 
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
         gpu = on_gpu(config)
