@@ -99,6 +99,7 @@ class EngineCore:
 
     threads: int
     native: bool = False  # whether the native runner computes (no torch in the process)
+    runner_reason = ""  # why the native runner does not (for the start-up line), where it does not
 
     def set_threads(self, n: int) -> None:
         """The kernels' CPU threads from now on."""
@@ -122,8 +123,10 @@ class EngineCore:
                                            ("attention", kernels.attention_available()),
                                            ("fused", fused.available())) if ok]
             threads = torch.get_num_threads()
-        log.info("engine ready: %s; max_model_len %d; KV cache %d blocks x %d tokens (%.1f MiB, %s); "
-                 "%s numerics; kernels: %s; %d threads", type(self).__name__, self.max_model_len,
+        runner = "native" if self.native else \
+            f"torch ({self.runner_reason})" if self.runner_reason else "torch"
+        log.info("engine ready: %s; runner %s; max_model_len %d; KV cache %d blocks x %d tokens (%.1f MiB, %s); "
+                 "%s numerics; kernels: %s; %d threads", type(self).__name__, runner, self.max_model_len,
                  len(self.blocks.blocks), self.blocks.block_size, kv_bytes / (1 << 20),
                  "q8_0" if self.config.kv_cache_dtype == "q8_0" else str(self.config.dtype).removeprefix("torch."),
                  "exact" if self.config.exact_numerics else "fast", ", ".join(kinds) or "torch fallback", threads)

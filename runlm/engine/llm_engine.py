@@ -21,7 +21,7 @@ from runlm.engine.core.sequence import Sequence
 from runlm.engine.core.thinking import ThinkingTracker
 from runlm.engine.engine_core import EngineCore, log, set_native_threads, set_torch_threads
 from runlm.engine.runners.gpu_select import check_gpu, use_gpu_runner
-from runlm.engine.runners.native import NativeRunner, native_model, refuse_kv_cache_dtype, why_torch
+from runlm.engine.runners.native import NativeRunner, native_model, refuse_kv_cache_dtype
 from runlm.engine.sample.sampler import SampledToken, make_generator
 from runlm.engine.spec_decode.decoder import SpecDecoder, SpecDecodeStats
 from runlm.engine.structured.backend import StructuredOutputManager
@@ -129,6 +129,7 @@ class LLMEngine(EngineCore):
             from runlm.models.gpu_load import load_to_device
 
             check_gpu(self.config)
+            self.runner_reason = f"device {self.config.device}"
             refuse_kv_cache_dtype(self.config, "the GPU runner")
             self.native = False
             set_torch_threads(self.threads)
@@ -141,7 +142,8 @@ class LLMEngine(EngineCore):
 
             found = find_mmproj(path)
             mmproj = str(found) if found is not None else None
-        native = native_model(path, c)
+        reasons: list[str] = []
+        native = native_model(path, c, reasons)
         if native is not None and mmproj is not None:  # the tower is torch's, beside the native text model
             from runlm.engine.runners.native import why_not_native_vision
             from runlm.formats.gguf import GGUFFile
@@ -151,14 +153,16 @@ class LLMEngine(EngineCore):
             reason = why_not_native_vision(native.vision)
             if reason is not None:
                 log.info("native runner not used for %s: %s", path.name, reason)
+                reasons.append(reason)
                 native = None
         self.native = native is not None
+        self.runner_reason = "" if self.native else next(iter(reasons), "a model the native loader does not read")
         (set_native_threads if self.native else set_torch_threads)(self.threads)
         if native is not None:
             if native.vision is not None:
                 set_torch_threads(self.threads)  # the vision tower computes in torch
             return native
-        refuse_kv_cache_dtype(c, why_torch(path, c))
+        refuse_kv_cache_dtype(c, self.runner_reason)
         return load_decoder(path, dtype=c.dtype, device=c.device, exact_numerics=c.exact_numerics, mmproj=mmproj)
 
     # ---- images -----------------------------------------------------------------------------

@@ -190,18 +190,27 @@ class NativeLoaded:
     vision: Any = None  # a vision-language model's tower (torch's, from an mmproj file): runlm.models.vision
 
 
-def load_native(path: Path, max_model_len: int | None = None) -> NativeLoaded | None:
-    """The model at ``path`` on the native runner, or None (logged, with the reason) where it needs torch."""
+def not_native(path: Path, reason: str, reasons: list[str] | None) -> None:
+    """Say why the model at ``path`` is not the native runner's (the log; ``reasons``, for the engine's line)."""
+    log.info("native runner not used for %s: %s", path.name, reason)
+    if reasons is not None:
+        reasons.append(reason)
+
+
+def load_native(path: Path, max_model_len: int | None = None, reasons: list[str] | None = None) -> NativeLoaded | None:
+    """The model at ``path`` on the native runner, or None (logged, with the reason, which is also appended to
+    ``reasons``) where it needs torch."""
     if not path.is_file():
         return None
     gguf = GGUFFile(path)
     try:
         cfg = ModelConfig.from_gguf(gguf)
     except Exception:  # not a decoder this runner knows: the torch loader reports it properly
+        not_native(path, "a model file the native loader does not read", reasons)
         return None
     reason = why_not_native(gguf, cfg)
     if reason is not None:
-        log.info("native runner not used for %s: %s", path.name, reason)
+        not_native(path, reason, reasons)
         return None
     tokenizer = Tokenizer.from_gguf(gguf)
     if not cfg.eos_token_ids and tokenizer.eos_token_id is not None:

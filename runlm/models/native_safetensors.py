@@ -28,7 +28,7 @@ from runlm.formats.gguf import ggml_type
 from runlm.formats.safetensors import SafetensorsDir, read_hf_config
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
-from runlm.models.native import NativeLoaded, NativeModel, why_not_native
+from runlm.models.native import NativeLoaded, NativeModel, not_native, why_not_native
 from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, rope_kind, rope_tables
 from runlm.native import kernels
 
@@ -118,24 +118,29 @@ def build(st: SafetensorsDir, cfg: ModelConfig, max_positions: int) -> NativeMod
     return NativeModel(cfg, decoder, head, None)  # the views keep the mappings alive
 
 
-def load_native_safetensors(path: Path, max_model_len: int | None = None) -> NativeLoaded | None:
-    """The model directory at ``path`` on the native runner, or None (logged, with the reason) where it needs
-    torch, or where it is not a model this runner knows (the torch loader then reports what is wrong)."""
+def load_native_safetensors(path: Path, max_model_len: int | None = None,
+                            reasons: list[str] | None = None) -> NativeLoaded | None:
+    """The model directory at ``path`` on the native runner, or None (logged, with the reason, which is also
+    appended to ``reasons``) where it needs torch, or where it is not a model this runner knows (the torch loader
+    then reports what is wrong)."""
     try:
         hf_config = read_hf_config(path)
         if not isinstance(hf_config, dict):
+            not_native(path, "a model directory the native loader does not read", reasons)
             return None
         st = SafetensorsDir(path)
         cfg = ModelConfig.from_hf(hf_config, source=str(path / "config.json"))
     except (OSError, ValueError, ModelFormatError):
+        not_native(path, "a model directory the native loader does not read", reasons)
         return None
     reason = why_not_native_dir(st, cfg, hf_config)
     if reason is not None:
-        log.info("native runner not used for %s: %s", path.name, reason)
+        not_native(path, reason, reasons)
         return None
     try:
         tokenizer = Tokenizer.from_dir(path)
     except ModelFormatError:
+        not_native(path, "a tokenizer the native loader does not read", reasons)
         return None
     if not cfg.eos_token_ids and tokenizer.eos_token_id is not None:
         cfg.eos_token_ids = [tokenizer.eos_token_id]

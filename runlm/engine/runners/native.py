@@ -27,7 +27,7 @@ from runlm.engine.sample.rejection import verify_draft
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sample_batch
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
-from runlm.models.native import NativeLoaded, load_native
+from runlm.models.native import NativeLoaded, load_native, not_native
 from runlm.models.native_safetensors import load_native_safetensors
 from runlm.native import lora as native_lora
 from runlm.native.kv_cache import allocate
@@ -49,42 +49,17 @@ def why_not_native(config: EngineConfig) -> str | None:
     return next((what for bad, what in reasons if bad), None)
 
 
-def native_model(path: Path, config: EngineConfig) -> NativeLoaded | None:
-    """The model at ``path`` on the native runner, or None (logged, with the reason) where it needs torch."""
+def native_model(path: Path, config: EngineConfig, reasons: list[str] | None = None) -> NativeLoaded | None:
+    """The model at ``path`` on the native runner, or None (logged, with the reason, which is also appended to
+    ``reasons``) where it needs torch."""
     reason = why_not_native(config)
     if reason is not None:
         if path.exists():
-            log.info("native runner not used for %s: %s", path.name, reason)
+            not_native(path, reason, reasons)
         return None
     if path.is_dir():  # a safetensors model directory, its weights as stored
-        return load_native_safetensors(path, config.max_model_len)
-    return load_native(path, config.max_model_len)
-
-
-def why_torch(path: Path, config: EngineConfig) -> str:
-    """Why the model at ``path`` runs on the torch runner (for messages; the engine decided already)."""
-    reason = why_not_native(config)
-    if reason is None and path.is_file():
-        from runlm.formats.gguf import GGUFFile
-        from runlm.models.config import ModelConfig
-        from runlm.models.native import why_not_native as why_not_native_file
-
-        try:
-            gguf = GGUFFile(path)
-            reason = why_not_native_file(gguf, ModelConfig.from_gguf(gguf))
-        except Exception:  # noqa: BLE001 - a file the native loader does not read: the torch loader says why
-            reason = "a model file the native loader does not read"
-    if reason is None and path.is_dir():
-        from runlm.formats.safetensors import SafetensorsDir, read_hf_config
-        from runlm.models.config import ModelConfig
-        from runlm.models.native_safetensors import why_not_native_dir
-
-        try:
-            hf = read_hf_config(path)
-            reason = why_not_native_dir(SafetensorsDir(path), ModelConfig.from_hf(hf, source=str(path)), hf)
-        except Exception:  # noqa: BLE001 - as above
-            reason = "a model directory the native loader does not read"
-    return reason or "its vision tower"
+        return load_native_safetensors(path, config.max_model_len, reasons)
+    return load_native(path, config.max_model_len, reasons)
 
 
 def refuse_kv_cache_dtype(config: EngineConfig, runner_reason: str) -> None:
