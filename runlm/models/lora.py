@@ -22,6 +22,7 @@ import torch
 from runlm.kernels import linear
 from runlm.models.attention import get_forward_context
 from runlm.models.linear import Linear
+from runlm.models.lora_check import check_module
 from runlm.models.lora_weights import LoRAError, LoRAWeights
 
 __all__ = ["LoRABatch", "LoRALayer", "attach", "detach", "enable", "lora_batch", "lora_targets"]
@@ -167,14 +168,9 @@ def attach(model: torch.nn.Module, key: int, weights: LoRAWeights, max_rank: int
     per_layer: dict[int, tuple[Linear, list[tuple[int, int, torch.Tensor, torch.Tensor]]]] = {}
     for name, m in weights.modules.items():
         t = targets.get(name)
-        if t is None:
-            raise LoRAError(f"{weights.source}: target module {name!r} cannot be adapted (runlm applies LoRA "
-                            f"to q/k/v/o_proj, gate/up/down_proj and qkv_proj/gate_up_proj of decoder layers)")
-        if max_rank is not None and m.rank > max_rank:
-            raise LoRAError(f"{weights.source}: module {name!r} has rank {m.rank}, above max_lora_rank {max_rank}")
-        if m.a.shape[1] != t.layer.in_features or m.b.shape[0] != t.hi - t.lo:
-            raise LoRAError(f"{weights.source}: module {name!r} maps {m.a.shape[1]} -> {m.b.shape[0]} features, "
-                            f"but the model's maps {t.layer.in_features} -> {t.hi - t.lo}")
+        check_module(weights.source, name, m.rank, (m.a.shape[1], m.b.shape[0]),
+                     None if t is None else (t.layer.in_features, t.hi - t.lo), max_rank)
+        assert t is not None
         b = _interleave(m.b, t.heads) if interleaved and t.heads else m.b
         per_layer.setdefault(id(t.layer), (t.layer, []))[1].append((t.lo, t.hi, m.a, b))
     for layer, parts in per_layer.values():

@@ -14,6 +14,7 @@ import numpy as np
 
 from runlm.formats import LoRAError
 from runlm.formats.architectures import gguf_rope_interleaved
+from runlm.models.lora_check import check_module
 from runlm.native import lora as native_lora
 
 if TYPE_CHECKING:
@@ -73,14 +74,9 @@ def attach(model: NativeModel, key: int, weights: LoRAWeights, max_rank: int | N
     parts: dict[tuple[int, str], list[tuple[int, int, np.ndarray, np.ndarray]]] = {}
     for name, m in weights.modules.items():
         t = targets.get(name)
-        if t is None:
-            raise LoRAError(f"{weights.source}: target module {name!r} cannot be adapted (runlm applies LoRA "
-                            f"to q/k/v/o_proj, gate/up/down_proj and qkv_proj/gate_up_proj of decoder layers)")
-        if max_rank is not None and m.rank > max_rank:
-            raise LoRAError(f"{weights.source}: module {name!r} has rank {m.rank}, above max_lora_rank {max_rank}")
-        if m.a.shape[1] != t.width or m.b.shape[0] != t.hi - t.lo:
-            raise LoRAError(f"{weights.source}: module {name!r} maps {m.a.shape[1]} -> {m.b.shape[0]} features, "
-                            f"but the model's maps {t.width} -> {t.hi - t.lo}")
+        check_module(weights.source, name, m.rank, (m.a.shape[1], m.b.shape[0]),
+                     None if t is None else (t.width, t.hi - t.lo), max_rank)
+        assert t is not None
         a, b = m.a.float().numpy(), m.b.float().numpy()
         b = _interleave(b, t.heads) if interleaved and t.heads else b
         layer = int(name.split(".")[2])

@@ -11,8 +11,6 @@ the whole projection (the decoder's ``LayerFamily.qk_norm_whole``) against the t
 The f32 GGUFs run on torch for every family (the native kernels take no F32 matrices), so q8_0 and f16 files here."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -22,6 +20,7 @@ from runlm.engine.types.sampling_params import SamplingParams
 from runlm.native import kernels
 from runlm.native.library import lib, ok
 from tests.fixtures.gguf_convert import converted_gguf
+from tests.native.engines import native_and_torch
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the native kernels are unavailable here")
 
@@ -32,19 +31,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", LONG]
 
 
 def _engines(path: str) -> tuple[LLM, LLM]:
-    """(native, torch fast path) on one file."""
-    native = LLM(path, **KW)
-    old = os.environ.get("RUNLM_NATIVE_RUNNER")
-    os.environ["RUNLM_NATIVE_RUNNER"] = "0"
-    try:
-        fused = LLM(path, **KW)
-    finally:
-        if old is None:
-            del os.environ["RUNLM_NATIVE_RUNNER"]
-        else:
-            os.environ["RUNLM_NATIVE_RUNNER"] = old
-    assert native.engine.native and not fused.engine.native
-    return native, fused
+    return native_and_torch(path, **KW)
 
 
 TOLERANCE = {("gemma2", "q8_0"): 1e-5, ("gemma3", "q8_0"): 0.0, ("phi3", "q8_0"): 0.0, ("gemma3", "f16"): 0.0,

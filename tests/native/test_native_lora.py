@@ -4,8 +4,6 @@ are fp32 products in one reduction order added into the same base output): greed
 equal; a mixed batch gives each row what it gets alone; bad adapters and keys are refused clearly."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -17,6 +15,7 @@ from runlm.native import lora as native_lora
 from tests.engine.conftest import prompt_ids
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.fixtures.lora import gguf_adapter, peft_adapter
+from tests.native.engines import native_and_torch
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the native kernels are unavailable here")
 
@@ -26,19 +25,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 
 def _engines(path: str) -> tuple[LLM, LLM]:
-    """(native, torch fast path) on one file, both with LoRA enabled."""
-    native = LLM(path, **KW)
-    old = os.environ.get("RUNLM_NATIVE_RUNNER")
-    os.environ["RUNLM_NATIVE_RUNNER"] = "0"
-    try:
-        fused = LLM(path, **KW)
-    finally:
-        if old is None:
-            del os.environ["RUNLM_NATIVE_RUNNER"]
-        else:
-            os.environ["RUNLM_NATIVE_RUNNER"] = old
-    assert native.engine.native and not fused.engine.native
-    return native, fused
+    return native_and_torch(path, **KW)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ tokens and logits are the same bit for bit; sampling, logprobs, grammars and sle
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from runlm.engine.llm import LLM
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.native import kernels
 from tests.fixtures.gguf_convert import converted_gguf
+from tests.native.engines import native_and_torch
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the native kernels are unavailable here")
 
@@ -24,19 +24,7 @@ KW = dict(block_size=16, max_num_batched_tokens=64, kv_cache_memory="64MiB", max
 
 
 def _engines(path: str) -> tuple[LLM, LLM]:
-    """(native, torch fast path) on one file."""
-    native = LLM(path, **KW)
-    old = os.environ.get("RUNLM_NATIVE_RUNNER")
-    os.environ["RUNLM_NATIVE_RUNNER"] = "0"
-    try:
-        fused = LLM(path, **KW)
-    finally:
-        if old is None:
-            del os.environ["RUNLM_NATIVE_RUNNER"]
-        else:
-            os.environ["RUNLM_NATIVE_RUNNER"] = old
-    assert native.engine.native and not fused.engine.native
-    return native, fused
+    return native_and_torch(path, **KW)
 
 
 @pytest.fixture(scope="module")

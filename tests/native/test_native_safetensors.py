@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import mmap
-import os
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ from runlm.formats.safetensors import SafetensorsDir
 from runlm.models.native_safetensors import load_native_safetensors
 from runlm.native import kernels
 from tests.fixtures.half_models import half_model
+from tests.native.engines import native_and_torch
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the native kernels are unavailable here")
 
@@ -33,19 +33,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 
 
 def _engines(path: Path) -> tuple[LLM, LLM]:
-    """(native, torch fast path) on one directory."""
-    native = LLM(str(path), **KW)
-    old = os.environ.get("RUNLM_NATIVE_RUNNER")
-    os.environ["RUNLM_NATIVE_RUNNER"] = "0"
-    try:
-        fused = LLM(str(path), **KW)
-    finally:
-        if old is None:
-            del os.environ["RUNLM_NATIVE_RUNNER"]
-        else:
-            os.environ["RUNLM_NATIVE_RUNNER"] = old
-    assert native.engine.native and not fused.engine.native
-    return native, fused
+    return native_and_torch(str(path), **KW)
 
 
 # llama: untied head; llama-tied: the logits read the embedding's rows; qwen2: q/k/v biases, tied; qwen3: per-head

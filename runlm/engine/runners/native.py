@@ -23,8 +23,8 @@ from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.mm_step import step_images
 from runlm.engine.core.scheduler import SchedulerOutput
-from runlm.engine.sample.rejection import verify_draft
-from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sample_batch
+from runlm.engine.sample.rejection import sample_and_verify, spec_rows
+from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
 from runlm.models.native import NativeLoaded, load_native, not_native
@@ -121,18 +121,11 @@ class NativeRunner:
         for rows in plan.prompt_logprob_rows:
             add_prompt_logprobs(rows.seq, model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count]),
                                 rows.first_pos)
-        spec_rows = [r + j for r, s in zip(plan.spec_rows, plan.spec_seqs) for j in range(len(s.spec.tokens) + 1)]
-        if not plan.sample_seqs and not spec_rows:
+        verify_rows = spec_rows(plan.spec_rows, plan.spec_seqs)
+        if not plan.sample_seqs and not verify_rows:
             return []
-        raw = model.compute_logits(hidden[plan.sample_rows + spec_rows])
-        plain = len(plan.sample_rows)
-        results = sample_batch(raw[:plain], plan.sample_seqs, self.structured) if plan.sample_seqs else []
-        for seq in plan.spec_seqs:
-            k = len(seq.spec.tokens)
-            results += [SampledToken(seq, t, lp) for t, lp in verify_draft(raw[plain:plain + k + 1], seq,
-                                                                           self.structured)]
-            plain += k + 1
-        return results
+        raw = model.compute_logits(hidden[plan.sample_rows + verify_rows])
+        return sample_and_verify(raw, plan.sample_seqs, plan.spec_seqs, self.structured)
 
     def set_lora_rows(self, sched: SchedulerOutput, plan: BatchPlan) -> None:
         """Each row's adapter key for this step's forward pass (none at all when no sequence has one)."""

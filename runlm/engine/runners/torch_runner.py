@@ -23,8 +23,8 @@ from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.mm_step import StepImages, mrope_positions, step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.core.sequence import Sequence
-from runlm.engine.sample.rejection import verify_draft
-from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs, sample_batch
+from runlm.engine.sample.rejection import sample_and_verify, spec_rows
+from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
 from runlm.models.attention import ForwardContext, GroupSlots, forward_context
@@ -74,18 +74,11 @@ class ModelRunner:
         hidden = self.run_model(batch)
         for rows in batch.prompt_logprob_rows:
             self._prompt_logprobs(rows, hidden)
-        spec_rows = [r + j for r, s in zip(batch.spec_rows, batch.spec_seqs) for j in range(len(s.spec.tokens) + 1)]
-        if not batch.sample_seqs and not spec_rows:
+        verify_rows = spec_rows(batch.spec_rows, batch.spec_seqs)
+        if not batch.sample_seqs and not verify_rows:
             return []
-        raw = self.loaded.model.compute_logits(hidden[batch.sample_rows + spec_rows]).float().cpu().numpy()
-        plain = len(batch.sample_rows)
-        results = sample_batch(raw[:plain], batch.sample_seqs, self.structured) if batch.sample_seqs else []
-        for seq in batch.spec_seqs:
-            k = len(seq.spec.tokens)
-            results += [SampledToken(seq, t, lp) for t, lp in verify_draft(raw[plain:plain + k + 1], seq,
-                                                                           self.structured)]
-            plain += k + 1
-        return results
+        raw = self.loaded.model.compute_logits(hidden[batch.sample_rows + verify_rows]).float().cpu().numpy()
+        return sample_and_verify(raw, batch.sample_seqs, batch.spec_seqs, self.structured)
 
     def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
         """The step's plan (runlm.engine.core.batch_plan) as tensors: shared, not copied, and moved to the device."""

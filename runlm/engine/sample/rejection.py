@@ -14,11 +14,13 @@ import numpy as np
 
 from runlm.engine.core.sequence import Sequence
 from runlm.engine.sample.sampler import (
+    SampledToken,
     draw,
     log_softmax,
     probabilities,
     process_logits,
     processed_logprobs,
+    sample_batch,
     token_logprobs,
     uniform,
 )
@@ -85,3 +87,21 @@ def _rejection_step(probs: np.ndarray, proposed: int | None, q: np.ndarray | Non
     if float(residual.sum()) <= 0.0:  # p == q to rounding: nothing left to correct
         residual = probs
     return draw(residual, generator), False
+
+
+def spec_rows(spec_rows: list[int], spec_seqs: list[Sequence]) -> list[int]:
+    """Every row of the speculating sequences (each its first row, then one per draft token)."""
+    return [r + j for r, s in zip(spec_rows, spec_seqs) for j in range(len(s.spec.tokens) + 1)]
+
+
+def sample_and_verify(raw: np.ndarray, sample_seqs: list[Sequence], spec_seqs: list[Sequence],
+                      structured: StructuredOutputManager | None) -> list[SampledToken]:
+    """A step's tokens from its logits ``raw``: one row per sampled sequence, then each speculating sequence's
+    1 + k rows (verified). Both runners end their step here."""
+    plain = len(sample_seqs)
+    results = sample_batch(raw[:plain], sample_seqs, structured) if sample_seqs else []
+    for seq in spec_seqs:
+        k = len(seq.spec.tokens)
+        results += [SampledToken(seq, t, lp) for t, lp in verify_draft(raw[plain:plain + k + 1], seq, structured)]
+        plain += k + 1
+    return results

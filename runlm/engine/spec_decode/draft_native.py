@@ -8,24 +8,15 @@ from runlm.engine.core.batch_plan import BatchPlan
 from runlm.engine.core.kv_cache import BlockManager
 from runlm.engine.core.sequence import Sequence
 from runlm.engine.runners.native import NativeRunner
+from runlm.engine.spec_decode.draft_base import DraftRunnerBase
 from runlm.engine.types.config import EngineConfig
 from runlm.models.native import NativeLoaded
 
 
-class NativeDraftRunner:
+class NativeDraftRunner(DraftRunnerBase):
     def __init__(self, config: EngineConfig, loaded: NativeLoaded, blocks: BlockManager) -> None:
         self.loaded, self.blocks = loaded, blocks
         self.runner = NativeRunner(config, loaded, blocks)
-
-    @property
-    def kv_caches(self) -> list:  # type: ignore[type-arg]
-        return self.runner.kv_caches
-
-    def allocate_kv_cache(self) -> None:
-        self.runner.allocate_kv_cache()
-
-    def free_kv_cache(self) -> None:
-        self.runner.free_kv_cache()
 
     def rebind(self, loaded: object) -> None:
         """After the weights were loaded again: the new decoder gets the draft's caches."""

@@ -8,25 +8,16 @@ import torch
 from runlm.engine.core.kv_cache import BlockManager
 from runlm.engine.core.sequence import Sequence
 from runlm.engine.runners.torch_runner import ModelRunner, PreparedBatch
+from runlm.engine.spec_decode.draft_base import DraftRunnerBase
 from runlm.engine.types.config import EngineConfig
 from runlm.models.attention import ForwardContext
 from runlm.models.load import LoadedModel
 
 
-class TorchDraftRunner:
+class TorchDraftRunner(DraftRunnerBase):
     def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: BlockManager) -> None:
         self.loaded, self.blocks = loaded, blocks
         self.runner = ModelRunner(config, loaded, blocks)
-
-    @property
-    def kv_caches(self) -> list:  # type: ignore[type-arg]
-        return self.runner.kv_caches
-
-    def allocate_kv_cache(self) -> None:
-        self.runner.allocate_kv_cache()
-
-    def free_kv_cache(self) -> None:
-        self.runner.free_kv_cache()
 
     def rebind(self, loaded: object) -> None:
         """The model object is read through ``loaded`` at each call: nothing to point again."""
