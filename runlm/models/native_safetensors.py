@@ -128,9 +128,12 @@ def load_native_safetensors(path: Path, max_model_len: int | None = None,
         if not isinstance(hf_config, dict):
             not_native(path, "a model directory the native loader does not read", reasons)
             return None
+        if "vision_config" in hf_config or "text_config" in hf_config:  # its text config is nested: torch's to read
+            not_native(path, "a vision-language model directory", reasons)
+            return None
         st = SafetensorsDir(path)
         cfg = ModelConfig.from_hf(hf_config, source=str(path / "config.json"))
-    except (OSError, ValueError, ModelFormatError):
+    except (OSError, ValueError, KeyError, TypeError, ModelFormatError):  # the torch loader says what is wrong
         not_native(path, "a model directory the native loader does not read", reasons)
         return None
     reason = why_not_native_dir(st, cfg, hf_config)

@@ -11,7 +11,9 @@ import httpx
 
 from tests.server.process import ServerProcess
 
-BODY = {"prompt": "once upon a time", "max_tokens": 150, "ignore_eos": True, "stream": True, "temperature": 0}
+# long enough that the streams are still running when the drain starts: tinycoder (2 layers) decodes 8 streams of
+# 150 tokens in well under a second on the native runner, so the server had drained and gone before the check
+BODY = {"prompt": "once upon a time", "max_tokens": 1500, "ignore_eos": True, "stream": True, "temperature": 0}
 
 
 def _stream(url: str, results: list, started: threading.Event) -> None:
