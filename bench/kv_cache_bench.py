@@ -133,8 +133,6 @@ def measure_kl(path: Path, positions: int) -> dict:
         return {"positions": positions,
                 "runlm q8_0 vs fp32": mean_kl(load("runlm-auto"), load("runlm-q8_0")),
                 "llama.cpp q8_0 vs f16": mean_kl(load("llamacpp-f16"), load("llamacpp-q8_0")),
-                "llama.cpp q8_0 vs f32": mean_kl(load("llamacpp-f32"), load("llamacpp-q8_0")),
-                "llama.cpp f16 vs f32": mean_kl(load("llamacpp-f32"), load("llamacpp-f16")),
                 "runlm top1 agreement": top1("runlm-auto", "runlm-q8_0"),
                 "llama.cpp top1 agreement (vs f16)": top1("llamacpp-f16", "llamacpp-q8_0")}
 
