@@ -36,25 +36,9 @@ def half_dir(dtype: str) -> Path:
     target = CACHE / f"{MODEL}-{dtype}"
     if (target / "model.safetensors").exists():
         return target
-    import shutil
+    from tests.fixtures.half_models import cast_dir
 
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    from tests.fixtures.models import _staging
-
-    source = build_safetensors(MODEL)
-    with _staging(target) as tmp:
-        for file in source.iterdir():
-            if file.is_file() and file.suffix != ".safetensors":
-                shutil.copy(file, Path(tmp) / file.name)
-        config = json.loads((source / "config.json").read_text())
-        config["torch_dtype"] = config["dtype"] = dtype
-        (Path(tmp) / "config.json").write_text(json.dumps(config, indent=2))
-        tensors = load_file(str(source / "model.safetensors"))
-        save_file({k: v.to(getattr(torch, dtype)).contiguous() for k, v in tensors.items()},
-                  str(Path(tmp) / "model.safetensors"), metadata={"format": "pt"})
-    return target
+    return cast_dir(build_safetensors(MODEL), target, dtype)
 
 
 def prompt_ids(path: Path, n: int) -> list[int]:
