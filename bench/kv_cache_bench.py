@@ -28,6 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.quant_bench import prompt_ids  # noqa: E402
+
 LLAMA_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values (an f32 cache, type 0, gave the f16 logits: not taken)
 
 
@@ -40,14 +42,10 @@ def model_path(name: str) -> Path:
 
 
 def text_ids(path: Path, n: int) -> list[int]:
-    from runlm.formats.gguf import GGUFFile
-    from runlm.formats.tokenizer import Tokenizer
-    from runlm.models.evaluate import english_text
-
-    ids = Tokenizer.from_gguf(GGUFFile(path)).encode(english_text())
+    ids = prompt_ids(path, n)
     if len(ids) < n:
         raise ValueError(f"the text has {len(ids)} tokens, fewer than {n}")
-    return ids[:n]
+    return ids
 
 
 # ---- children ---------------------------------------------------------------------------------------------------
@@ -106,17 +104,17 @@ def llm_bytes_per_token(path: Path, dtype: str) -> int:
 # ---- the parent ------------------------------------------------------------------------------------------------
 
 def mean_kl(reference, other, rows: int = 128) -> float:
-    """Mean over positions of KL(P_reference || P_other), in nats, a few rows at a time."""
+    """Mean over positions of KL(P_reference || P_other), in nats (runlm.models.evaluate.mean_kl), a few rows at a
+    time so that no [positions, vocab] table is ever whole in memory."""
     import numpy as np
+    import torch
+
+    from runlm.models.evaluate import mean_kl as rows_kl
 
     total = 0.0
     for i in range(0, reference.shape[0], rows):
-        r, o = reference[i:i + rows].astype(np.float64), other[i:i + rows].astype(np.float64)
-        r -= r.max(-1, keepdims=True)
-        o -= o.max(-1, keepdims=True)
-        lr = r - np.log(np.exp(r).sum(-1, keepdims=True))
-        lo = o - np.log(np.exp(o).sum(-1, keepdims=True))
-        total += float((np.exp(lr) * (lr - lo)).sum())
+        r, o = (torch.from_numpy(np.array(a[i:i + rows])) for a in (reference, other))
+        total += rows_kl(r, o) * r.shape[0]
     return total / reference.shape[0]
 
 
