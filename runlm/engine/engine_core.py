@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from runlm.engine.core.kv_groups import AnyBlockManager
 from runlm.engine.core.lora_manager import LoRAError, LoRAManager, LoRARequest
 from runlm.engine.core.scheduler import Scheduler
+from runlm.engine.runners.threads import set_native_threads, set_torch_threads
 from runlm.engine.types.config import EngineConfig, physical_cores
 from runlm.engine.types.errors import PromptError
 from runlm.engine.types.outputs import PoolingRequestOutput, RequestOutput
@@ -34,18 +35,6 @@ EngineOutput = RequestOutput | PoolingRequestOutput
 RequestParams = SamplingParams | PoolingParams
 
 log = logging.getLogger("runlm.engine")
-
-
-def set_torch_threads(n: int) -> None:
-    import torch
-
-    torch.set_num_threads(n)
-
-
-def set_native_threads(n: int) -> None:
-    from runlm.native import kernels
-
-    kernels.set_threads(n)
 
 
 @dataclass(slots=True)
@@ -99,7 +88,7 @@ class EngineCore:
 
     threads: int
     native: bool = False  # whether the native runner computes (no torch in the process)
-    runner_reason = ""  # why the native runner does not (for the start-up line), where it does not
+    runner_desc = "torch"  # which runner computes, and why not one preferred to it (the start-up line)
 
     def set_threads(self, n: int) -> None:
         """The kernels' CPU threads from now on."""
@@ -123,10 +112,8 @@ class EngineCore:
                                            ("attention", kernels.attention_available()),
                                            ("fused", fused.available())) if ok]
             threads = torch.get_num_threads()
-        runner = "native" if self.native else \
-            f"torch ({self.runner_reason})" if self.runner_reason else "torch"
         log.info("engine ready: %s; runner %s; max_model_len %d; KV cache %d blocks x %d tokens (%.1f MiB, %s); "
-                 "%s numerics; kernels: %s; %d threads", type(self).__name__, runner, self.max_model_len,
+                 "%s numerics; kernels: %s; %d threads", type(self).__name__, self.runner_desc, self.max_model_len,
                  len(self.blocks.blocks), self.blocks.block_size, kv_bytes / (1 << 20),
                  "q8_0" if self.config.kv_cache_dtype == "q8_0" else str(self.config.dtype).removeprefix("torch."),
                  "exact" if self.config.exact_numerics else "fast", ", ".join(kinds) or "torch fallback", threads)

@@ -16,15 +16,18 @@ from runlm.engine.llm_engine import LLMEngine
 from runlm.engine.pooling_engine import PoolingEngine
 from runlm.engine.types.config import EngineConfig
 from runlm.engine.types.spec_config import SpeculativeConfig
-from runlm.models.load import model_task
+from runlm.models.spec import read_spec
 
 EngineCoreType = LLMEngine | PoolingEngine
 
 
 def engine_from_config(config: EngineConfig) -> EngineCoreType:
-    if config.task in ("embed", "score") or (config.task == "auto" and model_task(Path(config.model)) != "generate"):
-        return PoolingEngine(config)
-    return LLMEngine(config)
+    """The engine core for the model at ``config.model``, read once (runlm.models.spec) for both the choice and
+    the load."""
+    spec = read_spec(config.model, config.mmproj)
+    if config.task in ("embed", "score") or (config.task == "auto" and spec.task != "generate"):
+        return PoolingEngine(config, spec=spec)
+    return LLMEngine(config, spec)
 
 
 def engine_config(model: str | Path, **kwargs: Any) -> EngineConfig:

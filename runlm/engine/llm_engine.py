@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from contextlib import nullcontext
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runlm.engine.core.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
@@ -19,38 +18,36 @@ from runlm.engine.core.lora_manager import LoRAManager, LoRARequest, lora_salt
 from runlm.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from runlm.engine.core.sequence import Sequence
 from runlm.engine.core.thinking import ThinkingTracker
-from runlm.engine.engine_core import EngineCore, log, set_native_threads, set_torch_threads
-from runlm.engine.runners.gpu_select import check_gpu, use_gpu_runner
-from runlm.engine.runners.native import NativeRunner, native_model, refuse_kv_cache_dtype
+from runlm.engine.engine_core import EngineCore, log
+from runlm.engine.runners.select import select_runner
 from runlm.engine.sample.sampler import SampledToken, make_generator
 from runlm.engine.spec_decode.decoder import SpecDecoder, SpecDecodeStats
 from runlm.engine.structured.backend import StructuredOutputManager
-from runlm.engine.types.config import EngineConfig, dtype_itemsize, kv_cache_blocks
+from runlm.engine.types.config import EngineConfig, dtype_itemsize
 from runlm.engine.types.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.types.outputs import RequestOutput
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.kv_size import kv_bytes_per_token, kv_cache_bytes_per_token
-from runlm.models.load import LoadedModel, load_decoder
-from runlm.models.native import NativeLoaded
+from runlm.models.spec import ModelSpec, read_spec
 from runlm.models.vision.images import ImageError, open_image
 from runlm.models.vision.inputs import MultiModalPrompt
 from runlm.sizes import return_free_heap
 
 if TYPE_CHECKING:
-    from runlm.engine.runners.gpu import GPURunner
-    from runlm.engine.runners.torch_runner import ModelRunner
     from runlm.models.vision import VisionModel
 
 PromptType = str | Mapping[str, Any] | list[int]
 
 
 class LLMEngine(EngineCore):
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+    def __init__(self, config: EngineConfig, spec: ModelSpec | None = None) -> None:
         self.config = config
         self._set_threads()
-        self.gpu = use_gpu_runner(config)  # the GPU runner (runlm.engine.runners.gpu)
-        self.loaded = loaded or self._load(Path(config.model))
+        spec = spec or read_spec(config.model, config.mmproj)
+        self.choice = select_runner(spec, config)  # which runner computes, and why not the ones before it
+        self.native, self.runner_desc = self.choice.kind.torch_free, self.choice.describe()
+        self.loaded = self._load(spec)
         # before the cache is allocated: its untouched pages would otherwise land on the load's freed, resident ones
         return_free_heap()
         self.tokenizer = self.loaded.tokenizer
@@ -61,23 +58,16 @@ class LLMEngine(EngineCore):
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.kv_bytes_per_token = per_token = kv_cache_bytes_per_token(
             mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_cache_dtype, dtype_itemsize(config.dtype))
-        spec = config.speculative_config
+        spec_config = config.speculative_config
         draft = None
-        if spec is not None and spec.method == "draft_model":
+        if spec_config is not None and spec_config.method == "draft_model":
             from runlm.engine.spec_decode.draft import load_draft
 
-            assert spec.model is not None  # SpeculativeConfig checks it
-            draft = load_draft(config, spec.model, self.loaded)
-            if isinstance(draft, NativeLoaded) != isinstance(self.loaded, NativeLoaded):  # the other runner's threads
-                (set_native_threads if isinstance(draft, NativeLoaded) else set_torch_threads)(self.threads)
+            assert spec_config.model is not None  # SpeculativeConfig checks it
+            draft = load_draft(config, spec_config.model, self.loaded, self.threads)
             dc = draft.config  # the draft's K/V lives in the same blocks: the budget pays for both
             per_token += kv_bytes_per_token(dc.num_layers, dc.num_kv_heads, dc.head_dim, dtype_itemsize(config.dtype))
-        if self.gpu:  # CUDA: what a profiled largest step leaves of gpu_memory_utilization (CPU: kv_cache_memory)
-            from runlm.engine.runners.gpu import gpu_kv_cache_blocks
-
-            num_blocks = gpu_kv_cache_blocks(config, self.loaded, per_token, self.max_model_len)  # type: ignore
-        else:
-            num_blocks = kv_cache_blocks(config, per_token, self.max_model_len)
+        num_blocks = self.choice.kind.kv_cache_blocks(config, self.loaded, per_token, self.max_model_len)
         # sliding-window layers give back the blocks behind their window as sequences run
         self.blocks = block_manager(mc, num_blocks, config.block_size, config.enable_prefix_caching,
                                     config.max_num_seqs, config.max_num_batched_tokens)
@@ -91,31 +81,20 @@ class LLMEngine(EngineCore):
                                                    config.max_num_batched_tokens), self.blocks)
         self.eos_ids = frozenset(self.tokenizer.stop_token_ids) | frozenset(mc.eos_token_ids)
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_ids)
-        self.runner: ModelRunner | NativeRunner | GPURunner
-        if isinstance(self.loaded, NativeLoaded):
-
-            self.runner = NativeRunner(config, self.loaded, self.blocks, self.structured)
-        elif self.gpu:
-            from runlm.engine.runners.gpu import GPURunner
-
-            self.runner = GPURunner(config, self.loaded, self.blocks, self.structured)
-        else:
-            from runlm.engine.runners.torch_runner import ModelRunner
-
-            self.runner = ModelRunner(config, self.loaded, self.blocks, self.structured)
+        self.runner = self.choice.kind.build(config, self.loaded, self.blocks, self.structured)
         self.runner.encoder_cache = self.encoder_cache
         if config.enable_lora:
             self.lora = LoRAManager(self.loaded.model, mc, config.max_loras, config.max_lora_rank,
                                     config.max_cpu_loras)
             self.scheduler.max_loras = config.max_loras
         self.spec: SpecDecoder | None = None
-        if spec is not None:
+        if spec_config is not None:
             from runlm.engine.spec_decode.draft import DraftModelProposer
 
             if draft is not None and window is not None:
                 raise ValueError("speculative_config: a draft model needs a target whose layers are not all "
                                  "sliding-window (the draft would read blocks the target gives back)")
-            self.spec = SpecDecoder(spec, self.max_seq_tokens,
+            self.spec = SpecDecoder(spec_config, self.max_seq_tokens,
                                     DraftModelProposer(config, draft, self.blocks) if draft is not None else None)
         self.requests: dict[str, RequestState] = {}
         self.num_preemptions = 0
@@ -123,47 +102,11 @@ class LLMEngine(EngineCore):
         layer_blocks = sum(self.blocks.layer_blocks(i) for i in range(mc.num_layers))
         self.log_start(layer_blocks * config.block_size * per_token // mc.num_layers)
 
-    def _load(self, path: Path) -> LoadedModel | NativeLoaded:
-        """The native runner's model where it can run it (no torch in the process), else the torch model."""
-        if self.gpu:  # the GPU runner: weights straight to the device in their stored dtype
-            from runlm.models.gpu_load import load_to_device
-
-            check_gpu(self.config)
-            self.runner_reason = f"device {self.config.device}"
-            refuse_kv_cache_dtype(self.config, "the GPU runner")
-            self.native = False
-            set_torch_threads(self.threads)
-            return load_to_device(path, dtype=self.config.dtype, device=self.config.device,
-                                  gpu_memory_utilization=self.config.gpu_memory_utilization)
-        c = self.config
-        mmproj = c.mmproj
-        if mmproj is None and path.is_file():  # llama.cpp's layout: the projector beside the text GGUF
-            from runlm.models.vision.mmproj import find_mmproj
-
-            found = find_mmproj(path)
-            mmproj = str(found) if found is not None else None
-        reasons: list[str] = []
-        native = native_model(path, c, reasons)
-        if native is not None and mmproj is not None:  # the tower is torch's, beside the native text model
-            from runlm.engine.runners.native import why_not_native_vision
-            from runlm.formats.gguf import GGUFFile
-            from runlm.models.vision import build_mmproj
-
-            native.vision = build_mmproj(GGUFFile(Path(mmproj)), native.tokenizer)
-            reason = why_not_native_vision(native.vision)
-            if reason is not None:
-                log.info("native runner not used for %s: %s", path.name, reason)
-                reasons.append(reason)
-                native = None
-        self.native = native is not None
-        self.runner_reason = "" if self.native else next(iter(reasons), "a model the native loader does not read")
-        (set_native_threads if self.native else set_torch_threads)(self.threads)
-        if native is not None:
-            if native.vision is not None:
-                set_torch_threads(self.threads)  # the vision tower computes in torch
-            return native
-        refuse_kv_cache_dtype(c, self.runner_reason)
-        return load_decoder(path, dtype=c.dtype, device=c.device, exact_numerics=c.exact_numerics, mmproj=mmproj)
+    def _load(self, spec: ModelSpec) -> Any:
+        """The chosen runner's model (LoadedModel or NativeLoaded), its threads set."""
+        loaded = self.choice.kind.load(spec, self.config)
+        self.choice.kind.set_threads(self.threads, loaded)
+        return loaded
 
     # ---- images -----------------------------------------------------------------------------
     @property
@@ -376,7 +319,8 @@ class LLMEngine(EngineCore):
     def _reload(self, level: int) -> None:
         draft = self.spec.draft if self.spec is not None else None
         if level == 2:
-            self.loaded.model = self._load(self.loaded.path).model  # type: ignore[assignment]
+            # the file is read again (sleep gave its mapping back); the text model's weights are all that is kept
+            self.loaded.model = self._load(read_spec(self.loaded.path, find_projector=False)).model
             if self.lora is not None:
                 self.lora.rebind(self.loaded.model)
             if draft is not None:

@@ -29,6 +29,7 @@ from runlm.engine.types.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the models and the runner are torch's: imported when an engine is built
     from runlm.models.pooling_models import LoadedPoolingModel
+    from runlm.models.spec import ModelSpec
 
 PoolingPromptType = str | list[int] | Mapping[str, Any]  # also {"text": query, "text_pair": document}
 
@@ -50,7 +51,8 @@ class _Request:
 class PoolingEngine(EngineCore):
     holds_kv_cache = False
 
-    def __init__(self, config: EngineConfig, loaded: LoadedPoolingModel | None = None) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedPoolingModel | None = None,
+                 spec: ModelSpec | None = None) -> None:
         import torch
 
         from runlm.engine.runners.pooling import PoolingRunner
@@ -59,7 +61,7 @@ class PoolingEngine(EngineCore):
         self.config = config
         self.device = torch.device(config.device)
         task = config.task if config.task in ("embed", "score") else "auto"
-        self.loaded = loaded or load_pooling_model(Path(config.model), task, config.dtype, config.device)
+        self.loaded = loaded or load_pooling_model(spec or Path(config.model), task, config.dtype, config.device)
         self.tokenizer = self.loaded.tokenizer
         self.vocab_size = self.loaded.vocab_size
         self.max_model_len = min(config.max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)

@@ -269,9 +269,10 @@ class Tokenizer:
         return cls(hf, named, template if isinstance(template, str) else None, extra_stop_ids=stops)
 
     @classmethod
-    def from_dir(cls, path: str | os.PathLike) -> Tokenizer:
+    def from_dir(cls, path: str | os.PathLike, config: Mapping[str, Any] | None = None) -> Tokenizer:
         """From an HF model directory: tokenizer.json is authoritative (as in transformers v5, which
-        ignores tokenizer_config's add_bos_token when tokenizer.json exists)."""
+        ignores tokenizer_config's add_bos_token when tokenizer.json exists). ``config``: its config.json, where
+        the caller has read it already."""
         path = Path(path)
         file = path / "tokenizer.json"
         if not file.is_file():
@@ -296,7 +297,7 @@ class Tokenizer:
             _check_size(path / "chat_template.jinja", MAX_TEMPLATE_FILE)
             template = (path / "chat_template.jinja").read_text(encoding="utf-8")
         stops = [*_id_list(_read_json(path / "generation_config.json").get("eos_token_id")),
-                 *_id_list(_read_json(path / "config.json").get("eos_token_id"))]
+                 *_id_list((_read_json(path / "config.json") if config is None else config).get("eos_token_id"))]
         return cls(hf, named, template if isinstance(template, str) else None, extra, stops,
                    bool(cfg.get("clean_up_tokenization_spaces", False)))
 

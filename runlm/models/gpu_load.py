@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from math import prod
 from pathlib import Path
 
 import torch
@@ -24,9 +25,9 @@ from runlm.dtypes import torch_dtype
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile
-from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
-from runlm.models.load import LoadedModel, NotAGeneratorError, _empty_model, _gguf_task, _hf_task
+from runlm.models.load import LoadedModel, _empty_model
+from runlm.models.spec import ModelSpec, as_spec
 
 log = logging.getLogger("runlm.gpu")
 
@@ -146,24 +147,6 @@ def _safetensors_tensors(directory: Path, device: torch.device) -> Iterator[tupl
             raise ModelFormatError(f"{file}: cannot read safetensors ({exc})") from None
 
 
-def _safetensors_bytes(directory: Path, itemsize: int) -> int:
-    import json
-    import struct
-
-    total = 0
-    for file in directory.glob("*.safetensors"):
-        with open(file, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                count = 1
-                for dim in entry["shape"]:
-                    count *= dim
-                total += count * itemsize
-    return total
-
-
 def _gguf_tensors(gguf: GGUFFile, cfg: ModelConfig, device: torch.device, stats: list[int]
                   ) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named float32 tensors dequantized on the device; stats gets [stored bytes, dense fp32 bytes]."""
@@ -220,54 +203,43 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]
         setattr(module, attr, nn.Parameter(tensor.reshape(shape).contiguous(), requires_grad=False))
 
 
-def load_to_device(path: str | Path, dtype: torch.dtype | str = "bfloat16", device: str = "cuda",
+def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bfloat16", device: str = "cuda",
                    gpu_memory_utilization: float = 0.9) -> LoadedModel:
-    """A Llama-family decoder from a .gguf file or a safetensors directory, its weights on ``device`` in
-    ``dtype`` (see the module docstring)."""
-    from runlm.models import vision as vlm
-    from runlm.models.weights import read_hf_config, rope_freq_factors
+    """A Llama-family decoder from a .gguf file or a safetensors directory (a ModelSpec, or its path), its weights
+    on ``device`` in ``dtype`` (see the module docstring)."""
+    from runlm.models.weights import rope_freq_factors
 
-    dtype, dev, path = torch_dtype(dtype), torch.device(device), Path(path)
+    spec = as_spec(model)
+    dtype, dev, path = torch_dtype(dtype), torch.device(device), spec.path
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    not_a_generator = NotAGeneratorError(f"{path}: this is an embedding model (or a reranker); it cannot "
-                                         f"generate text (use it for embeddings or scores instead)")
+    if spec.format == "safetensors" and spec.vision is not None:
+        raise ValueError("the GPU runner does not run images (a vision-language model) yet; use --device cpu")
+    cfg = spec.decoder_config()
+    tokenizer = spec.tokenizer()
     stats = [0, 0]
-    if path.is_file():
-        gguf = GGUFFile(path)
-        if _gguf_task(gguf) != "generate":
-            raise not_a_generator
-        gguf.check_architecture()
-        cfg = ModelConfig.from_gguf(gguf)
-        tokenizer = Tokenizer.from_gguf(gguf)
+    if spec.gguf is not None:
+        gguf = spec.gguf
         check_fits(sum(i.n_values for n, i in gguf.tensors.items()) * itemsize, dev, gpu_memory_utilization,
                    path.name)
-        model = _empty_model(cfg, rope_freq_factors(gguf))
+        model_ = _empty_model(cfg, rope_freq_factors(gguf))
         weights = _gguf_tensors(gguf, cfg, dev, stats)
     else:
-        hf_config = read_hf_config(path)
-        if vlm.hf_family(hf_config) is not None:
-            raise ValueError("the GPU runner does not run images (a vision-language model) yet; use --device cpu")
-        if _hf_task(hf_config, path) != "generate":
-            raise not_a_generator
-        cfg = ModelConfig.from_hf(hf_config, source=str(path / "config.json"))
-        tokenizer = Tokenizer.from_dir(path)
-        check_fits(_safetensors_bytes(path, itemsize), dev, gpu_memory_utilization, path.name)
-        model = _empty_model(cfg)
+        values = sum(prod(t.shape) for t in spec.safetensors().tensors.values())
+        check_fits(values * itemsize, dev, gpu_memory_utilization, path.name)
+        model_ = _empty_model(cfg)
         weights = _safetensors_tensors(path, dev)
     if cfg.num_experts:
         raise ValueError("the GPU runner does not run mixtures of experts yet; use --device cpu")
     try:
         with torch.no_grad():
-            fill_parameters(model, weights, dtype)
+            fill_parameters(model_, weights, dtype)
     except (KeyError, RuntimeError) as exc:
         raise ModelFormatError(f"{path}: weights do not fit the {cfg.family} config: {exc}") from None
     if stats[0]:
-        dense = sum(p.numel() * p.element_size() for p in model.parameters())
+        dense = sum(p.numel() * p.element_size() for p in model_.parameters())
         log.info("%s: GGUF blocks (%.1f MiB as stored) dequantized on %s to %s: the weights take %.1f MiB there "
                  "(%.1fx)", path.name, stats[0] / 2**20, dev, str(dtype).removeprefix("torch."), dense / 2**20,
                  dense / stats[0])
-    if not cfg.eos_token_ids and tokenizer.eos_token_id is not None:
-        cfg.eos_token_ids = [tokenizer.eos_token_id]
-    model = model.to(device=dev, dtype=dtype).eval()
-    model.model.fused = False
-    return LoadedModel(model, cfg, tokenizer, path)
+    model_ = model_.to(device=dev, dtype=dtype).eval()
+    model_.model.fused = False
+    return LoadedModel(model_, cfg, tokenizer, path)

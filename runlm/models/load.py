@@ -1,4 +1,4 @@
-"""From a path on disk to a ready model: which kind it is, its config, weights and tokenizer."""
+"""From a model's spec (runlm.models.spec) to a torch model: its weights, on the torch runner's terms."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
@@ -7,11 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runlm.formats import ModelFormatError
-from runlm.formats.architectures import ENCODER_GGUF_ARCHS, ENCODER_HF_ARCHS
-from runlm.formats.gguf import GGUFFile
-from runlm.formats.safetensors import read_hf_config
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
+from runlm.models.spec import ModelSpec, as_spec
 
 if TYPE_CHECKING:  # the model classes and weight readers are torch's: imported by what builds a model
     import torch
@@ -19,12 +17,6 @@ if TYPE_CHECKING:  # the model classes and weight readers are torch's: imported 
     from runlm.models.linear import Weight
     from runlm.models.llama import LlamaForCausalLM
     from runlm.models.vision import VisionModel
-
-_DECODER_BODY_ARCHS = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
-
-
-class NotAGeneratorError(ModelFormatError):
-    """The model embeds or scores text; it cannot generate."""
 
 
 @dataclass(slots=True)
@@ -34,37 +26,6 @@ class LoadedModel:
     tokenizer: Tokenizer
     path: Path
     vision: VisionModel | None = None  # a vision-language model's tower and projector (runlm.models.vision)
-
-
-def model_task(path: Path) -> str:
-    """'generate', 'embed' or 'score', from the file's own metadata (no weights read)."""
-    if path.is_file():
-        return _gguf_task(GGUFFile(path))
-    return _hf_task(read_hf_config(path), path)
-
-
-def _gguf_task(gguf: GGUFFile) -> str:
-    return "embed" if gguf.architecture in ENCODER_GGUF_ARCHS else "generate"
-
-
-def _hf_task(cfg: dict, path: Path) -> str:
-    archs = cfg.get("architectures") or []
-    if any(a.endswith("ForSequenceClassification") for a in archs) or cfg.get("classifier_from_token"):
-        return "score"
-    is_encoder = any(a in ENCODER_HF_ARCHS for a in archs) or cfg.get("model_type") in ("bert", "roberta")
-    # a bare decoder body (Qwen3Model) or one shipped with a sentence-transformers pooler embeds
-    is_embedder = any(a in _DECODER_BODY_ARCHS for a in archs) or _sentence_transformers_pooling(path)
-    return "embed" if is_encoder or is_embedder else "generate"
-
-
-def _sentence_transformers_pooling(path: Path) -> bool:
-    """Whether the directory ships a sentence-transformers pooler (runlm.models.pooling, torch's: imported only
-    where modules.json is there, so a generator's directory is told apart without torch)."""
-    if not (path / "modules.json").is_file():
-        return False
-    from runlm.models.pooling import has_sentence_transformers_pooling
-
-    return has_sentence_transformers_pooling(path)
 
 
 def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> LlamaForCausalLM:
@@ -113,10 +74,11 @@ def _split_vision(weights: Iterable[tuple[str, Weight]], text_weight: Callable[[
                            tensor.dense if isinstance(tensor, BlockQuantized) else tensor))
 
 
-def load_decoder(path: str | Path, dtype: torch.dtype | str = "float32", device: str = "cpu",
+def load_decoder(model: ModelSpec | str | Path, dtype: torch.dtype | str = "float32", device: str = "cpu",
                  exact_numerics: bool = False, mmproj: str | Path | None = None) -> LoadedModel:
-    """Build a Llama-family decoder from a .gguf file or a safetensors directory (with its vision tower, for a
-    vision-language model: from the directory, or from llama.cpp's ``mmproj`` file beside a GGUF).
+    """Build a Llama-family decoder from a .gguf file or a safetensors directory (a ModelSpec, or its path) with
+    its vision tower, for a vision-language model: from the directory, or from llama.cpp's ``mmproj`` file beside
+    a GGUF (the spec's projector; with a path, the ``mmproj`` named).
 
     exact_numerics keeps reference numerics (dequantized weights times fp32 activations, the mode
     parity tests against transformers use); the default computes on GGUF blocks as stored with
@@ -134,52 +96,39 @@ def load_decoder(path: str | Path, dtype: torch.dtype | str = "float32", device:
         safetensors_weights,
     )
 
-    dtype = torch_dtype(dtype)
-    path = Path(path)
+    spec = as_spec(model, mmproj)
+    dtype, path = torch_dtype(dtype), spec.path
+    cfg = spec.decoder_config()
+    tokenizer = spec.tokenizer()
     vision_weights: list[tuple[str, torch.Tensor]] = []
-    family = None
-    not_a_generator = NotAGeneratorError(f"{path}: this is an embedding model (or a reranker); it cannot "
-                                         f"generate text (use it for embeddings or scores instead)")
-    if path.is_file():
-        gguf = GGUFFile(path)
-        if _gguf_task(gguf) != "generate":
-            raise not_a_generator
-        gguf.check_architecture()
-        cfg = ModelConfig.from_gguf(gguf)
-        tokenizer = Tokenizer.from_gguf(gguf)
-        model = _empty_model(cfg, rope_freq_factors(gguf))
+    family = vlm.family_module(spec.vision) if spec.vision is not None and spec.projector is None else None
+    if spec.gguf is not None:
+        gguf = spec.gguf
+        model_ = _empty_model(cfg, rope_freq_factors(gguf))
         mode = gguf_weight_mode(dtype, device, exact_numerics)
         if mode == "ggml" and gguf_rope_interleaved(gguf.architecture):
-            model.model.rope.use_interleaved_pairs()
+            model_.model.rope.use_interleaved_pairs()
         weights = gguf_weights(gguf, cfg, mode)
     else:
-        hf_config = read_hf_config(path)
-        family = vlm.hf_family(hf_config)
-        if family is None and _hf_task(hf_config, path) != "generate":
-            raise not_a_generator
-        text_config = family.text_config(hf_config) if family is not None else hf_config
-        cfg = ModelConfig.from_hf(text_config, source=str(path / "config.json"))
-        tokenizer = Tokenizer.from_dir(path)
-        model = _empty_model(cfg)
-        weights = safetensors_weights(path, "ggml" if gguf_weight_mode(dtype, device, exact_numerics) == "ggml"
-                                      else "dense")
+        model_ = _empty_model(cfg)
+        weights = safetensors_weights(spec.safetensors(), "ggml" if gguf_weight_mode(dtype, device, exact_numerics)
+                                      == "ggml" else "dense")
         if family is not None:
             weights = _split_vision(weights, family.text_weight, vision_weights)
     try:
-        model.load_weights(weights)
+        model_.load_weights(weights)
     except (KeyError, RuntimeError) as exc:
         raise ModelFormatError(f"{path}: weights do not fit the {cfg.family} config: {exc}") from None
-    if not cfg.eos_token_ids and tokenizer.eos_token_id is not None:
-        cfg.eos_token_ids = [tokenizer.eos_token_id]
-    model = model.to(device=device, dtype=dtype).eval()
+    model_ = model_.to(device=device, dtype=dtype).eval()
     vision = None
     if family is not None:
-        vision = vlm.build_hf(path, hf_config, vision_weights, tokenizer)
-    elif mmproj is not None:
-        vision = vlm.build_mmproj(GGUFFile(Path(mmproj)), tokenizer)
+        assert spec.hf_config is not None
+        vision = vlm.build_hf(path, spec.hf_config, vision_weights, tokenizer)
+    elif spec.projector is not None:
+        vision = vlm.build_mmproj(spec.projector, tokenizer)
     # fast mode runs each layer's small ops fused (exact mode keeps torch's, the reference numerics)
-    model.model.fused = (model.model.supports_fused and not exact_numerics and torch.device(device).type == "cpu"
-                         and dtype == torch.float32 and fused.available() and kernels.attention_available())
+    model_.model.fused = (model_.model.supports_fused and not exact_numerics and torch.device(device).type == "cpu"
+                          and dtype == torch.float32 and fused.available() and kernels.attention_available())
     if vision is not None:
         vision = vision.to(device=device)  # the tower computes in float32: its numerics are transformers'
-    return LoadedModel(model, cfg, tokenizer, path, vision)
+    return LoadedModel(model_, cfg, tokenizer, path, vision)

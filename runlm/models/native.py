@@ -28,6 +28,7 @@ from runlm.formats.tokenizer import Tokenizer
 from runlm.models.config import ModelConfig
 from runlm.models.native_moe import ROUTERS, layer_experts, why_not_native_moe
 from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, longrope, rope_kind, rope_tables
+from runlm.models.spec import ModelSpec, as_spec
 from runlm.native import kernels
 
 log = logging.getLogger("runlm.native")
@@ -197,23 +198,38 @@ def not_native(path: Path, reason: str, reasons: list[str] | None) -> None:
         reasons.append(reason)
 
 
-def load_native(path: Path, max_model_len: int | None = None, reasons: list[str] | None = None) -> NativeLoaded | None:
-    """The model at ``path`` on the native runner, or None (logged, with the reason, which is also appended to
-    ``reasons``) where it needs torch."""
-    if not path.is_file():
+def why_not_native_gguf(spec: ModelSpec) -> str | None:
+    """Why this GGUF model cannot run on the native runner (None: it can)."""
+    if spec.gguf is None or spec.config is None:  # not a decoder this runner knows: the torch loader reports it
+        return "a model file the native loader does not read"
+    return why_not_native(spec.gguf, spec.config)
+
+
+def native_loaded(spec: ModelSpec, model: NativeModel) -> NativeLoaded:
+    return NativeLoaded(model, model.config, spec.tokenizer(), spec.path)
+
+
+def position_limit(cfg: ModelConfig, max_model_len: int | None) -> int:
+    """The positions the RoPE tables cover: the engine's max_model_len, at most the model's."""
+    return min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+
+
+def build_native(spec: ModelSpec, max_model_len: int | None = None) -> NativeLoaded:
+    """The GGUF model of ``spec`` (which why_not_native_gguf accepted) on the native runner."""
+    assert spec.gguf is not None and spec.config is not None
+    spec.tokenizer()  # (its eos id completes the config)
+    return native_loaded(spec, NativeModel.load(spec.gguf, spec.config, position_limit(spec.config, max_model_len)))
+
+
+def load_native(model: ModelSpec | Path, max_model_len: int | None = None,
+                reasons: list[str] | None = None) -> NativeLoaded | None:
+    """The GGUF model (a spec or its path) on the native runner, or None (logged, with the reason, which is also
+    appended to ``reasons``) where it needs torch."""
+    if isinstance(model, Path) and not model.is_file():
         return None
-    gguf = GGUFFile(path)
-    try:
-        cfg = ModelConfig.from_gguf(gguf)
-    except Exception:  # not a decoder this runner knows: the torch loader reports it properly
-        not_native(path, "a model file the native loader does not read", reasons)
-        return None
-    reason = why_not_native(gguf, cfg)
+    spec = as_spec(model)
+    reason = why_not_native_gguf(spec)
     if reason is not None:
-        not_native(path, reason, reasons)
+        not_native(spec.path, reason, reasons)
         return None
-    tokenizer = Tokenizer.from_gguf(gguf)
-    if not cfg.eos_token_ids and tokenizer.eos_token_id is not None:
-        cfg.eos_token_ids = [tokenizer.eos_token_id]
-    limit = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-    return NativeLoaded(NativeModel.load(gguf, cfg, limit), cfg, tokenizer, path)
+    return build_native(spec, max_model_len)

@@ -25,11 +25,11 @@ import numpy as np
 
 from runlm.formats import ModelFormatError
 from runlm.formats.gguf import ggml_type
-from runlm.formats.safetensors import SafetensorsDir, read_hf_config
-from runlm.formats.tokenizer import Tokenizer
+from runlm.formats.safetensors import SafetensorsDir
 from runlm.models.config import ModelConfig
-from runlm.models.native import NativeLoaded, NativeModel, not_native, why_not_native
+from runlm.models.native import NativeLoaded, NativeModel, native_loaded, not_native, position_limit, why_not_native
 from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, rope_kind, rope_tables
+from runlm.models.spec import ModelSpec, as_spec
 from runlm.native import kernels
 
 if TYPE_CHECKING:
@@ -118,34 +118,39 @@ def build(st: SafetensorsDir, cfg: ModelConfig, max_positions: int) -> NativeMod
     return NativeModel(cfg, decoder, head, None)  # the views keep the mappings alive
 
 
-def load_native_safetensors(path: Path, max_model_len: int | None = None,
+def why_not_native_spec_dir(spec: ModelSpec) -> str | None:
+    """Why the model directory of ``spec`` cannot run on the native runner (None: it can)."""
+    if spec.vision is not None:  # its text config is nested: torch's to read
+        return "a vision-language model directory"
+    if spec.config is None or spec.hf_config is None:  # the torch loader says what is wrong
+        return "a model directory the native loader does not read"
+    try:
+        st = spec.safetensors()
+    except (OSError, ValueError):  # ModelFormatError is a ValueError
+        return "a model directory the native loader does not read"
+    return why_not_native_dir(st, spec.config, spec.hf_config)
+
+
+def build_native_safetensors(spec: ModelSpec, max_model_len: int | None = None) -> NativeLoaded:
+    """The directory of ``spec`` (which why_not_native_spec_dir accepted) on the native runner."""
+    assert spec.config is not None
+    spec.tokenizer()  # (its eos id completes the config)
+    return native_loaded(spec, build(spec.safetensors(), spec.config, position_limit(spec.config, max_model_len)))
+
+
+def load_native_safetensors(model: ModelSpec | Path, max_model_len: int | None = None,
                             reasons: list[str] | None = None) -> NativeLoaded | None:
-    """The model directory at ``path`` on the native runner, or None (logged, with the reason, which is also
-    appended to ``reasons``) where it needs torch, or where it is not a model this runner knows (the torch loader
-    then reports what is wrong)."""
+    """The model directory (a spec or its path) on the native runner, or None (logged, with the reason, which is
+    also appended to ``reasons``) where it needs torch, or where it is not a model this runner knows (the torch
+    loader then reports what is wrong)."""
     try:
-        hf_config = read_hf_config(path)
-        if not isinstance(hf_config, dict):
-            not_native(path, "a model directory the native loader does not read", reasons)
-            return None
-        if "vision_config" in hf_config or "text_config" in hf_config:  # its text config is nested: torch's to read
-            not_native(path, "a vision-language model directory", reasons)
-            return None
-        st = SafetensorsDir(path)
-        cfg = ModelConfig.from_hf(hf_config, source=str(path / "config.json"))
-    except (OSError, ValueError, KeyError, TypeError, ModelFormatError):  # the torch loader says what is wrong
-        not_native(path, "a model directory the native loader does not read", reasons)
+        spec = as_spec(model)
+    except (OSError, ValueError):  # ModelFormatError is a ValueError
+        not_native(Path(model) if not isinstance(model, ModelSpec) else model.path,
+                   "a model directory the native loader does not read", reasons)
         return None
-    reason = why_not_native_dir(st, cfg, hf_config)
+    reason = why_not_native_spec_dir(spec)
     if reason is not None:
-        not_native(path, reason, reasons)
+        not_native(spec.path, reason, reasons)
         return None
-    try:
-        tokenizer = Tokenizer.from_dir(path)
-    except ModelFormatError:
-        not_native(path, "a tokenizer the native loader does not read", reasons)
-        return None
-    if not cfg.eos_token_ids and tokenizer.eos_token_id is not None:
-        cfg.eos_token_ids = [tokenizer.eos_token_id]
-    limit = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-    return NativeLoaded(build(st, cfg, limit), cfg, tokenizer, path)
+    return build_native_safetensors(spec, max_model_len)

@@ -17,7 +17,8 @@ from runlm.models.bert import BertConfig, BertModel
 from runlm.models.config import ModelConfig
 from runlm.models.llama import LlamaForCausalLM
 from runlm.models.pooling import PoolerConfig, pool, read_pooler_config
-from runlm.models.weights import read_hf_config, safetensors_weights
+from runlm.models.spec import ModelSpec, as_spec
+from runlm.models.weights import safetensors_weights
 
 _ACTIVATIONS = ("sigmoid", "identity", "softmax")
 
@@ -83,15 +84,16 @@ def _activation(cfg: dict, num_labels: int) -> str:
     return "sigmoid" if num_labels == 1 else "softmax"
 
 
-def load_pooling_model(path: str | Path, task: str = "auto", dtype: torch.dtype | str = torch.float32,
+def load_pooling_model(source: ModelSpec | str | Path, task: str = "auto", dtype: torch.dtype | str = torch.float32,
                        device: str = "cpu") -> LoadedPoolingModel:
-    """An encoder or decoder that embeds (task 'embed') or scores (a sequence classifier)."""
+    """An encoder or decoder that embeds (task 'embed') or scores (a sequence classifier): a ModelSpec or its
+    path."""
     dtype = torch_dtype(dtype)
-    path = Path(path)
-    if path.is_file():
+    spec = as_spec(source)
+    path, hf = spec.path, spec.hf_config
+    if hf is None:
         raise ModelFormatError(f"{path}: embedding and reranking models load from a safetensors directory "
                                f"(config.json + *.safetensors); GGUF encoders are not supported yet")
-    hf = read_hf_config(path)
     source = str(path / "config.json")
     archs = hf.get("architectures") or []
     from_tokens = hf.get("classifier_from_token")  # a causal LM scored by its "yes"/"no" logits (vLLM's key)
@@ -119,8 +121,8 @@ def load_pooling_model(path: str | Path, task: str = "auto", dtype: torch.dtype 
             model = DecoderPoolingModel(dcfg, pooler.mode, num_labels)
         model = model.to_empty(device="cpu")
         hidden, vocab, max_len = dcfg.hidden_size, dcfg.vocab_size, dcfg.max_position_embeddings
-    tokenizer = Tokenizer.from_dir(path)
-    weights = safetensors_weights(path)
+    tokenizer = spec.tokenizer()
+    weights = safetensors_weights(spec.safetensors())
     if from_tokens and task == "score" and not is_bert:
         weights = _score_from_token_logits(weights, _token_ids(tokenizer, from_tokens, source),
                                            bool(hf.get("tie_word_embeddings", False)))

@@ -4,7 +4,6 @@ Weights are yielded under Hugging Face names so one ``load_weights`` serves both
 """
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import ggml_type
+from runlm.formats.safetensors import SafetensorsDir
 from runlm.formats.safetensors import read_hf_config as read_hf_config  # (its home: torch-free readers)
 from runlm.kernels import ggml
 from runlm.kernels.linear import dequantize_blocks
@@ -113,60 +113,39 @@ def _experts(gguf: GGUFFile, name: str, template: str, mode: str) -> Iterator[tu
 
 # half-precision safetensors dtypes -> the ggml type that computes on them as stored
 _HALF_TYPES = {"BF16": "BF16", "F16": "F16"}
+# safetensors' dtypes (ggml's names where ggml has the type) as torch reads them
+_TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+                 "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64, "U8": torch.uint8,
+                 "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
 @overload
-def safetensors_weights(directory: Path, mode: Literal["dense"] = ...) -> Iterator[tuple[str, torch.Tensor]]: ...
+def safetensors_weights(source: Path | SafetensorsDir, mode: Literal["dense"] = ...
+                        ) -> Iterator[tuple[str, torch.Tensor]]: ...
 @overload
-def safetensors_weights(directory: Path, mode: str) -> Iterator[tuple[str, Weight]]: ...
+def safetensors_weights(source: Path | SafetensorsDir, mode: str) -> Iterator[tuple[str, Weight]]: ...
 
 
-def safetensors_weights(directory: Path, mode: str = "dense") -> Iterator[tuple[str, Weight]]:
-    """HF-named tensors, as float32; in "ggml" mode bf16/fp16 matrices come as GGMLWeight views of
-    the memory-mapped file instead (half the bytes, pages shared between processes)."""
-    from safetensors import SafetensorError, safe_open
-
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ModelFormatError(f"{directory}: no *.safetensors weights")
-    for file in files:
-        halves = _half_matrices(file) if mode == "ggml" else {}
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    yield name, halves[name] if name in halves else f.get_tensor(name).float()
-        except (SafetensorError, OSError) as exc:
-            raise ModelFormatError(f"{file}: cannot read safetensors ({exc})") from None
-
-
-def _half_matrices(file: Path) -> dict[str, GGMLWeight]:
-    """The file's 2-D bf16/fp16 ``.weight`` tensors as views of one read-only mapping of it."""
-    import struct
+def safetensors_weights(source: Path | SafetensorsDir, mode: str = "dense") -> Iterator[tuple[str, Weight]]:
+    """HF-named tensors of a model directory (its files mapped once: a ModelSpec's SafetensorsDir, or the
+    directory's path), as float32; in "ggml" mode bf16/fp16 matrices come as GGMLWeight views of the mapped file
+    instead (half the bytes, pages shared between processes)."""
     import warnings
 
-    import numpy as np
-
-    with open(file, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n)) if n <= 100 << 20 else {}
-    data = np.memmap(file, mode="r").view(np.ndarray)
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__" or entry.get("dtype") not in _HALF_TYPES or len(entry.get("shape", ())) != 2 \
-                or not name.endswith(".weight"):
-            continue
-        qtype = ggml_type(_HALF_TYPES[entry["dtype"]])
-        if not ggml.supported(qtype):
-            continue
-        begin, end = (8 + n + int(o) for o in entry["data_offsets"])
-        rows, cols = entry["shape"]
-        if end > data.nbytes or end - begin != rows * cols * 2:
-            raise ModelFormatError(f"{file}: tensor {name!r} lies outside the file")
+    st = source if isinstance(source, SafetensorsDir) else SafetensorsDir(source)
+    for name in sorted(st.tensors):
+        info = st.tensors[name]
         with warnings.catch_warnings():  # read-only memory: torch warns, nothing writes it
             warnings.simplefilter("ignore", UserWarning)
-            raw = torch.from_numpy(data[begin:end]).view(rows, cols * 2)
-        out[name] = GGMLWeight(raw, qtype, rows, cols)
-    return out
+            raw = torch.from_numpy(st.raw(name))
+        if mode == "ggml" and info.qtype in _HALF_TYPES and len(info.shape) == 2 and name.endswith(".weight") \
+                and ggml.supported(ggml_type(info.qtype)):
+            yield name, GGMLWeight(raw, ggml_type(info.qtype), *info.shape)
+        elif info.qtype not in _TORCH_DTYPES:
+            raise ModelFormatError(f"{st.directory}: tensor {name!r} is {info.qtype}, which runlm does not read")
+        else:
+            yield name, raw.reshape(-1).view(_TORCH_DTYPES[info.qtype]).reshape(info.shape).to(torch.float32,
+                                                                                                copy=True)
 
 
 def rope_freq_factors(gguf: GGUFFile) -> torch.Tensor | None:

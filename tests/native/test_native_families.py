@@ -125,13 +125,12 @@ def test_a_layer_in_a_kv_group_needs_the_groups_slots() -> None:
 def test_gemma3_with_images_stays_on_the_torch_runner() -> None:
     """Gemma 3's text model attends bidirectionally among an image's tokens, which the native runner does not: with
     its mmproj the file runs on torch, and the reason is the tower's."""
-    from runlm.engine.runners.native import why_not_native_vision
     from tests.fixtures.vlm.gguf import vlm_gguf
 
     text, mmproj = vlm_gguf("gemma3", "q8_0")
     llm = LLM(str(text), mmproj=str(mmproj), max_model_len=512, kv_cache_memory="64MiB")
     assert not llm.engine.native and llm.engine.modalities == ("text", "image")
-    assert why_not_native_vision(llm.engine.loaded.vision) == "bidirectional attention among an image's tokens"
+    assert llm.engine.choice.reasons == ("bidirectional attention among an image's tokens",)
 
 
 def test_a_safetensors_directory_is_refused_what_only_the_gguf_loader_builds(tiny_model) -> None:

@@ -31,3 +31,4 @@ def check_gpu(config: EngineConfig) -> None:
     if reason is not None:
         raise ValueError(f"the GPU runner does not run {reason} yet; run this model with --device cpu (or set "
                          f"{GPU_RUNNER_ENV}=0 for the torch runner on the GPU)")
+

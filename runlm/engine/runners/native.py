@@ -23,12 +23,15 @@ from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.mm_step import step_images
 from runlm.engine.core.scheduler import SchedulerOutput
+from runlm.engine.runners.threads import set_native_threads, set_torch_threads
 from runlm.engine.sample.rejection import sample_and_verify, spec_rows
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
 from runlm.engine.structured.backend import StructuredOutputManager
-from runlm.engine.types.config import EngineConfig
-from runlm.models.native import NativeLoaded, load_native, not_native
-from runlm.models.native_safetensors import load_native_safetensors
+from runlm.engine.types.config import EngineConfig, kv_cache_blocks
+from runlm.models.native import NativeLoaded, build_native, not_native, why_not_native_gguf
+from runlm.models.native_safetensors import build_native_safetensors, why_not_native_spec_dir
+from runlm.models.spec import ModelSpec, as_spec
+from runlm.models.vision import TEXT_MODEL_NEEDS
 from runlm.native import lora as native_lora
 from runlm.native.kv_cache import allocate
 
@@ -49,32 +52,68 @@ def why_not_native(config: EngineConfig) -> str | None:
     return next((what for bad, what in reasons if bad), None)
 
 
-def native_model(path: Path, config: EngineConfig, reasons: list[str] | None = None) -> NativeLoaded | None:
-    """The model at ``path`` on the native runner, or None (logged, with the reason, which is also appended to
-    ``reasons``) where it needs torch."""
+def why_not_native_model(spec: ModelSpec, config: EngineConfig) -> str | None:
+    """Why the native runner does not run ``spec`` under ``config`` (None: it does): the engine's asks first, then
+    the model file's, then what its vision tower asks of the text model."""
     reason = why_not_native(config)
     if reason is not None:
-        if path.exists():
-            not_native(path, reason, reasons)
+        return reason
+    reason = why_not_native_gguf(spec) if spec.gguf is not None else why_not_native_spec_dir(spec)
+    if reason is None and spec.projector is not None and spec.vision is not None:
+        return TEXT_MODEL_NEEDS.get(spec.vision)
+    return reason
+
+
+def load_native_model(spec: ModelSpec, config: EngineConfig) -> NativeLoaded:
+    """The model ``why_not_native_model`` accepted, on the native runner (its vision tower, torch's, beside it)."""
+    build = build_native if spec.gguf is not None else build_native_safetensors
+    loaded = build(spec, config.max_model_len)
+    if spec.projector is not None:
+        from runlm.models.vision import build_mmproj
+
+        loaded.vision = build_mmproj(spec.projector, loaded.tokenizer)
+    return loaded
+
+
+def native_model(model: ModelSpec | Path, config: EngineConfig, reasons: list[str] | None = None
+                 ) -> NativeLoaded | None:
+    """The model (a spec or its path) on the native runner, or None (logged, with the reason, which is also
+    appended to ``reasons``) where it needs torch."""
+    spec = as_spec(model)
+    reason = why_not_native_model(spec, config)
+    if reason is not None:
+        not_native(spec.path, reason, reasons)
         return None
-    if path.is_dir():  # a safetensors model directory, its weights as stored
-        return load_native_safetensors(path, config.max_model_len, reasons)
-    return load_native(path, config.max_model_len, reasons)
+    return load_native_model(spec, config)
 
 
-def refuse_kv_cache_dtype(config: EngineConfig, runner_reason: str) -> None:
-    """A q8_0 KV cache is the native runner's: a ValueError naming why this model runs elsewhere."""
-    if config.kv_cache_dtype != "auto":
-        raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype!r} needs the native runner, which does not run "
-                         f"this model ({runner_reason}); use kv_cache_dtype 'auto' (--kv-cache-dtype auto)")
+class NativeKind:
+    """The native CPU runner: C++ kernels on the weights as stored, no torch in the process."""
+    name = "native"
+    torch_free = True
+    kv_cache_dtypes = ("auto", "q8_0")
 
+    def applies(self, config: EngineConfig) -> bool:
+        return True
 
-def why_not_native_vision(vision: object) -> str | None:
-    """What a vision tower asks of the text model that the native runner does not do (None: nothing): M-RoPE
-    positions (Qwen2.5-VL), bidirectional attention among an image's tokens (Gemma 3)."""
-    reasons = [(getattr(vision, "uses_mrope", False), "M-RoPE positions"),
-               (getattr(vision, "bidirectional_images", False), "bidirectional attention among an image's tokens")]
-    return next((what for bad, what in reasons if bad), None)
+    def why_not(self, spec: ModelSpec, config: EngineConfig) -> str | None:
+        return why_not_native_model(spec, config)
+
+    def load(self, spec: ModelSpec, config: EngineConfig) -> NativeLoaded:
+        return load_native_model(spec, config)
+
+    def build(self, config: EngineConfig, loaded: NativeLoaded, blocks: AnyBlockManager,
+              structured: StructuredOutputManager) -> NativeRunner:
+        return NativeRunner(config, loaded, blocks, structured)
+
+    def kv_cache_blocks(self, config: EngineConfig, loaded: NativeLoaded, bytes_per_token: int,
+                        max_model_len: int) -> int:
+        return kv_cache_blocks(config, bytes_per_token, max_model_len)
+
+    def set_threads(self, n: int, loaded: NativeLoaded) -> None:
+        set_native_threads(n)
+        if loaded.vision is not None:
+            set_torch_threads(n)  # the vision tower computes in torch
 
 
 class NativeRunner:
@@ -86,9 +125,6 @@ class NativeRunner:
         self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         self.kv_caches: list[tuple[np.ndarray, np.ndarray]] = []
         self._hidden = np.empty((0, loaded.config.hidden_size), dtype=np.float32)
-        reason = why_not_native_vision(loaded.vision)
-        if reason is not None:
-            raise ValueError(f"the native runner cannot run this vision-language model's text part: {reason}")
         self.allocate_kv_cache()
 
     def allocate_kv_cache(self) -> None:
@@ -163,3 +199,6 @@ class NativeRunner:
         return decoder.forward(plan.ids, positions, plan.slot_mapping,
                                np.asarray(plan.query_lens, dtype=np.int64),
                                np.asarray(plan.context_lens, dtype=np.int64), flat, self._hidden[:t], embeds, groups)
+
+
+NATIVE = NativeKind()

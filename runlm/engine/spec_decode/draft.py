@@ -17,7 +17,6 @@ in the process), else on torch (draft_torch), whichever runner the target is on.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -26,9 +25,11 @@ from runlm.engine.core.kv_cache import RELEASED, BlockManager
 from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.sequence import Sequence
 from runlm.engine.runners.native import native_model
+from runlm.engine.runners.threads import set_native_threads, set_torch_threads
 from runlm.engine.sample.sampler import draw, probabilities
 from runlm.engine.types.config import EngineConfig
 from runlm.models.native import NativeLoaded
+from runlm.models.spec import read_spec
 
 if TYPE_CHECKING:
     from runlm.models.load import LoadedModel
@@ -47,15 +48,18 @@ class DraftRunner(Protocol):
     def last_logits(self, items: list[Chunk]) -> np.ndarray: ...
 
 
-def load_draft(config: EngineConfig, path: str, target: LoadedModel | NativeLoaded) -> LoadedModel | NativeLoaded:
-    """The draft model (native where it can run natively, else torch's), refused up front unless its vocabulary is
-    the target's."""
-    draft: LoadedModel | NativeLoaded | None = native_model(Path(path), config)
+def load_draft(config: EngineConfig, path: str, target: LoadedModel | NativeLoaded, threads: int | None = None
+               ) -> LoadedModel | NativeLoaded:
+    """The draft model (native where it can run natively, else torch's; its runner's ``threads`` set where given),
+    refused up front unless its vocabulary is the target's."""
+    spec = read_spec(path, find_projector=False)
+    draft: LoadedModel | NativeLoaded | None = native_model(spec, config)
     if draft is None:
         from runlm.models.load import load_decoder
 
-        draft = load_decoder(Path(path), dtype=config.dtype, device=config.device,
-                             exact_numerics=config.exact_numerics)
+        draft = load_decoder(spec, dtype=config.dtype, device=config.device, exact_numerics=config.exact_numerics)
+    if threads is not None:
+        (set_native_threads if isinstance(draft, NativeLoaded) else set_torch_threads)(threads)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"speculative_config: the draft model's vocabulary ({draft.config.vocab_size} tokens) is "
                          f"not the target's ({target.config.vocab_size} tokens); a draft must share the target's "

@@ -68,14 +68,34 @@ def family_module(name: str) -> ModuleType:
     return importlib.import_module(f"runlm.models.vision.{name}")
 
 
+def _name(value: object, index: int) -> str | None:
+    return next((f for f, types in FAMILIES.items() if value in types[index]), None)
+
+
 def _lookup(value: object, index: int) -> ModuleType | None:
-    name = next((f for f, types in FAMILIES.items() if value in types[index]), None)
+    name = _name(value, index)
     return None if name is None else family_module(name)
+
+
+def hf_family_name(hf_config: dict) -> str | None:
+    """The family of a Hugging Face config (nothing imported), or None for a text-only model."""
+    return _name(hf_config.get("model_type"), 0)
+
+
+def mmproj_family_name(projector_type: str) -> str | None:
+    """The family that reads mmproj files of this llama.cpp ``clip.projector_type`` (nothing imported)."""
+    return _name(projector_type, 1)
+
+
+# what a family's text model needs beyond embedding rows at the image's positions (runlm.models.attention), which
+# the native runner does not do: read by the runner choice before any tower is built
+TEXT_MODEL_NEEDS: dict[str, str] = {"qwen2_5_vl": "M-RoPE positions",
+                                    "gemma3": "bidirectional attention among an image's tokens"}
 
 
 def is_vision_config(hf_config: dict) -> bool:
     """Whether a Hugging Face config is a vision-language model runlm runs (nothing imported)."""
-    return any(hf_config.get("model_type") in types for types, _ in FAMILIES.values())
+    return hf_family_name(hf_config) is not None
 
 
 def hf_family(hf_config: dict) -> ModuleType | None:

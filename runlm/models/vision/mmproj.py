@@ -494,23 +494,35 @@ def _qwen_as_hf(mmproj: GGUFFile, v: ClipVision) -> tuple[dict, dict, Iterator[t
 
 # ---- finding the projector beside a model file ------------------------------------------------------------
 
-def is_mmproj(path: Path) -> bool:
-    """Whether ``path`` is an mmproj GGUF (its header says general.architecture "clip"); never raises."""
+def _mmproj_header(path: Path) -> GGUFFile | None:
+    """The header of ``path`` where it is an mmproj GGUF (general.architecture "clip"), else None; never raises."""
     from runlm.formats.gguf import GGUFFile
 
     try:
-        return path.is_file() and GGUFFile(path).architecture == "clip"
+        gguf = GGUFFile(path) if path.is_file() else None
     except (OSError, ValueError, OverflowError):  # ModelFormatError is a ValueError
-        return False
+        return None
+    return gguf if gguf is not None and gguf.architecture == "clip" else None
 
 
-def find_mmproj(model: Path) -> Path | None:
-    """The projector that goes with a text GGUF: ``model`` itself a directory or a .gguf file, the one mmproj
-    GGUF beside it (``mmproj*.gguf``, ``*mmproj*.gguf``, or the store's ``model.mmproj``), else None. Two
-    candidates are ambiguous: none is chosen (pass --mmproj)."""
+def is_mmproj(path: Path) -> bool:
+    """Whether ``path`` is an mmproj GGUF (its header says general.architecture "clip"); never raises."""
+    return _mmproj_header(path) is not None
+
+
+def find_projector(model: Path) -> GGUFFile | None:
+    """The projector that goes with a text GGUF, its header read once: ``model`` itself a directory or a .gguf
+    file, the one mmproj GGUF beside it (``mmproj*.gguf``, ``*mmproj*.gguf``, or the store's ``model.mmproj``),
+    else None. Two candidates are ambiguous: none is chosen (pass --mmproj)."""
     folder = model if model.is_dir() else model.parent
     if not folder.is_dir():
         return None
     named = sorted({*folder.glob("*mmproj*.gguf"), *folder.glob("*.mmproj")})
-    found = [p for p in named if p != model and is_mmproj(p)]
+    found = [h for h in (_mmproj_header(p) for p in named if p != model) if h is not None]
     return found[0] if len(found) == 1 else None
+
+
+def find_mmproj(model: Path) -> Path | None:
+    """The path of find_projector's file."""
+    found = find_projector(model)
+    return None if found is None else found.path
