@@ -15,23 +15,23 @@ from runlm.engine.core.detokenizer import CUMULATIVE, RequestState, append_token
 from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import block_manager
 from runlm.engine.core.lora_manager import LoRAManager, LoRARequest, lora_salt
+from runlm.engine.core.mm_prompt import prompt_images
 from runlm.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from runlm.engine.core.sequence import Sequence
 from runlm.engine.core.thinking import ThinkingTracker
 from runlm.engine.engine_core import EngineCore, log
 from runlm.engine.runners.select import select_runner
 from runlm.engine.sample.sampler import SampledToken, make_generator
-from runlm.engine.spec_decode.decoder import SpecDecoder, SpecDecodeStats
+from runlm.engine.spec_decode.decoder import SpecDecodeStats, spec_decoder
+from runlm.engine.spec_decode.draft import configured_draft, draft_kv_bytes_per_token
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig, dtype_itemsize
 from runlm.engine.types.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.types.outputs import RequestOutput
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
-from runlm.kv_size import kv_bytes_per_token, kv_cache_bytes_per_token
+from runlm.kv_size import kv_cache_bytes_per_token
 from runlm.models.spec import ModelSpec, read_spec
-from runlm.models.vision.images import ImageError, open_image
-from runlm.models.vision.inputs import MultiModalPrompt
 from runlm.sizes import return_free_heap
 
 if TYPE_CHECKING:
@@ -58,15 +58,8 @@ class LLMEngine(EngineCore):
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.kv_bytes_per_token = per_token = kv_cache_bytes_per_token(
             mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_cache_dtype, dtype_itemsize(config.dtype))
-        spec_config = config.speculative_config
-        draft = None
-        if spec_config is not None and spec_config.method == "draft_model":
-            from runlm.engine.spec_decode.draft import load_draft
-
-            assert spec_config.model is not None  # SpeculativeConfig checks it
-            draft = load_draft(config, spec_config.model, self.loaded, self.threads)
-            dc = draft.config  # the draft's K/V lives in the same blocks: the budget pays for both
-            per_token += kv_bytes_per_token(dc.num_layers, dc.num_kv_heads, dc.head_dim, dtype_itemsize(config.dtype))
+        draft = configured_draft(config, self.loaded, self.threads)  # speculative decoding's draft model, if any
+        per_token += draft_kv_bytes_per_token(draft, config)  # its K/V lives in the same blocks
         num_blocks = self.choice.kind.kv_cache_blocks(config, self.loaded, per_token, self.max_model_len)
         # sliding-window layers give back the blocks behind their window as sequences run
         self.blocks = block_manager(mc, num_blocks, config.block_size, config.enable_prefix_caching,
@@ -87,15 +80,7 @@ class LLMEngine(EngineCore):
             self.lora = LoRAManager(self.loaded.model, mc, config.max_loras, config.max_lora_rank,
                                     config.max_cpu_loras)
             self.scheduler.max_loras = config.max_loras
-        self.spec: SpecDecoder | None = None
-        if spec_config is not None:
-            from runlm.engine.spec_decode.draft import DraftModelProposer
-
-            if draft is not None and window is not None:
-                raise ValueError("speculative_config: a draft model needs a target whose layers are not all "
-                                 "sliding-window (the draft would read blocks the target gives back)")
-            self.spec = SpecDecoder(spec_config, self.max_seq_tokens,
-                                    DraftModelProposer(config, draft, self.blocks) if draft is not None else None)
+        self.spec = spec_decoder(config, draft, self.blocks, self.max_seq_tokens)
         self.requests: dict[str, RequestState] = {}
         self.num_preemptions = 0
         self.sleep_level = 0
@@ -116,30 +101,6 @@ class LLMEngine(EngineCore):
     def reset_mm_cache(self) -> None:
         """Forget every image's embeddings (vLLM's name); the prefix cache keeps blocks already computed."""
         self.encoder_cache.reset()
-
-    def process_images(self, prompt: PromptType, ids: list[int]) -> MultiModalPrompt | None:
-        """The prompt's images decoded, checked and placed (their placeholders expanded); None without any."""
-        data = prompt.get("multi_modal_data") if isinstance(prompt, Mapping) else None
-        if not data:
-            return None
-        if not isinstance(data, Mapping):
-            raise PromptError("multi_modal_data is a mapping such as {'image': [image, ...]}")
-        unknown = [k for k in data if k != "image"]
-        if unknown:
-            raise PromptError(f"runlm takes images only, not {unknown[0]!r} inputs")
-        images = data.get("image")
-        images = list(images) if isinstance(images, list | tuple) else [] if images is None else [images]
-        if not images:
-            return None
-        if self.vision is None:
-            raise PromptError(f"the model {self.loaded.path.name} does not accept images (it is a text-only model)")
-        if len(images) > self.config.image_limit:
-            raise PromptError(f"the prompt has {len(images)} images; at most {self.config.image_limit} are "
-                              f"allowed per prompt (--limit-mm-per-prompt)")
-        try:
-            return self.vision.processor.process(ids, [open_image(i) for i in images])
-        except ImageError as exc:
-            raise PromptError(str(exc)) from None
 
     @property
     def supported_tasks(self) -> tuple[str, ...]:
@@ -181,7 +142,7 @@ class LLMEngine(EngineCore):
             raise TaskError("this model generates text; embeddings and scores need an embedding or reranking "
                             "model")
         text, ids = self.tokenize_prompt(prompt)
-        mm = self.process_images(prompt, ids)
+        mm = prompt_images(prompt, ids, self.vision, self.config.image_limit, self.loaded.path.name)
         if mm is not None:
             ids = mm.token_ids
         self.check_prompt(ids, params)

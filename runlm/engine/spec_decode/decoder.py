@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from runlm.engine.core.kv_groups import AnyBlockManager
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.core.sequence import Sequence
 from runlm.engine.spec_decode.ngram import NgramProposer
+from runlm.engine.types.config import EngineConfig
 from runlm.engine.types.spec_config import SpeculativeConfig
 
 if TYPE_CHECKING:
@@ -110,3 +112,17 @@ class SpecDecoder:
             for pos in range(accepted):
                 st.accepted_per_position[pos] += 1
             state.clear()
+
+
+def spec_decoder(config: EngineConfig, draft: Any, blocks: AnyBlockManager, max_seq_tokens: int) -> SpecDecoder | None:
+    """The engine's speculative decoder (None: it does not speculate), proposing by n-grams or by ``draft``
+    (runlm.engine.spec_decode.draft.configured_draft's model)."""
+    if config.speculative_config is None:
+        return None
+    if draft is not None and blocks.window is not None:
+        raise ValueError("speculative_config: a draft model needs a target whose layers are not all "
+                         "sliding-window (the draft would read blocks the target gives back)")
+    from runlm.engine.spec_decode.draft import DraftModelProposer
+
+    return SpecDecoder(config.speculative_config, max_seq_tokens,
+                       DraftModelProposer(config, draft, blocks) if draft is not None else None)

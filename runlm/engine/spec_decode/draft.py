@@ -27,7 +27,8 @@ from runlm.engine.core.sequence import Sequence
 from runlm.engine.runners.native import native_model
 from runlm.engine.runners.threads import set_native_threads, set_torch_threads
 from runlm.engine.sample.sampler import draw, probabilities
-from runlm.engine.types.config import EngineConfig
+from runlm.engine.types.config import EngineConfig, dtype_itemsize
+from runlm.kv_size import kv_bytes_per_token
 from runlm.models.native import NativeLoaded
 from runlm.models.spec import read_spec
 
@@ -65,6 +66,24 @@ def load_draft(config: EngineConfig, path: str, target: LoadedModel | NativeLoad
                          f"not the target's ({target.config.vocab_size} tokens); a draft must share the target's "
                          f"tokenizer")
     return draft
+
+
+def configured_draft(config: EngineConfig, target: LoadedModel | NativeLoaded, threads: int
+                     ) -> LoadedModel | NativeLoaded | None:
+    """The draft model that config.speculative_config names (method "draft_model"), else None."""
+    spec = config.speculative_config
+    if spec is None or spec.method != "draft_model":
+        return None
+    assert spec.model is not None  # SpeculativeConfig checks it
+    return load_draft(config, spec.model, target, threads)
+
+
+def draft_kv_bytes_per_token(draft: LoadedModel | NativeLoaded | None, config: EngineConfig) -> int:
+    """What the draft's K/V adds to each token's blocks (they hold both models'): the budget pays for both."""
+    if draft is None:
+        return 0
+    c = draft.config
+    return kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, dtype_itemsize(config.dtype))
 
 
 class DraftModelProposer:
