@@ -46,7 +46,7 @@ def test_memory_comes_from_the_pipelines_weights(stored, tmp_path: Path) -> None
 def test_command_line_and_settings(tmp_path: Path) -> None:
     backend = all_backends(tmp_path)["diffusers"]
     argv = backend.command("/s.sock", "/pipe", "tiny-sd:latest", BackendConfig(runtime_flags=["--threads", "1"]))
-    assert argv[1:4] == ["-m", "runlm.images.serve", "/pipe"] and argv[-2:] == ["--threads", "1"]
+    assert argv[1:4] == ["-m", "runlm.image_generation.serve", "/pipe"] and argv[-2:] == ["--threads", "1"]
     assert argv[argv.index("--uds") + 1] == "/s.sock" and argv[argv.index("--served-model-name") + 1] == "tiny-sd:latest"
     with pytest.raises(ConfigError, match="not allowed"):
         backend.check_config(BackendConfig(runtime_flags=["--api-key", "k"]))

@@ -1,4 +1,5 @@
-"""Vision-language models: a vision tower and projector feeding the text decoder runlm already runs.
+"""Vision-language models (images a model is given, to read): a vision tower and projector feeding the text decoder
+runlm already runs. Image *generation* is runlm.image_generation's.
 
 One module per family (``gemma3``, ``idefics3`` for SmolVLM, ``qwen2_5_vl``, ``llava``), each defining:
 

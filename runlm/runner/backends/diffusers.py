@@ -1,4 +1,4 @@
-"""diffusers as a backend (mode image-generation): ``runlm.images.serve`` in a child process on a Unix socket.
+"""diffusers as a backend (mode image-generation): ``runlm.image_generation.serve`` in a child process on a Unix socket.
 
 It serves a diffusers pipeline directory (``model_index.json``: whatever ``DiffusionPipeline`` loads)
 over OpenAI's images API. diffusers is not one of runlm's own dependencies:
@@ -79,8 +79,8 @@ class DiffusersBackend(ProcessBackend):
         return 0
 
     def command(self, socket: str, model: str, model_ref: str, config: BackendConfig) -> list[str]:
-        return [sys.executable, "-m", "runlm.images.serve", model, "--uds", socket, "--served-model-name", model_ref,
-                *self.check_flags(config.runtime_flags)]
+        return [sys.executable, "-m", "runlm.image_generation.serve", model, "--uds", socket, "--served-model-name",
+                model_ref, *self.check_flags(config.runtime_flags)]
 
     async def run(self, socket: str, model: str, model_ref: str, mode: BackendMode, config: BackendConfig,
                   stored: StoredModel | None = None) -> None:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import asyncio
 
-from runlm.images.pipeline import GenerationCancelled, ImageGenerator
-from runlm.images.request import parse_request
-from runlm.images.server import ImageServer, Job
+from runlm.image_generation.pipeline import GenerationCancelled, ImageGenerator
+from runlm.image_generation.request import parse_request
+from runlm.image_generation.server import ImageServer, Job
 
 
 def test_a_cancelled_request_stops_at_the_next_step_and_frees_the_worker(generator: ImageGenerator) -> None:

@@ -1,4 +1,4 @@
-"""``python -m runlm.images.serve PIPELINE_DIR --uds SOCKET``: the diffusers backend's process.
+"""``python -m runlm.image_generation.serve PIPELINE_DIR --uds SOCKET``: the diffusers backend's process.
 
 The socket opens first and the pipeline loads behind it (``/health`` answers 503 until then); if
 loading fails the process exits with status 1, so the runner sees the failure and its log says why.
@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from runlm.images.request import MAX_SIDE
+from runlm.image_generation.request import MAX_SIDE
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,8 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from runlm.images.pipeline import ImageGenerator
-    from runlm.images.server import ImageServer, build_app
+    from runlm.image_generation.pipeline import ImageGenerator
+    from runlm.image_generation.server import ImageServer, build_app
     from runlm.web.listen import open_socket
 
     args = parse_args(argv)

@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from runlm.images.request import MAX_SEED, OUTPUT_FORMATS, SIDE_MULTIPLE, ImageRequest, ImageRequestError
+from runlm.image_generation.request import MAX_SEED, OUTPUT_FORMATS, SIDE_MULTIPLE, ImageRequest, ImageRequestError
 
-log = logging.getLogger("runlm.images")
+log = logging.getLogger("runlm.image_generation")
 
 StepCallback = Callable[[int, int], None]  # (steps done, steps in all)
 

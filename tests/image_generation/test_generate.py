@@ -8,8 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
-from runlm.images.pipeline import GenerationCancelled, ImageGenerator
-from runlm.images.request import ImageRequest, ImageRequestError, parse_request
+from runlm.image_generation.pipeline import GenerationCancelled, ImageGenerator
+from runlm.image_generation.request import ImageRequest, ImageRequestError, parse_request
 
 
 def generate(generator: ImageGenerator, **fields) -> list:

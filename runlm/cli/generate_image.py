@@ -55,7 +55,7 @@ def _through_daemon(daemon: Daemon, args: argparse.Namespace) -> list[tuple[byte
 
 
 def _in_process(args: argparse.Namespace) -> list[tuple[bytes, int]]:
-    from runlm.images.request import ImageRequestError, parse_request
+    from runlm.image_generation.request import ImageRequestError, parse_request
     from runlm.store import ModelNotFoundError, ModelStore
 
     try:
@@ -69,7 +69,7 @@ def _in_process(args: argparse.Namespace) -> list[tuple[bytes, int]]:
         raise CLIError(str(exc)) from None
     if importlib.util.find_spec("diffusers") is None:
         raise CLIError("diffusers is not installed; run: runlm install-backend diffusers")
-    from runlm.images.pipeline import ImageGenerator
+    from runlm.image_generation.pipeline import ImageGenerator
 
     generator = ImageGenerator.load(path)
     try:

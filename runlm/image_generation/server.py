@@ -22,15 +22,15 @@ from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from runlm import __version__
-from runlm.images.pipeline import GeneratedImage, GenerationCancelled, ImageGenerator, StepCallback
-from runlm.images.request import MAX_SIDE, ImageRequest, ImageRequestError, parse_request
+from runlm.image_generation.pipeline import GeneratedImage, GenerationCancelled, ImageGenerator, StepCallback
+from runlm.image_generation.request import MAX_SIDE, ImageRequest, ImageRequestError, parse_request
 from runlm.server.errors import APIError, install_error_handlers, not_ready
 from runlm.server.sse import DONE, HEADERS, error_event, event
 from runlm.web.api_key import APIKeyMiddleware
 from runlm.web.body_limit import DEFAULT_MAX_BODY, BodyLimitMiddleware
 from runlm.web.disconnect import ClientDisconnected, unless_disconnected
 
-log = logging.getLogger("runlm.images")
+log = logging.getLogger("runlm.image_generation")
 router = APIRouter()
 
 

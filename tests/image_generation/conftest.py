@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runlm.images.pipeline import ImageGenerator
+from runlm.image_generation.pipeline import ImageGenerator
 
 
 @pytest.fixture(scope="session")
