@@ -25,6 +25,7 @@ from runlm.formats import ModelFormatError
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile
 from runlm.formats.tokenizer import Tokenizer
+from runlm.models import families
 from runlm.models.config import ModelConfig
 from runlm.models.load import LoadedModel, NotAGeneratorError, _empty_model, _gguf_task, _hf_task
 
@@ -254,8 +255,8 @@ def load_to_device(path: str | Path, dtype: torch.dtype | str = "bfloat16", devi
         check_fits(_safetensors_bytes(path, itemsize), dev, gpu_memory_utilization, path.name)
         model = _empty_model(cfg)
         weights = _safetensors_tensors(path, dev)
-    if cfg.num_experts:
-        raise ValueError("the GPU runner does not run mixtures of experts yet; use --device cpu")
+    if (refused := families.get(cfg.family).gpu_refuses) is not None:
+        raise ValueError(f"the GPU runner does not run {refused} yet; use --device cpu")
     try:
         with torch.no_grad():
             fill_parameters(model, weights, dtype)

@@ -11,6 +11,7 @@ from runlm.formats.architectures import ENCODER_GGUF_ARCHS, ENCODER_HF_ARCHS
 from runlm.formats.gguf import GGUFFile
 from runlm.formats.safetensors import read_hf_config
 from runlm.formats.tokenizer import Tokenizer
+from runlm.models import families
 from runlm.models.config import ModelConfig
 
 if TYPE_CHECKING:  # the model classes and weight readers are torch's: imported by what builds a model
@@ -72,14 +73,8 @@ def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> 
     served from GGUF blocks never gets an fp32 weight)."""
     import torch
 
-    from runlm.models.gemma import GemmaForCausalLM
-    from runlm.models.llama import LlamaForCausalLM
-    from runlm.models.moe import MoeForCausalLM
-
-    # families whose decoder differs from Llama's (every other one is LlamaForCausalLM, configured by ModelConfig)
-    classes: dict[str, type[LlamaForCausalLM]] = {"gemma2": GemmaForCausalLM, "gemma3": GemmaForCausalLM}
     with torch.device("meta"):
-        cls = MoeForCausalLM if cfg.num_experts else classes.get(cfg.family, LlamaForCausalLM)
+        cls: type[LlamaForCausalLM] = families.get(cfg.family).torch_class()  # (a subclass, configured by cfg)
         return cls(cfg, freq_factors)
 
 

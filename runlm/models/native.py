@@ -25,6 +25,7 @@ import numpy as np
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile, ggml_type
 from runlm.formats.tokenizer import Tokenizer
+from runlm.models import families
 from runlm.models.config import ModelConfig
 from runlm.models.native_moe import ROUTERS, layer_experts, why_not_native_moe
 from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, longrope, rope_kind, rope_tables
@@ -32,15 +33,10 @@ from runlm.native import kernels
 
 log = logging.getLogger("runlm.native")
 
-# config families whose decoder is the plain Llama layer (Qwen3 adds per-head q/k norms, Qwen2 q/k/v biases)
-_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe",
-             "olmoe")
-
-
 def why_not_native(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
     """Why this model file cannot run on the native runner (None: it can). What the engine asks of it
     (exact numerics, a device, LoRA...) is the engine's to check (runlm/engine/runners/native.py)."""
-    model_reasons = [(cfg.family not in _FAMILIES, f"the {cfg.family} family"),
+    model_reasons = [(not families.get(cfg.family).native, f"the {cfg.family} family"),
                      (cfg.clip_qkv is not None, "q/k/v clipping"),
                      (cfg.norm_offset != 0.0, "offset norms"),
                      (cfg.hidden_act not in ("silu", "gelu_tanh"), f"the {cfg.hidden_act} activation")]
