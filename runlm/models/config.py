@@ -49,6 +49,7 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert, scaled by a sigmoid gate
     norm_topk_prob: bool = False          # renormalize the chosen experts' probabilities to sum to 1
     dense_layers: list[int] = field(default_factory=list)  # layers with a dense MLP in a MoE model
+    nope_layers: list[int] = field(default_factory=list)  # layers whose q and k RoPE does not rotate (SmolLM3)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 

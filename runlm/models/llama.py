@@ -114,9 +114,11 @@ class LlamaModel(nn.Module):
                                    cfg.rotary_dim)
             # sliding-window layers with a RoPE base of their own (Gemma 3) rotate unscaled
             local = RotaryEmbedding(cfg.head_dim, cfg.rope_local_theta, None, length) if cfg.rope_local_theta else rope
+            nope = RotaryEmbedding.identity(cfg.head_dim, length) if cfg.nope_layers else rope  # (SmolLM3)
         self.rope = rope
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        layers = [self.layer_cls(cfg, i, local if cfg.layer_window(i) else rope) for i in range(cfg.num_layers)]
+        layers = [self.layer_cls(cfg, i, nope if i in cfg.nope_layers else local if cfg.layer_window(i) else rope)
+                  for i in range(cfg.num_layers)]
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # whether _forward_fused computes this model's layers (whole-head RoPE tables, a layer class it knows)

@@ -114,6 +114,7 @@ class NativeModel:
         if cfg.rope_local_theta:
             local = rope_tables(inverse_frequencies(d, cfg.rope_local_theta, None, max_positions)[0], 1.0,
                                 max_positions, interleaved)
+        nope = np.ones_like(cos), np.zeros_like(sin)  # a layer without RoPE rotates by identity tables (SmolLM3)
         windows = [cfg.layer_window(i) for i in range(cfg.num_layers)]
         fused_qkv, layers = "blk.0.attn_qkv.weight" in gguf.tensors, []
         for i in range(cfg.num_layers):
@@ -122,7 +123,7 @@ class NativeModel:
             # Phi-3 stores gate and up as one ffn_up matrix, the gate's rows first
             fused_gate_up = f"{b}.ffn_gate.weight" not in gguf.tensors
             gate_up = [f"{b}.ffn_up"] if fused_gate_up else [f"{b}.ffn_gate", f"{b}.ffn_up"]
-            layer_cos, layer_sin = local if windows[i] else (cos, sin)
+            layer_cos, layer_sin = nope if i in cfg.nope_layers else local if windows[i] else (cos, sin)
             moe = cfg.is_moe_layer(i)  # its experts replace gate_up / down
             layers.append(kernels.DecoderLayer(
                 qkv=_linear(gguf, qkv, h), o=_linear(gguf, [f"{b}.attn_output"], cfg.num_heads * d),

@@ -92,6 +92,7 @@ def build(st: SafetensorsDir, cfg: ModelConfig, max_positions: int) -> NativeMod
     h, d = cfg.hidden_size, cfg.head_dim
     inv, attn = inverse_frequencies(d, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
     cos, sin = rope_tables(inv, attn, max_positions, interleaved=False)
+    nope = np.ones_like(cos), np.zeros_like(sin)  # a layer without RoPE rotates by identity tables (SmolLM3)
     layers = []
     for i in range(cfg.num_layers):
         b = f"model.layers.{i}"
@@ -105,7 +106,8 @@ def build(st: SafetensorsDir, cfg: ModelConfig, max_positions: int) -> NativeMod
             input_norm=_vector(st, f"{b}.input_layernorm.weight"),
             post_norm=_vector(st, f"{b}.post_attention_layernorm.weight"),
             q_norm=_optional(st, f"{b}.self_attn.q_norm.weight"), k_norm=_optional(st, f"{b}.self_attn.k_norm.weight"),
-            cos=cos, sin=sin, scale=(cfg.query_pre_attn_scalar or d) ** -0.5, window=None, softcap=None,
+            cos=nope[0] if i in cfg.nope_layers else cos, sin=nope[1] if i in cfg.nope_layers else sin,
+            scale=(cfg.query_pre_attn_scalar or d) ** -0.5, window=None, softcap=None,
             act=cfg.hidden_act))
     embed = "model.embed_tokens"
     if f"{embed}.weight" not in st.tensors:
