@@ -38,6 +38,7 @@ DECODERS: dict[str, DecoderNames] = {
     "qwen2_moe": DecoderNames(("Qwen2MoeForCausalLM",), ("qwen2moe",)),
     "qwen3_moe": DecoderNames(("Qwen3MoeForCausalLM",), ("qwen3moe",)),
     "olmoe": DecoderNames(("OlmoeForCausalLM",), ("olmoe",)),
+    "smollm3": DecoderNames(("SmolLM3ForCausalLM",), ("smollm3",), gguf_rope_interleaved=True),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.
