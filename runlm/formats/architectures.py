@@ -1,7 +1,13 @@
 """Which architectures runlm builds, by format: decoders (they generate) and encoders (they embed or score
 text). One list for the loader, which builds them, and the store, which labels a model's capabilities.
-No torch here."""
+No torch here.
+
+A decoder family's names are its entry in ``DECODERS`` (the index its module under runlm.models.families is
+found by: the store and this package tell capabilities without importing models); everything else the family
+is (config mapping, torch model, what each runner builds) is that module's."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 # GGUF ``general.architecture`` values of encoder models
 ENCODER_GGUF_ARCHS = frozenset({"bert", "nomic-bert", "jina-bert-v2", "xlm-roberta"})
@@ -9,27 +15,37 @@ ENCODER_GGUF_ARCHS = frozenset({"bert", "nomic-bert", "jina-bert-v2", "xlm-rober
 ENCODER_HF_ARCHS = frozenset({"BertModel", "BertForMaskedLM", "BertForSequenceClassification", "XLMRobertaModel",
                               "RobertaModel", "NomicBertModel"})
 
+
+@dataclass(frozen=True, slots=True)
+class DecoderNames:
+    """How files name one decoder family."""
+    hf: tuple[str, ...]                  # Hugging Face ``architectures[0]`` values
+    gguf: tuple[str, ...] = ()           # GGUF ``general.architecture`` values
+    model_types: tuple[str, ...] = ()    # HF ``model_type`` values besides the family's own name
+    gguf_rope_interleaved: bool = False  # llama.cpp stores Q/K of its GGUF files in the interleaved RoPE layout
+
+
+# family (the module runlm.models.families.<family>) -> its names
+DECODERS: dict[str, DecoderNames] = {
+    "llama": DecoderNames(("LlamaForCausalLM",), ("llama", "smollm"), gguf_rope_interleaved=True),
+    "mistral": DecoderNames(("MistralForCausalLM",), ("mistral",), gguf_rope_interleaved=True),
+    "qwen2": DecoderNames(("Qwen2ForCausalLM",), ("qwen2",)),
+    "qwen3": DecoderNames(("Qwen3ForCausalLM",), ("qwen3",)),
+    "gemma2": DecoderNames(("Gemma2ForCausalLM",), ("gemma2",)),
+    "gemma3": DecoderNames(("Gemma3ForCausalLM",), ("gemma3",), model_types=("gemma3_text",)),
+    "phi3": DecoderNames(("Phi3ForCausalLM",), ("phi3",)),
+    "mixtral": DecoderNames(("MixtralForCausalLM",)),  # Mixtral's GGUF files say "llama" (with experts)
+    "qwen2_moe": DecoderNames(("Qwen2MoeForCausalLM",), ("qwen2moe",)),
+    "qwen3_moe": DecoderNames(("Qwen3MoeForCausalLM",), ("qwen3moe",)),
+    "olmoe": DecoderNames(("OlmoeForCausalLM",), ("olmoe",)),
+    "smollm3": DecoderNames(("SmolLM3ForCausalLM",), ("smollm3",), gguf_rope_interleaved=True),
+}
+
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.
-DECODER_HF_ARCHS: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "Gemma2ForCausalLM": "gemma2",
-    "Gemma3ForCausalLM": "gemma3",
-    "Phi3ForCausalLM": "phi3",
-    "MixtralForCausalLM": "mixtral",
-    "Qwen2MoeForCausalLM": "qwen2_moe",
-    "Qwen3MoeForCausalLM": "qwen3_moe",
-    "OlmoeForCausalLM": "olmoe",
-}
-DECODER_GGUF_ARCHS: dict[str, str] = {
-    "llama": "llama", "mistral": "mistral", "smollm": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-    "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
-    "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe",  # Mixtral's files say "llama"
-}
+DECODER_HF_ARCHS: dict[str, str] = {arch: family for family, names in DECODERS.items() for arch in names.hf}
+DECODER_GGUF_ARCHS: dict[str, str] = {arch: family for family, names in DECODERS.items() for arch in names.gguf}
 # HF ``model_type`` values whose name differs from the family's
-DECODER_HF_MODEL_TYPES: dict[str, str] = {"gemma3_text": "gemma3"}
+DECODER_HF_MODEL_TYPES: dict[str, str] = {t: family for family, names in DECODERS.items() for t in names.model_types}
 
 
 def supported_decoders() -> str:
@@ -37,10 +53,14 @@ def supported_decoders() -> str:
     return (f"GGUF: {', '.join(sorted(DECODER_GGUF_ARCHS))}; "
             f"Hugging Face: {', '.join(sorted(DECODER_HF_ARCHS))}")
 
-# llama.cpp stores Q/K of these architectures in the interleaved ("normal") RoPE layout.
-_INTERLEAVED_ROPE_ARCHS = frozenset({"llama", "mistral", "smollm"})
+
+def decoder_family(hf_arch: str | None = None, model_type: str | None = None) -> str | None:
+    """The family of a Hugging Face config's ``architectures[0]`` or, failing that, its ``model_type``."""
+    return (DECODER_HF_ARCHS.get(hf_arch or "") or DECODER_HF_MODEL_TYPES.get(model_type or "")
+            or (model_type if model_type in DECODERS else None))
 
 
 def gguf_rope_interleaved(architecture: str) -> bool:
     """Whether a GGUF file of this ``general.architecture`` stores Q/K rows in llama.cpp's interleaved RoPE layout."""
-    return architecture in _INTERLEAVED_ROPE_ARCHS
+    family = DECODER_GGUF_ARCHS.get(architecture)
+    return family is not None and DECODERS[family].gguf_rope_interleaved

@@ -6,16 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runlm.formats import ModelFormatError
-from runlm.formats.architectures import (
-    DECODER_GGUF_ARCHS,
-    DECODER_HF_ARCHS,
-    DECODER_HF_MODEL_TYPES,
-    supported_decoders,
-)
+from runlm.formats.architectures import DECODERS, supported_decoders
+from runlm.models import families
 
-DECODER_FAMILIES = frozenset(DECODER_HF_ARCHS.values())
-# local:global layer patterns where a file names none (every n-th layer is global), as llama.cpp fixes them
-_SLIDING_PATTERN = {"gemma2": 2, "gemma3": 6}
+DECODER_FAMILIES = frozenset(DECODERS)
 
 
 @dataclass(slots=True)
@@ -55,6 +49,7 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert, scaled by a sigmoid gate
     norm_topk_prob: bool = False          # renormalize the chosen experts' probabilities to sum to 1
     dense_layers: list[int] = field(default_factory=list)  # layers with a dense MLP in a MoE model
+    nope_layers: list[int] = field(default_factory=list)  # layers whose q and k RoPE does not rotate (SmolLM3)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -71,7 +66,12 @@ class ModelConfig:
     @property
     def sandwich_norms(self) -> bool:
         """Gemma 2/3: norms after attention and after the MLP as well as before them."""
-        return self.family in ("gemma2", "gemma3")
+        return families.get(self.family).sandwich_norms
+
+    @property
+    def o_proj_bias(self) -> bool:
+        """Whether the attention's output projection has a bias (Llama's attention_bias covers it, Qwen2's not)."""
+        return self.attention_bias and families.get(self.family).o_proj_bias
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -84,7 +84,7 @@ class ModelConfig:
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attention = h * (q + 2 * kv) + q * h + (4 if self.sandwich_norms else 2) * h
         if self.attention_bias:  # Llama's covers o_proj too, Qwen2's only q, k and v
-            attention += q + 2 * kv + (h if self.family not in ("qwen2", "qwen2_moe") else 0)
+            attention += q + 2 * kv + (h if self.o_proj_bias else 0)
         if self.qk_norm:
             attention += q + kv if self.qk_norm_whole else 2 * self.head_dim
         moe = experts * 3 * h * self.expert_size + self.num_experts * h \
@@ -107,9 +107,7 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
         arch = (cfg.get("architectures") or [None])[0]
-        model_type = cfg.get("model_type", "")
-        family = DECODER_HF_ARCHS.get(arch) or DECODER_HF_MODEL_TYPES.get(model_type) \
-            or (model_type if model_type in DECODER_FAMILIES else None)
+        family = families.for_hf(arch, cfg.get("model_type", ""))
         if family is None:
             raise ModelFormatError(f"{source}: architecture {arch or cfg.get('model_type')!r} is not a supported "
                                    f"decoder (supported: {supported_decoders()})")
@@ -130,19 +128,20 @@ class ModelConfig:
                 scaling = None
         if scaling and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
             scaling = _longrope_scaling(scaling, cfg)
-        gemma = family in ("gemma2", "gemma3")
+        pattern = family.sliding_pattern
+        local_global = pattern is not None
         experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
         layers = int(cfg["num_hidden_layers"])
         step = int(cfg.get("decoder_sparse_step") or 1)
         dense = [i for i in range(layers) if i in (cfg.get("mlp_only_layers") or []) or (i + 1) % step]
         layer_types = cfg.get("layer_types")
-        if gemma and not layer_types:  # configs written before transformers named each layer's type
-            n = int(cfg.get("sliding_window_pattern") or _SLIDING_PATTERN[family])
+        if pattern is not None and not layer_types:  # configs written before transformers named each layer's type
+            n = int(cfg.get("sliding_window_pattern") or pattern)
             layer_types = ["sliding_attention" if (i + 1) % n else "full_attention"
                            for i in range(layers)]
-        sliding = cfg.get("use_sliding_window", family in ("mistral", "phi3") or gemma)
-        return cls(
-            family=family, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
+        sliding = cfg.get("use_sliding_window", family.sliding_window)
+        fields: dict[str, Any] = dict(
+            family=family.name, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]), num_layers=layers,
             num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
@@ -150,32 +149,34 @@ class ModelConfig:
             rope_scaling=dict(scaling) if scaling else None,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", cfg.get("qkv_bias", family in ("qwen2", "qwen2_moe")))),
-            qk_norm=family in ("qwen3", "gemma3", "qwen3_moe", "olmoe"), qk_norm_whole=family == "olmoe",
+            attention_bias=bool(cfg.get("attention_bias", cfg.get("qkv_bias", family.attention_bias))),
+            qk_norm=family.qk_norm, qk_norm_whole=family.qk_norm_whole,
             clip_qkv=cfg.get("clip_qkv"),
             num_experts=experts, num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
             moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
             shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
-            # Mixtral always renormalizes; the Qwen MoEs and OLMoE say so in norm_topk_prob
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", family == "mixtral")),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", family.norm_topk_prob)),
             dense_layers=dense if experts else [],
             sliding_window=cfg.get("sliding_window") if sliding else None,
-            layer_types=list(layer_types) if gemma and layer_types else None,
-            hidden_act="gelu_tanh" if gemma else "silu",
-            embed_scale=hidden ** 0.5 if gemma else None, norm_offset=1.0 if gemma else 0.0,
+            layer_types=list(layer_types) if local_global and layer_types else None,
+            hidden_act=family.hidden_act,
+            embed_scale=hidden ** 0.5 if family.scaled_embeddings else None, norm_offset=family.hf_norm_offset,
             query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
             attn_logit_softcap=cfg.get("attn_logit_softcapping"),
             final_logit_softcap=cfg.get("final_logit_softcapping"),
-            rope_local_theta=float(local_theta) if gemma and local_theta else None,
+            rope_local_theta=float(local_theta) if local_global and local_theta else None,
             partial_rotary_factor=float(partial or 1.0),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=[int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])],
         )
+        if family.hf_fields is not None:
+            fields.update(family.hf_fields(cfg, fields))
+        return cls(**fields)
 
     @classmethod
     def from_gguf(cls, gguf: Any) -> ModelConfig:
         arch = gguf.architecture
-        family = DECODER_GGUF_ARCHS.get(arch)
+        family = families.for_gguf(arch)
         if family is None:
             raise ModelFormatError(f"{gguf.path}: GGUF architecture {arch!r} is not a supported decoder "
                                    f"(supported: {supported_decoders()})")
@@ -208,17 +209,17 @@ class ModelConfig:
         eos = gguf.metadata.get("tokenizer.ggml.eos_token_id")
         window, layer_types = get("attention.sliding_window"), None
         layers = int(get("block_count"))
-        pattern = get("attention.sliding_window_pattern", _SLIDING_PATTERN.get(arch))
+        # local:global layer patterns where the file names none (every n-th layer is global), as llama.cpp fixes them
+        pattern = get("attention.sliding_window_pattern", family.sliding_pattern)
         if window and pattern:  # llama.cpp: layer i is local unless i % pattern == pattern - 1
             pattern = pattern if isinstance(pattern, list) else [i % pattern < pattern - 1 for i in range(layers)]
             layer_types = ["sliding_attention" if p else "full_attention" for p in pattern]
-        gemma = family in ("gemma2", "gemma3")
         experts = int(get("expert_count") or 0)
-        if experts and family == "llama":
-            family = "mixtral"
+        if experts and family.gguf_with_experts is not None:
+            family = families.get(family.gguf_with_experts)
         q_norm = tensors.get("blk.0.attn_q_norm.weight")
-        return cls(
-            family=family, vocab_size=int(vocab), hidden_size=hidden,
+        fields: dict[str, Any] = dict(
+            family=family.name, vocab_size=int(vocab), hidden_size=hidden,
             intermediate_size=int(get("feed_forward_length")), num_layers=layers,
             num_heads=heads, num_kv_heads=int(kv_heads if not isinstance(kv_heads, list) else kv_heads[0]),
             head_dim=head_dim, rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
@@ -231,19 +232,22 @@ class ModelConfig:
             moe_intermediate_size=int(get("expert_feed_forward_length") or 0),
             shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length") or 0),
             # llama.cpp's per-architecture choice where the file does not say
-            norm_topk_prob=bool(get("expert_weights_norm", family in ("mixtral", "qwen3_moe"))),
+            norm_topk_prob=bool(get("expert_weights_norm", family.gguf_norm_topk_prob)),
             dense_layers=[i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors] if experts else [],
             sliding_window=window or None, layer_types=layer_types,
             partial_rotary_factor=int(rotary) / head_dim if rotary else 1.0,
-            hidden_act="gelu_tanh" if gemma else "silu", embed_scale=hidden ** 0.5 if gemma else None,
+            hidden_act=family.hidden_act, embed_scale=hidden ** 0.5 if family.scaled_embeddings else None,
             # llama.cpp scales queries by key_length ** -0.5 (query_pre_attn_scalar = head_dim, as Gemma's
             # released models but 27B have), unless the file says otherwise
             query_pre_attn_scalar=get("attention.scale") ** -2 if get("attention.scale") else None,
             attn_logit_softcap=get("attn_logit_softcapping"), final_logit_softcap=get("final_logit_softcapping"),
-            rope_local_theta=get("rope.freq_base_swa", 10000.0 if family == "gemma3" else None),
+            rope_local_theta=get("rope.freq_base_swa", family.gguf_rope_local_theta),
             bos_token_id=gguf.metadata.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[int(eos)] if eos is not None else [],
         )
+        if family.gguf_fields is not None:
+            fields.update(family.gguf_fields(get, fields))
+        return cls(**fields)
 
 
 def _longrope_scaling(scaling: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -212,8 +212,6 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
     spec = as_spec(model)
     dtype, dev, path = torch_dtype(dtype), torch.device(device), spec.path
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    if spec.format == "safetensors" and spec.vision is not None:
-        raise ValueError("the GPU runner does not run images (a vision-language model) yet; use --device cpu")
     cfg = spec.decoder_config()
     tokenizer = spec.tokenizer()
     stats = [0, 0]
@@ -228,8 +226,6 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
         check_fits(values * itemsize, dev, gpu_memory_utilization, path.name)
         model_ = _empty_model(cfg)
         weights = _safetensors_tensors(path, dev)
-    if cfg.num_experts:
-        raise ValueError("the GPU runner does not run mixtures of experts yet; use --device cpu")
     try:
         with torch.no_grad():
             fill_parameters(model_, weights, dtype)

@@ -44,8 +44,7 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         # Llama/Mistral's attention_bias also covers o_proj; Qwen2's bias is on q/k/v only.
-        self.o_proj = Linear(self.q_size, cfg.hidden_size,
-                             bias=cfg.attention_bias and cfg.family not in ("qwen2", "qwen2_moe"))
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         if cfg.qk_norm:  # per head, or (OLMoE) over the whole projection
             self.q_norm = RMSNorm(self.q_size if cfg.qk_norm_whole else cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.kv_size if cfg.qk_norm_whole else cfg.head_dim, cfg.rms_norm_eps)
@@ -115,9 +114,11 @@ class LlamaModel(nn.Module):
                                    cfg.rotary_dim)
             # sliding-window layers with a RoPE base of their own (Gemma 3) rotate unscaled
             local = RotaryEmbedding(cfg.head_dim, cfg.rope_local_theta, None, length) if cfg.rope_local_theta else rope
+            nope = RotaryEmbedding.identity(cfg.head_dim, length) if cfg.nope_layers else rope  # (SmolLM3)
         self.rope = rope
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        layers = [self.layer_cls(cfg, i, local if cfg.layer_window(i) else rope) for i in range(cfg.num_layers)]
+        layers = [self.layer_cls(cfg, i, nope if i in cfg.nope_layers else local if cfg.layer_window(i) else rope)
+                  for i in range(cfg.num_layers)]
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # whether _forward_fused computes this model's layers (whole-head RoPE tables, a layer class it knows)

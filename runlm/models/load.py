@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from runlm.formats import ModelFormatError
 from runlm.formats.tokenizer import Tokenizer
+from runlm.models import families
 from runlm.models.config import ModelConfig
 from runlm.models.spec import ModelSpec, as_spec
 
@@ -33,14 +34,8 @@ def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> 
     served from GGUF blocks never gets an fp32 weight)."""
     import torch
 
-    from runlm.models.gemma import GemmaForCausalLM
-    from runlm.models.llama import LlamaForCausalLM
-    from runlm.models.moe import MoeForCausalLM
-
-    # families whose decoder differs from Llama's (every other one is LlamaForCausalLM, configured by ModelConfig)
-    classes: dict[str, type[LlamaForCausalLM]] = {"gemma2": GemmaForCausalLM, "gemma3": GemmaForCausalLM}
     with torch.device("meta"):
-        cls = MoeForCausalLM if cfg.num_experts else classes.get(cfg.family, LlamaForCausalLM)
+        cls: type[LlamaForCausalLM] = families.get(cfg.family).torch_class()  # (a subclass, configured by cfg)
         return cls(cfg, freq_factors)
 
 

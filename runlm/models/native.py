@@ -25,6 +25,7 @@ import numpy as np
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile, ggml_type
 from runlm.formats.tokenizer import Tokenizer
+from runlm.models import families
 from runlm.models.config import ModelConfig
 from runlm.models.native_moe import ROUTERS, layer_experts, why_not_native_moe
 from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, longrope, rope_kind, rope_tables
@@ -33,15 +34,10 @@ from runlm.native import kernels
 
 log = logging.getLogger("runlm.native")
 
-# config families whose decoder is the plain Llama layer (Qwen3 adds per-head q/k norms, Qwen2 q/k/v biases)
-_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe",
-             "olmoe")
-
-
 def why_not_native(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
     """Why this model file cannot run on the native runner (None: it can). What the engine asks of it
     (exact numerics, a device, LoRA...) is the engine's to check (runlm/engine/runners/native.py)."""
-    model_reasons = [(cfg.family not in _FAMILIES, f"the {cfg.family} family"),
+    model_reasons = [(not families.get(cfg.family).native, f"the {cfg.family} family"),
                      (cfg.clip_qkv is not None, "q/k/v clipping"),
                      (cfg.norm_offset != 0.0, "offset norms"),
                      (cfg.hidden_act not in ("silu", "gelu_tanh"), f"the {cfg.hidden_act} activation")]
@@ -119,6 +115,7 @@ class NativeModel:
         if cfg.rope_local_theta:
             local = rope_tables(inverse_frequencies(d, cfg.rope_local_theta, None, max_positions)[0], 1.0,
                                 max_positions, interleaved)
+        nope = np.ones_like(cos), np.zeros_like(sin)  # a layer without RoPE rotates by identity tables (SmolLM3)
         windows = [cfg.layer_window(i) for i in range(cfg.num_layers)]
         fused_qkv, layers = "blk.0.attn_qkv.weight" in gguf.tensors, []
         for i in range(cfg.num_layers):
@@ -127,7 +124,7 @@ class NativeModel:
             # Phi-3 stores gate and up as one ffn_up matrix, the gate's rows first
             fused_gate_up = f"{b}.ffn_gate.weight" not in gguf.tensors
             gate_up = [f"{b}.ffn_up"] if fused_gate_up else [f"{b}.ffn_gate", f"{b}.ffn_up"]
-            layer_cos, layer_sin = local if windows[i] else (cos, sin)
+            layer_cos, layer_sin = nope if i in cfg.nope_layers else local if windows[i] else (cos, sin)
             moe = cfg.is_moe_layer(i)  # its experts replace gate_up / down
             layers.append(kernels.DecoderLayer(
                 qkv=_linear(gguf, qkv, h), o=_linear(gguf, [f"{b}.attn_output"], cfg.num_heads * d),

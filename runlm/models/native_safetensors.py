@@ -26,6 +26,7 @@ import numpy as np
 from runlm.formats import ModelFormatError
 from runlm.formats.gguf import ggml_type
 from runlm.formats.safetensors import SafetensorsDir
+from runlm.models import families
 from runlm.models.config import ModelConfig
 from runlm.models.native import NativeLoaded, NativeModel, native_loaded, not_native, position_limit, why_not_native
 from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, rope_kind, rope_tables
@@ -47,7 +48,7 @@ def why_not_native_dir(st: SafetensorsDir, cfg: ModelConfig, hf_config: dict) ->
                ("vision_config" in hf_config or "text_config" in hf_config, "a vision-language model"),
                ((st.directory / "modules.json").exists(), "a sentence-transformers model"),
                # what runlm.models.native's GGUF loader builds and this one does not (yet)
-               (cfg.family in ("gemma2", "gemma3"), f"the {cfg.family} family"),
+               (not families.get(cfg.family).native_safetensors, f"the {cfg.family} family"),
                (cfg.sliding_window is not None or cfg.layer_types is not None, "sliding-window layers"),
                (cfg.rotary_dim != cfg.head_dim or rope_kind(cfg.rope_scaling) in LONGROPE,
                 "partial rotary or LongRoPE")]
@@ -91,6 +92,7 @@ def build(st: SafetensorsDir, cfg: ModelConfig, max_positions: int) -> NativeMod
     h, d = cfg.hidden_size, cfg.head_dim
     inv, attn = inverse_frequencies(d, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
     cos, sin = rope_tables(inv, attn, max_positions, interleaved=False)
+    nope = np.ones_like(cos), np.zeros_like(sin)  # a layer without RoPE rotates by identity tables (SmolLM3)
     layers = []
     for i in range(cfg.num_layers):
         b = f"model.layers.{i}"
@@ -104,7 +106,8 @@ def build(st: SafetensorsDir, cfg: ModelConfig, max_positions: int) -> NativeMod
             input_norm=_vector(st, f"{b}.input_layernorm.weight"),
             post_norm=_vector(st, f"{b}.post_attention_layernorm.weight"),
             q_norm=_optional(st, f"{b}.self_attn.q_norm.weight"), k_norm=_optional(st, f"{b}.self_attn.k_norm.weight"),
-            cos=cos, sin=sin, scale=(cfg.query_pre_attn_scalar or d) ** -0.5, window=None, softcap=None,
+            cos=nope[0] if i in cfg.nope_layers else cos, sin=nope[1] if i in cfg.nope_layers else sin,
+            scale=(cfg.query_pre_attn_scalar or d) ** -0.5, window=None, softcap=None,
             act=cfg.hidden_act))
     embed = "model.embed_tokens"
     if f"{embed}.weight" not in st.tensors:

@@ -62,6 +62,14 @@ class RotaryEmbedding(nn.Module):
         self._build(max_position)
         self._mrope_axis: torch.Tensor | None = None  # [rotary_dim]: the axis (0, 1, 2) each table column takes
 
+    @classmethod
+    def identity(cls, head_dim: int, max_position: int) -> RotaryEmbedding:
+        """cos 1 and sin 0 at every position: a layer without RoPE (NoPE) through the same code, fused or not."""
+        rope = cls(head_dim, 10000.0, None, max_position)
+        rope.inv_freq = torch.zeros_like(rope.inv_freq)
+        rope._build(max_position)
+        return rope
+
     @property
     def fusable(self) -> bool:
         """Whether the fused kernels' one whole-head table describes this rotation."""

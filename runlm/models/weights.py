@@ -18,6 +18,7 @@ from runlm.formats.safetensors import SafetensorsDir
 from runlm.formats.safetensors import read_hf_config as read_hf_config  # (its home: torch-free readers)
 from runlm.kernels import ggml
 from runlm.kernels.linear import dequantize_blocks
+from runlm.models import families
 from runlm.models.config import ModelConfig
 from runlm.models.linear import BlockQuantized, GGMLWeight, Weight
 
@@ -36,12 +37,6 @@ _GGUF_LAYER_NAMES = {
     "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
-# Gemma's sandwich norms: llama.cpp's ffn_norm is the norm before the MLP there too, but HF names it apart
-_GEMMA_LAYER_NAMES = {**_GGUF_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
-                      "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
-# Phi-3 stores Q/K/V as one matrix and gate/up as one (ffn_up, the gate's rows first)
-_PHI3_LAYER_NAMES = {**_GGUF_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-_GGUF_LAYER_NAMES_BY_ARCH = {"gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
 # tensors that configure the model rather than weigh it (RoPE factors: see ModelConfig.from_gguf)
 _GGUF_NOT_WEIGHTS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -49,7 +44,8 @@ _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.
 
 def hf_name_for_gguf(name: str, arch: str = "llama") -> str | None:
     """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None for non-weights)."""
-    layer_names = _GGUF_LAYER_NAMES_BY_ARCH.get(arch, _GGUF_LAYER_NAMES)
+    family = families.for_gguf(arch)  # its own names where they differ from Llama's (Gemma's norms, Phi-3's fused)
+    layer_names = {**_GGUF_LAYER_NAMES, **family.gguf_tensor_names} if family else _GGUF_LAYER_NAMES
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
     if m and m.group(2) in layer_names:
         return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{m.group(3)}"

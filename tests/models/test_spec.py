@@ -108,3 +108,12 @@ def test_the_runner_choice_names_every_reason(smollm2_gguf: Path, monkeypatch: p
     if kernels.available():
         monkeypatch.setenv("RUNLM_GPU_RUNNER", "0")
         assert select_runner(spec, EngineConfig(model=str(smollm2_gguf))).describe() == "native"
+
+
+def test_the_gpu_runner_refuses_a_family_by_name_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a family declares the GPU runner does not run (runlm.models.families: gpu_refuses) is refused at the
+    choice, from the spec alone."""
+    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
+    path = converted_gguf("qwen3-moe", "q8_0")
+    with pytest.raises(ValueError, match="the GPU runner does not run mixtures of experts yet"):
+        select_runner(read_spec(path), EngineConfig(model=str(path)))

@@ -38,9 +38,9 @@ def _engines(path: Path) -> tuple[LLM, LLM]:
 
 # llama: untied head; llama-tied: the logits read the embedding's rows; qwen2: q/k/v biases, tied; qwen3: per-head
 # q/k norms; mistral: its own config class (without a sliding window, as Mistral 7B v0.2 onwards); phi3: q/k/v and
-# gate/up stored fused (without LongRoPE and partial rotary, as Phi-3-mini-4k)
+# gate/up stored fused (without LongRoPE and partial rotary, as Phi-3-mini-4k); smollm3: a layer without RoPE
 CASES = [("llama", "bfloat16", ()), ("qwen2", "float16", ()), ("qwen3", "bfloat16", ()),
-         ("phi3", "float16", ("rope_parameters", "partial_rotary_factor")),
+         ("phi3", "float16", ("rope_parameters", "partial_rotary_factor")), ("smollm3", "bfloat16", ()),
          pytest.param("llama-tied", "float16", (), marks=pytest.mark.slow),
          pytest.param("qwen2", "bfloat16", (), marks=pytest.mark.slow),
          pytest.param("qwen3", "float16", (), marks=pytest.mark.slow),

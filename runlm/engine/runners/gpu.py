@@ -20,9 +20,9 @@ runner's (tests/engine/test_gpu_*.py).
 Runs on the GPU path, unchanged above it: the scheduler, continuous batching and chunked prefill, the prefix cache,
 preemption, n > 1, seeded sampling, logprobs and prompt logprobs, structured outputs (an uploaded grammar mask),
 thinking budgets, sleep / wake_up. Refused by name (never a slow fallback): LoRA, speculative decoding, images
-(gpu_select.why_not_gpu), mixtures of experts (gpu_load), and models whose layers keep KV caches of different
-sizes (sliding-window layers beside global ones: Gemma 2/3). Per step, the sampler hands logit_bias,
-allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
+(gpu_select.why_not_gpu and why_not_gpu_model), mixtures of experts (the family's gpu_refuses), and models whose
+layers keep KV caches of different sizes (sliding-window layers beside global ones: Gemma 2/3). Per step, the
+sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
 """
 from __future__ import annotations
 

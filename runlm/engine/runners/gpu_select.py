@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 from runlm.engine.types.config import EngineConfig
+from runlm.models import families
+from runlm.models.spec import ModelSpec
 
 GPU_RUNNER_ENV = "RUNLM_GPU_RUNNER"  # "1": the GPU runner on any device (tests and benchmarks on a CPU)
 
@@ -24,6 +26,14 @@ def why_not_gpu(config: EngineConfig) -> str | None:
                (config.speculative_config is not None, "speculative decoding"),
                (config.mmproj is not None, "images (a vision projector)")]
     return next((what for bad, what in reasons if bad), None)
+
+
+def why_not_gpu_model(spec: ModelSpec) -> str | None:
+    """What in the model the GPU runner does not run yet: images, or what its family declares
+    (runlm.models.families: mixtures of experts)."""
+    if spec.vision is not None and spec.projector is None:
+        return "images (a vision-language model)"
+    return families.get(spec.config.family).gpu_refuses if spec.config is not None else None
 
 
 def check_gpu(config: EngineConfig) -> None:
