@@ -34,6 +34,7 @@ from runlm.native import kernels
 
 log = logging.getLogger("runlm.native")
 
+
 def why_not_native(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
     """Why this model file cannot run on the native runner (None: it can). What the engine asks of it
     (exact numerics, a device, LoRA...) is the engine's to check (runlm/engine/runners/native.py)."""
