@@ -110,10 +110,14 @@ def test_the_runner_choice_names_every_reason(smollm2_gguf: Path, monkeypatch: p
         assert select_runner(spec, EngineConfig(model=str(smollm2_gguf))).describe() == "native"
 
 
-def test_the_gpu_runner_refuses_a_family_by_name_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a family declares the GPU runner does not run (runlm.models.families: gpu_refuses) is refused at the
-    choice, from the spec alone."""
+def test_the_gpu_runner_refuses_a_model_by_name_before_loading(tiny_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a family declares the GPU runner does not run (runlm.models.families: gpu_refuses), and layers keeping KV
+    caches of different sizes, are refused at the choice, from the spec alone."""
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
     path = converted_gguf("qwen3-moe", "q8_0")
     with pytest.raises(ValueError, match="the GPU runner does not run mixtures of experts yet"):
         select_runner(read_spec(path), EngineConfig(model=str(path)))
+    gemma = tiny_model("gemma2")
+    with pytest.raises(ValueError, match="the GPU runner does not run models whose layers keep KV caches of "
+                                         "different sizes"):
+        LLM(str(gemma), **KW)

@@ -108,16 +108,19 @@ class HybridBlockManager:
 AnyBlockManager = BlockManager | HybridBlockManager
 
 
+def has_kv_groups(mc: ModelConfig) -> bool:
+    """Whether the model's layers keep KV caches of different sizes (sliding-window layers beside global ones)."""
+    return len({mc.layer_window(i) for i in range(mc.num_layers)}) > 1
+
+
 def block_manager(mc: ModelConfig, num_blocks: int, block_size: int, enable_prefix_caching: bool,
                   max_num_seqs: int, max_num_batched_tokens: int) -> AnyBlockManager:
     """The cache for a model's layers, ``num_blocks`` blocks' worth of every layer: one group where all layers
     attend alike (a window every layer has gives blocks back as a sequence runs), else a global group and a
     window group that takes only the blocks its window needs, the rest of the budget going to the global one."""
     windows = [mc.layer_window(i) for i in range(mc.num_layers)]
-    if all(windows) and len(set(windows)) == 1:
+    if not has_kv_groups(mc):
         return BlockManager(num_blocks, block_size, enable_prefix_caching, windows[0])
-    if not any(windows):
-        return BlockManager(num_blocks, block_size, enable_prefix_caching)
     window = max(w for w in windows if w)
     n_local = sum(1 for w in windows if w)
     local = min(num_blocks, window_group_blocks(window, block_size, max_num_seqs, max_num_batched_tokens))

@@ -20,8 +20,8 @@ runner's (tests/engine/test_gpu_*.py).
 Runs on the GPU path, unchanged above it: the scheduler, continuous batching and chunked prefill, the prefix cache,
 preemption, n > 1, seeded sampling, logprobs and prompt logprobs, structured outputs (an uploaded grammar mask),
 thinking budgets, sleep / wake_up. Refused by name (never a slow fallback): LoRA, speculative decoding, images
-(gpu_select.why_not_gpu and why_not_gpu_model), mixtures of experts (the family's gpu_refuses), and models whose
-layers keep KV caches of different sizes (sliding-window layers beside global ones: Gemma 2/3). Per step, the
+(gpu_select.why_not_gpu), and of the model (gpu_select.why_not_gpu_model, at the runner choice): mixtures of
+experts (the family's gpu_refuses) and layers that keep KV caches of different sizes (Gemma 2/3). Per step, the
 sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 from runlm.dtypes import torch_dtype
 from runlm.engine.core.batch_plan import BatchPlan, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
-from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
+from runlm.engine.core.kv_groups import AnyBlockManager
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
 from runlm.engine.runners.gpu_sampler import sample_on_device
@@ -60,9 +60,6 @@ class GPURunner:
     def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
         check_gpu(config)  # LoRA, speculative decoding, images: refused by name
-        if isinstance(blocks, HybridBlockManager):
-            raise ValueError("the GPU runner does not run models whose layers keep KV caches of different sizes "
-                             "(sliding-window layers beside global ones) yet; use --device cpu")
         if loaded.vision is not None:
             raise ValueError("the GPU runner does not run images (a vision-language model) yet; use --device cpu")
         self.config, self.loaded, self.blocks, self.structured = config, loaded, blocks, structured
