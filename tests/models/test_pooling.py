@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from runlm.formats import ModelFormatError
-from runlm.models.load import model_task
 from runlm.models.pooling import finish_embedding, pool, read_pooler_config
+from runlm.models.spec import model_task
 
 
 def test_minilm_config(minilm_dir) -> None:
