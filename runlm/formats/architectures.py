@@ -31,6 +31,7 @@ DECODERS: dict[str, DecoderNames] = {
     "mistral": DecoderNames(("MistralForCausalLM",), ("mistral",), gguf_rope_interleaved=True),
     "qwen2": DecoderNames(("Qwen2ForCausalLM",), ("qwen2",)),
     "qwen3": DecoderNames(("Qwen3ForCausalLM",), ("qwen3",)),
+    "gemma": DecoderNames(("GemmaForCausalLM",), ("gemma",)),
     "gemma2": DecoderNames(("Gemma2ForCausalLM",), ("gemma2",)),
     "gemma3": DecoderNames(("Gemma3ForCausalLM",), ("gemma3",), model_types=("gemma3_text",)),
     "phi3": DecoderNames(("Phi3ForCausalLM",), ("phi3",)),

@@ -1,9 +1,9 @@
-"""Gemma 2 and Gemma 3 (text): the Llama decoder with Gemma's differences.
+"""Gemma, Gemma 2 and Gemma 3 (text): the Llama decoder with Gemma's differences.
 
 * embeddings scaled by sqrt(hidden_size);
 * RMSNorm weights used as 1 + w: HF checkpoints store w (``config.norm_offset`` adds the 1 while
   loading), llama.cpp's converter stores 1 + w already;
-* a norm before and after both attention and the MLP ("sandwich" norms), GELU-tanh MLP;
+* GELU-tanh MLP; from Gemma 2 on, a norm before and after both attention and the MLP ("sandwich" norms);
 * queries scaled by query_pre_attn_scalar ** -0.5, attention scores (Gemma 2) and final logits
   soft-capped (cap * tanh(x / cap));
 * sliding-window layers alternating with global ones (Gemma 2: 1:1, Gemma 3: 5:1, each with its own
@@ -37,7 +37,7 @@ class GemmaDecoderLayer(DecoderLayer):
 
 
 class GemmaModel(LlamaModel):
-    layer_cls = GemmaDecoderLayer
+    layer_cls: type[DecoderLayer] = GemmaDecoderLayer
 
     def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
         super().__init__(cfg, rope_freq_factors)
@@ -57,6 +57,14 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
         super().load_weights(_offset_norms(weights, self.config.norm_offset))
+
+
+class Gemma1Model(GemmaModel):
+    layer_cls = DecoderLayer  # Llama's: a norm before attention and before the MLP
+
+
+class Gemma1ForCausalLM(GemmaForCausalLM):
+    model_cls = Gemma1Model
 
 
 def _offset_norms(weights: Iterable[tuple[str, Weight]], offset: float) -> Iterator[tuple[str, Weight]]:
