@@ -39,6 +39,7 @@ DECODERS: dict[str, DecoderNames] = {
     "qwen2_moe": DecoderNames(("Qwen2MoeForCausalLM",), ("qwen2moe",)),
     "qwen3_moe": DecoderNames(("Qwen3MoeForCausalLM",), ("qwen3moe",)),
     "olmoe": DecoderNames(("OlmoeForCausalLM",), ("olmoe",)),
+    "olmo2": DecoderNames(("Olmo2ForCausalLM",), ("olmo2",)),
     "smollm3": DecoderNames(("SmolLM3ForCausalLM",), ("smollm3",), gguf_rope_interleaved=True),
 }
 
