@@ -127,17 +127,21 @@ class NativeModel:
             gate_up = [f"{b}.ffn_up"] if fused_gate_up else [f"{b}.ffn_gate", f"{b}.ffn_up"]
             layer_cos, layer_sin = nope if i in cfg.nope_layers else local if windows[i] else (cos, sin)
             moe = cfg.is_moe_layer(i)  # its experts replace gate_up / down
+            # the norm before the MLP is ffn_norm; Seed-OSS's files call it post_attention_norm, which a file with
+            # both (Gemma's sandwich) holds as the norm of the attention's output
+            has_ffn_norm = f"{b}.ffn_norm.weight" in gguf.tensors
+            mlp_norm = f"{b}.ffn_norm.weight" if has_ffn_norm else f"{b}.post_attention_norm.weight"
             layers.append(kernels.DecoderLayer(
                 qkv=_linear(gguf, qkv, h), o=_linear(gguf, [f"{b}.attn_output"], cfg.num_heads * d),
                 gate_up=None if moe else _linear(gguf, gate_up, h),
                 down=None if moe else _linear(gguf, [f"{b}.ffn_down"], cfg.intermediate_size),
                 moe=layer_experts(gguf, cfg, i, lambda names, cols: _linear(gguf, names, cols)) if moe else None,
-                input_norm=_vector(gguf, f"{b}.attn_norm.weight"), post_norm=_vector(gguf, f"{b}.ffn_norm.weight"),
+                input_norm=_vector(gguf, f"{b}.attn_norm.weight"), post_norm=_vector(gguf, mlp_norm),
                 q_norm=_norm(gguf, f"{b}.attn_q_norm.weight"), k_norm=_norm(gguf, f"{b}.attn_k_norm.weight"),
                 cos=layer_cos, sin=layer_sin, scale=(cfg.query_pre_attn_scalar or d) ** -0.5, window=windows[i],
                 softcap=cfg.attn_logit_softcap, act=cfg.hidden_act,
                 # Gemma's sandwich norms: the attention's and the MLP's outputs normalized before the residual add
-                attn_out_norm=_norm(gguf, f"{b}.post_attention_norm.weight"),
+                attn_out_norm=_norm(gguf, f"{b}.post_attention_norm.weight") if has_ffn_norm else None,
                 mlp_out_norm=_norm(gguf, f"{b}.post_ffw_norm.weight"),
                 family=kernels.LayerFamily(rotary=cfg.rotary_dim if cfg.rotary_dim != d else 0,
                                            qk_norm_whole=cfg.qk_norm_whole)))
