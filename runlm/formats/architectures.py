@@ -40,6 +40,7 @@ DECODERS: dict[str, DecoderNames] = {
     "qwen3_moe": DecoderNames(("Qwen3MoeForCausalLM",), ("qwen3moe",)),
     "olmoe": DecoderNames(("OlmoeForCausalLM",), ("olmoe",)),
     "olmo2": DecoderNames(("Olmo2ForCausalLM",), ("olmo2",)),
+    "exaone4": DecoderNames(("Exaone4ForCausalLM",), ("exaone4",)),
     "seed_oss": DecoderNames(("SeedOssForCausalLM",), ("seed_oss",)),
     "smollm3": DecoderNames(("SmolLM3ForCausalLM",), ("smollm3",), gguf_rope_interleaved=True),
 }
