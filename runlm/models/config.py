@@ -50,6 +50,7 @@ class ModelConfig:
     norm_topk_prob: bool = False          # renormalize the chosen experts' probabilities to sum to 1
     dense_layers: list[int] = field(default_factory=list)  # layers with a dense MLP in a MoE model
     nope_layers: list[int] = field(default_factory=list)  # layers whose q and k RoPE does not rotate (SmolLM3)
+    gated_mlp: bool = True                # act(gate) * up; False: act(up) alone (Arcee's ReLU²)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -89,7 +90,8 @@ class ModelConfig:
             attention += q + kv if self.qk_norm_whole else 2 * self.head_dim
         moe = experts * 3 * h * self.expert_size + self.num_experts * h \
             + (3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0)
-        layers = sum(attention + (moe if self.is_moe_layer(i) else 3 * h * self.intermediate_size)
+        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
+        layers = sum(attention + (moe if self.is_moe_layer(i) else mlp)
                      for i in range(self.num_layers))
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return layers + emb + h
@@ -159,7 +161,7 @@ class ModelConfig:
             dense_layers=dense if experts else [],
             sliding_window=cfg.get("sliding_window") if sliding else None,
             layer_types=list(layer_types) if local_global and layer_types else None,
-            hidden_act=family.hidden_act,
+            hidden_act=family.hidden_act, gated_mlp=family.gated_mlp,
             embed_scale=hidden ** 0.5 if family.scaled_embeddings else None, norm_offset=family.hf_norm_offset,
             query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
             attn_logit_softcap=cfg.get("attn_logit_softcapping"),
@@ -236,7 +238,8 @@ class ModelConfig:
             dense_layers=[i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors] if experts else [],
             sliding_window=window or None, layer_types=layer_types,
             partial_rotary_factor=int(rotary) / head_dim if rotary else 1.0,
-            hidden_act=family.hidden_act, embed_scale=hidden ** 0.5 if family.scaled_embeddings else None,
+            hidden_act=family.hidden_act, gated_mlp=family.gated_mlp,
+            embed_scale=hidden ** 0.5 if family.scaled_embeddings else None,
             # llama.cpp scales queries by key_length ** -0.5 (query_pre_attn_scalar = head_dim, as Gemma's
             # released models but 27B have), unless the file says otherwise
             query_pre_attn_scalar=get("attention.scale") ** -2 if get("attention.scale") else None,

@@ -26,15 +26,11 @@ from runlm.formats import ModelFormatError
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
+from runlm.models.llama import stacked_target
 from runlm.models.load import LoadedModel, _empty_model
 from runlm.models.spec import ModelSpec, as_spec
 
 log = logging.getLogger("runlm.gpu")
-
-# checkpoint name fragment -> (fused parameter fragment, shard index), as LlamaForCausalLM.load_weights stacks them
-_STACKED = {".q_proj.": (".qkv_proj.", 0), ".k_proj.": (".qkv_proj.", 1), ".v_proj.": (".qkv_proj.", 2),
-            ".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1)}
-
 
 # ---- GGUF blocks dequantized by torch, on whatever device holds them ------------------------------------------
 def _f16(raw: torch.Tensor) -> torch.Tensor:
@@ -177,16 +173,12 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]
     ``dtype`` there; Q/K/V and gate/up stacked."""
     shards: dict[str, dict[int, torch.Tensor]] = {}
     tied = getattr(model, "lm_head", None) is None
+    params = dict(model.named_parameters())
     for name, tensor in weights:
         if "rotary_emb" in name or (name == "lm_head.weight" and tied):
             continue
-        target, shard = name, -1
-        for frag, (fused, index) in _STACKED.items():
-            if frag in name:
-                target, shard = name.replace(frag, fused), index
-                break
+        target, shard = stacked_target(name, params)
         shards.setdefault(target, {})[shard] = tensor.to(dtype)
-    params = dict(model.named_parameters())
     unexpected = [n for n in shards if n not in params]
     if unexpected:
         raise KeyError(f"unexpected weight {unexpected[0]!r}")

@@ -7,7 +7,7 @@ decode step is bound by), and ``load_weights`` stacks the separate checkpoint te
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -83,8 +83,25 @@ class MLP(nn.Module):
         return self.down_proj(self.act(gate) * up)
 
 
+class UngatedMLP(nn.Module):
+    """up -> activation -> down, no gate (ModelConfig.gated_mlp False: Arcee's ReLU²)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act = _ACTIVATIONS[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.up_proj(x)))
+
+
+def _relu2(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x).square()
+
+
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "silu": F.silu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"), "relu2": _relu2,
 }
 
 
@@ -94,7 +111,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, layer, rope)
-        self.mlp: nn.Module = MLP(cfg)  # a mixture of experts in some layers (runlm.models.moe)
+        self.mlp: nn.Module = MLP(cfg) if cfg.gated_mlp else UngatedMLP(cfg)  # (experts: runlm.models.moe)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -122,7 +139,8 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # whether _forward_fused computes this model's layers (whole-head RoPE tables, a layer class it knows)
-        self.supports_fused = (getattr(self.layer_cls, "fusable", False) and rope.fusable and local.fusable
+        self.supports_fused = (getattr(self.layer_cls, "fusable", False) and cfg.gated_mlp and rope.fusable
+                               and local.fusable
                                and not any(layer.self_attn.qk_norm_whole or layer.self_attn.clip
                                            for layer in layers))  # (OLMoE's norms, OLMo's clip: torch)
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
@@ -243,6 +261,16 @@ _STACKED = {
 _WHOLE = -1  # shard key of a checkpoint tensor that is the whole parameter
 
 
+def stacked_target(name: str, params: Container[str]) -> tuple[str, int]:
+    """(the parameter a checkpoint tensor fills, its shard): q/k/v into qkv_proj, gate/up into gate_up_proj where
+    the model has that fused parameter (an ungated MLP keeps its up_proj); else the whole parameter ``name``."""
+    for frag, (fused_frag, index) in _STACKED.items():
+        if frag in name:
+            fused = name.replace(frag, fused_frag)
+            return (fused, index) if fused in params else (name, _WHOLE)
+    return name, _WHOLE
+
+
 class LlamaForCausalLM(nn.Module):
     """forward(input_ids [T], positions [T]) -> hidden [T, H]; compute_logits(hidden) -> [N, vocab]."""
     model_cls: type[LlamaModel] = LlamaModel
@@ -297,16 +325,13 @@ class LlamaForCausalLM(nn.Module):
         GGUF blocks as stored (GGMLWeight). The model may be built on "meta": parameters are
         materialized here, and a layer served from blocks never gets an fp32 weight at all."""
         shards: dict[str, dict[int, Weight]] = {}  # parameter -> shard -> weight
+        params = dict(self.named_parameters())
         for name, tensor in weights:
             if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
                 continue  # tied checkpoints sometimes carry a copy
-            target, shard = name, _WHOLE  # a fused parameter stored fused (Phi-3's qkv_proj, gate_up_proj)
-            for frag, (fused_frag, index) in _STACKED.items():
-                if frag in name:
-                    target, shard = name.replace(frag, fused_frag), index
-                    break
+            # (a fused parameter stored fused, Phi-3's qkv_proj and gate_up_proj, is the whole parameter)
+            target, shard = stacked_target(name, params)
             shards.setdefault(target, {})[shard] = tensor
-        params = dict(self.named_parameters())
         unexpected = [name for name in shards if name not in params]
         if unexpected:
             raise KeyError(f"unexpected weight {unexpected[0]!r}")

@@ -41,6 +41,7 @@ class Family:
     # per-layer types and its local layers' RoPE base are read for these families only
     sliding_pattern: int | None = None
     hidden_act: str = "silu"             # the MLP's gate activation, whatever the config calls it
+    gated_mlp: bool = True               # the MLP is act(gate) * up (False: act(up), no gate)
     scaled_embeddings: bool = False      # embeddings times sqrt(hidden_size)
     hf_norm_offset: float = 0.0          # HF checkpoints store w of an (offset + w) norm; GGUF files the sum
     sandwich_norms: bool = False         # norms after attention and after the MLP as well as before them
