@@ -41,6 +41,8 @@ DECODERS: dict[str, DecoderNames] = {
     "olmoe": DecoderNames(("OlmoeForCausalLM",), ("olmoe",)),
     "olmo2": DecoderNames(("Olmo2ForCausalLM",), ("olmo2",)),
     "exaone4": DecoderNames(("Exaone4ForCausalLM",), ("exaone4",)),
+    "hunyuan_dense": DecoderNames(("HunYuanDenseV1ForCausalLM",), ("hunyuan-dense",),
+                                  model_types=("hunyuan_v1_dense",)),
     "arcee": DecoderNames(("ArceeForCausalLM",), ("arcee",), gguf_rope_interleaved=True),
     "seed_oss": DecoderNames(("SeedOssForCausalLM",), ("seed_oss",)),
     "smollm3": DecoderNames(("SmolLM3ForCausalLM",), ("smollm3",), gguf_rope_interleaved=True),

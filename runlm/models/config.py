@@ -41,6 +41,7 @@ class ModelConfig:
     rope_local_theta: float | None = None  # RoPE base of sliding-window layers, when it differs (Gemma 3)
     partial_rotary_factor: float = 1.0    # RoPE rotates the first head_dim * this features of each head
     qk_norm_whole: bool = False           # q/k RMSNorm over the whole projection, not per head (OLMoE)
+    qk_norm_after_rope: bool = False      # q/k RMSNorm on the rotated heads (Hunyuan), not before RoPE
     clip_qkv: float | None = None         # q, k, v clamped to +-this (OLMoE)
     # mixture of experts (num_experts 0: a dense MLP in every layer)
     num_experts: int = 0
@@ -152,7 +153,7 @@ class ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", cfg.get("qkv_bias", family.attention_bias))),
-            qk_norm=family.qk_norm, qk_norm_whole=family.qk_norm_whole,
+            qk_norm=family.qk_norm, qk_norm_whole=family.qk_norm_whole, qk_norm_after_rope=family.qk_norm_after_rope,
             clip_qkv=cfg.get("clip_qkv"),
             num_experts=experts, num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
             moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
@@ -230,6 +231,7 @@ class ModelConfig:
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
             qk_norm=q_norm is not None, qk_norm_whole=q_norm is not None and q_norm.shape[-1] != head_dim,
+            qk_norm_after_rope=q_norm is not None and family.qk_norm_after_rope,
             num_experts=experts, num_experts_per_tok=int(get("expert_used_count") or 0),
             moe_intermediate_size=int(get("expert_feed_forward_length") or 0),
             shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length") or 0),

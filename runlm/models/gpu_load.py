@@ -199,7 +199,7 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
                    gpu_memory_utilization: float = 0.9) -> LoadedModel:
     """A Llama-family decoder from a .gguf file or a safetensors directory (a ModelSpec, or its path), its weights
     on ``device`` in ``dtype`` (see the module docstring)."""
-    from runlm.models.weights import rope_freq_factors
+    from runlm.models.weights import hf_renamed, rope_freq_factors
 
     spec = as_spec(model)
     dtype, dev, path = torch_dtype(dtype), torch.device(device), spec.path
@@ -217,7 +217,7 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
         values = sum(prod(t.shape) for t in spec.safetensors().tensors.values())
         check_fits(values * itemsize, dev, gpu_memory_utilization, path.name)
         model_ = _empty_model(cfg)
-        weights = _safetensors_tensors(path, dev)
+        weights = hf_renamed(_safetensors_tensors(path, dev), cfg.family)
     try:
         with torch.no_grad():
             fill_parameters(model_, weights, dtype)

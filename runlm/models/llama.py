@@ -49,6 +49,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.q_size if cfg.qk_norm_whole else cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.kv_size if cfg.qk_norm_whole else cfg.head_dim, cfg.rms_norm_eps)
         self.qk_norm, self.qk_norm_whole, self.clip = cfg.qk_norm, cfg.qk_norm_whole, cfg.clip_qkv
+        self.qk_norm_after_rope = cfg.qk_norm_after_rope
         self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
         self.window = cfg.layer_window(layer)
         self.softcap = cfg.attn_logit_softcap
@@ -63,9 +64,11 @@ class Attention(nn.Module):
         q = q.reshape(t, self.heads, self.head_dim)
         k = k.reshape(t, self.kv_heads, self.head_dim)
         v = v.reshape(t, self.kv_heads, self.head_dim)
-        if self.qk_norm and not self.qk_norm_whole:
+        if self.qk_norm and not self.qk_norm_whole and not self.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(positions, q, k)
+        if self.qk_norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)
         o = write_kv_and_attend(self.layer, q, k, v, self.scale, self.window, self.softcap)
         return self.o_proj(o.reshape(t, self.q_size))
 
@@ -142,7 +145,8 @@ class LlamaModel(nn.Module):
         self.supports_fused = (getattr(self.layer_cls, "fusable", False) and cfg.gated_mlp and rope.fusable
                                and local.fusable
                                and not any(layer.self_attn.qk_norm_whole or layer.self_attn.clip
-                                           for layer in layers))  # (OLMoE's norms, OLMo's clip: torch)
+                                           or layer.self_attn.qk_norm_after_rope
+                                           for layer in layers))  # (OLMoE's norms, OLMo's clip, Hunyuan's: torch)
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
         self._plan: list[_FusedLayer] | None = None  # built at the first fused forward
         self._ropes: list[RotaryEmbedding] = []  # the plan's distinct RoPE tables

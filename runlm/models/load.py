@@ -87,6 +87,7 @@ def load_decoder(model: ModelSpec | str | Path, dtype: torch.dtype | str = "floa
     from runlm.models.weights import (
         gguf_rope_interleaved,
         gguf_weights,
+        hf_renamed,
         rope_freq_factors,
         safetensors_weights,
     )
@@ -110,6 +111,7 @@ def load_decoder(model: ModelSpec | str | Path, dtype: torch.dtype | str = "floa
                                       == "ggml" else "dense")
         if family is not None:
             weights = _split_vision(weights, family.text_weight, vision_weights)
+        weights = hf_renamed(weights, cfg.family)
     try:
         model_.load_weights(weights)
     except (KeyError, RuntimeError) as exc:

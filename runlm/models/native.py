@@ -40,6 +40,7 @@ def why_not_native(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
     (exact numerics, a device, LoRA...) is the engine's to check (runlm/engine/runners/native.py)."""
     model_reasons = [(not families.get(cfg.family).native, f"the {cfg.family} family"),
                      (cfg.clip_qkv is not None, "q/k/v clipping"),
+                     (cfg.qk_norm_after_rope, "q/k norms after RoPE"),
                      (cfg.norm_offset != 0.0, "offset norms"),
                      (cfg.hidden_act not in ("silu", "gelu_tanh"), f"the {cfg.hidden_act} activation")]
     for bad, what in model_reasons:

@@ -5,9 +5,9 @@ Weights are yielded under Hugging Face names so one ``load_weights`` serves both
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Literal, TypeVar, overload
 
 import torch
 
@@ -142,6 +142,18 @@ def safetensors_weights(source: Path | SafetensorsDir, mode: str = "dense") -> I
         else:
             yield name, raw.reshape(-1).view(_TORCH_DTYPES[info.qtype]).reshape(info.shape).to(torch.float32,
                                                                                                 copy=True)
+
+
+_W = TypeVar("_W")
+
+
+def hf_renamed(weights: Iterable[tuple[str, _W]], family: str) -> Iterator[tuple[str, _W]]:
+    """A checkpoint's tensors under the torch model's names, where the family's differ (Family.hf_tensor_names)."""
+    names = families.get(family).hf_tensor_names
+    for name, tensor in weights:
+        for theirs, ours in names.items():
+            name = name.replace(theirs, ours)
+        yield name, tensor
 
 
 def rope_freq_factors(gguf: GGUFFile) -> torch.Tensor | None:

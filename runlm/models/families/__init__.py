@@ -36,6 +36,7 @@ class Family:
     o_proj_bias: bool = True             # attention_bias covers o_proj too (Qwen2's does not)
     qk_norm: bool = False                # q/k RMSNorm, per head
     qk_norm_whole: bool = False          # ... over the whole projection (OLMoE)
+    qk_norm_after_rope: bool = False     # ... on the rotated heads (Hunyuan)
     sliding_window: bool = False         # the config's sliding_window applies unless use_sliding_window is false
     # local:global layers (Gemma): every n-th layer is global where the file names no pattern; the config's
     # per-layer types and its local layers' RoPE base are read for these families only
@@ -53,6 +54,8 @@ class Family:
     gguf_fields: FieldsHook | None = None
     # --- weights: llama.cpp's per-layer tensor names (``blk.N.<name>``) -> HF's, where they differ from Llama's
     gguf_tensor_names: Mapping[str, str] = field(default_factory=dict)
+    # Hugging Face checkpoint name fragments -> the torch model's, where they differ (Hunyuan's query_layernorm)
+    hf_tensor_names: Mapping[str, str] = field(default_factory=dict)
     # --- runners
     native: bool = True                  # the native runner builds it from a GGUF file
     native_safetensors: bool = True      # ... and from a bf16/fp16 safetensors directory
