@@ -8,20 +8,16 @@ import pytest
 
 from runlm.engine.llm import LLM
 from runlm.models.llama import UngatedMLP
-from runlm.models.load import load_decoder
 from tests.fixtures.gguf_convert import converted_gguf
-from tests.models.test_families import _reference
-from tests.models.test_llama import _check, _prompt
+from tests.models.test_families import matches_transformers
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_arcee_matches_transformers(fmt: str, tiny_model) -> None:
-    source = tiny_model("arcee")
-    loaded = load_decoder(source if fmt == "safetensors" else converted_gguf("arcee"), exact_numerics=True)
+    loaded = matches_transformers("arcee", fmt, tiny_model)
     cfg = loaded.config
     assert cfg.family == "arcee" and not cfg.gated_mlp and cfg.hidden_act == "relu2"
     assert isinstance(loaded.model.model.layers[0].mlp, UngatedMLP)
-    _check(loaded, _reference(source), _prompt(cfg.vocab_size, 200))
 
 
 def test_fast_mode_runs_on_the_torch_runner_and_says_why() -> None:

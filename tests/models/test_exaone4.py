@@ -10,10 +10,8 @@ import pytest
 
 from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
-from runlm.models.load import load_decoder
 from tests.fixtures.gguf_convert import converted_gguf
-from tests.models.test_families import _reference
-from tests.models.test_llama import _check, _prompt
+from tests.models.test_families import matches_transformers
 
 
 def test_the_global_layers_take_no_rope_in_both_formats(tiny_model) -> None:
@@ -26,8 +24,5 @@ def test_the_global_layers_take_no_rope_in_both_formats(tiny_model) -> None:
 
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_exaone4_matches_transformers(fmt: str, tiny_model) -> None:
-    source = tiny_model("exaone4")
-    loaded = load_decoder(source if fmt == "safetensors" else converted_gguf("exaone4"), exact_numerics=True)
-    cfg = loaded.config
+    cfg = matches_transformers("exaone4", fmt, tiny_model).config
     assert cfg.qk_norm and not cfg.qk_norm_whole
-    _check(loaded, _reference(source), _prompt(cfg.vocab_size, 200))

@@ -21,7 +21,7 @@ from runlm.engine.types.sampling_params import SamplingParams
 from runlm.kernels import ggml
 from runlm.models.evaluate import all_logits, english_text, mean_kl
 from runlm.models.linear import Linear
-from runlm.models.load import load_decoder
+from runlm.models.load import LoadedModel, load_decoder
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.fixtures.models import FAMILY_RECIPES, RECIPES
 from tests.models.test_llama import _check, _prompt
@@ -43,6 +43,16 @@ KL_POSITIONS = 512
 def _reference(source: Path):
     # eager: the attention that soft-caps scores (SDPA ignores Gemma 2's attn_logit_softcapping)
     return AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def matches_transformers(recipe: str, fmt: str, tiny_model) -> LoadedModel:
+    """The recipe's model in exact mode, from its directory (``fmt`` "safetensors") or the GGUF file llama.cpp's
+    converter writes of it ("gguf"), checked against transformers on the directory (tests.models.test_llama's
+    _check: logits within 1e-4 relative, greedy tokens through the engine); returned for the family's own asserts."""
+    source = tiny_model(recipe)
+    loaded = load_decoder(source if fmt == "safetensors" else converted_gguf(recipe), exact_numerics=True)
+    _check(loaded, _reference(source), _prompt(loaded.config.vocab_size, 200))
+    return loaded
 
 
 @pytest.mark.parametrize("recipe", FAMILY_RECIPES)

@@ -11,19 +11,14 @@ import torch
 
 from runlm.engine.llm import LLM
 from runlm.models.config import ModelConfig
-from runlm.models.load import load_decoder
 from tests.fixtures.gguf_convert import converted_gguf
-from tests.models.test_families import _reference
-from tests.models.test_llama import _check, _prompt
+from tests.models.test_families import matches_transformers
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_hunyuan_dense_matches_transformers(fmt: str, tiny_model) -> None:
-    source = tiny_model("hunyuan-dense")
-    loaded = load_decoder(source if fmt == "safetensors" else converted_gguf("hunyuan-dense"), exact_numerics=True)
-    cfg = loaded.config
+    cfg = matches_transformers("hunyuan-dense", fmt, tiny_model).config
     assert cfg.family == "hunyuan_dense" and cfg.qk_norm and cfg.qk_norm_after_rope
-    _check(loaded, _reference(source), _prompt(cfg.vocab_size, 200))
 
 
 def test_the_ntk_alpha_rope_is_transformers(tiny_model) -> None:

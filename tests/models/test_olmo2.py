@@ -10,21 +10,18 @@ import pytest
 
 from runlm.engine.llm import LLM
 from runlm.engine.types.sampling_params import SamplingParams
-from runlm.models.load import load_decoder
 from tests.fixtures.gguf_convert import converted_gguf
-from tests.models.test_families import _reference
-from tests.models.test_llama import _check, _prompt
+from tests.models.test_families import matches_transformers
+from tests.models.test_llama import _prompt
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_olmo2_matches_transformers(fmt: str, tiny_model) -> None:
-    source = tiny_model("olmo2")
-    loaded = load_decoder(source if fmt == "safetensors" else converted_gguf("olmo2"), exact_numerics=True)
+    loaded = matches_transformers("olmo2", fmt, tiny_model)
     cfg = loaded.config
     assert cfg.family == "olmo2" and cfg.qk_norm and cfg.qk_norm_whole
     layer = loaded.model.model.layers[0]
     assert not hasattr(layer, "input_layernorm") and hasattr(layer, "post_feedforward_layernorm")
-    _check(loaded, _reference(source), _prompt(cfg.vocab_size, 200))
 
 
 def test_fast_mode_on_gguf_blocks_is_batch_invariant_and_says_which_runner() -> None:

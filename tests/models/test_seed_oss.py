@@ -16,18 +16,15 @@ from runlm.models.config import ModelConfig
 from runlm.models.load import load_decoder
 from runlm.native import kernels
 from tests.fixtures.gguf_convert import converted_gguf
-from tests.models.test_families import _reference
-from tests.models.test_llama import _check, _prompt
+from tests.models.test_families import matches_transformers
+from tests.models.test_llama import _prompt
 from tests.native.engines import native_and_torch
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_seed_oss_matches_transformers(fmt: str, tiny_model) -> None:
-    source = tiny_model("seed-oss")
-    loaded = load_decoder(source if fmt == "safetensors" else converted_gguf("seed-oss"), exact_numerics=True)
-    cfg = loaded.config
+    cfg = matches_transformers("seed-oss", fmt, tiny_model).config
     assert cfg.family == "seed_oss" and cfg.attention_bias and not cfg.o_proj_bias
-    _check(loaded, _reference(source), _prompt(cfg.vocab_size, 200))
 
 
 @pytest.mark.skipif(not kernels.available(), reason="the native kernels are unavailable here")
