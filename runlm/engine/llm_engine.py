@@ -55,7 +55,7 @@ class LLMEngine(EngineCore):
         self.encoder_cache = EncoderCache()
         mc = self.loaded.config
         self.vocab_size = mc.vocab_size
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.max_model_len = mc.context_length(config.max_model_len)
         self.kv_bytes_per_token = per_token = kv_cache_bytes_per_token(
             mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_cache_dtype, dtype_itemsize(config.dtype))
         draft = configured_draft(config, self.loaded, self.threads)  # speculative decoding's draft model, if any

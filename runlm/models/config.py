@@ -75,6 +75,10 @@ class ModelConfig:
         """Whether the attention's output projection has a bias (Llama's attention_bias covers it, Qwen2's not)."""
         return self.attention_bias and families.get(self.family).o_proj_bias
 
+    def context_length(self, max_model_len: int | None) -> int:
+        """The positions an engine serves: its max_model_len, at most (and by default) the model's own."""
+        return min(max_model_len or self.max_position_embeddings, self.max_position_embeddings)
+
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
 

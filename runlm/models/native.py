@@ -212,16 +212,10 @@ def native_loaded(spec: ModelSpec, model: NativeModel) -> NativeLoaded:
     return NativeLoaded(model, model.config, spec.tokenizer(), spec.path)
 
 
-def position_limit(cfg: ModelConfig, max_model_len: int | None) -> int:
-    """The positions the RoPE tables cover: the engine's max_model_len, at most the model's."""
-    return min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-
-
 def build_native(spec: ModelSpec, max_model_len: int | None = None) -> NativeLoaded:
     """The GGUF model of ``spec`` (which why_not_native_gguf accepted) on the native runner."""
     assert spec.gguf is not None and spec.config is not None
-    spec.tokenizer()  # (its eos id completes the config)
-    return native_loaded(spec, NativeModel.load(spec.gguf, spec.config, position_limit(spec.config, max_model_len)))
+    return native_loaded(spec, NativeModel.load(spec.gguf, spec.config, spec.config.context_length(max_model_len)))
 
 
 def load_native(model: ModelSpec | Path, max_model_len: int | None = None,

@@ -28,7 +28,7 @@ from runlm.formats.gguf import ggml_type
 from runlm.formats.safetensors import SafetensorsDir
 from runlm.models import families
 from runlm.models.config import ModelConfig
-from runlm.models.native import NativeLoaded, NativeModel, native_loaded, not_native, position_limit, why_not_native
+from runlm.models.native import NativeLoaded, NativeModel, native_loaded, not_native, why_not_native
 from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, rope_kind, rope_tables
 from runlm.models.spec import ModelSpec, as_spec
 from runlm.native import kernels
@@ -137,8 +137,7 @@ def why_not_native_spec_dir(spec: ModelSpec) -> str | None:
 def build_native_safetensors(spec: ModelSpec, max_model_len: int | None = None) -> NativeLoaded:
     """The directory of ``spec`` (which why_not_native_spec_dir accepted) on the native runner."""
     assert spec.config is not None
-    spec.tokenizer()  # (its eos id completes the config)
-    return native_loaded(spec, build(spec.safetensors(), spec.config, position_limit(spec.config, max_model_len)))
+    return native_loaded(spec, build(spec.safetensors(), spec.config, spec.config.context_length(max_model_len)))
 
 
 def load_native_safetensors(model: ModelSpec | Path, max_model_len: int | None = None,

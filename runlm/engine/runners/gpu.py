@@ -66,7 +66,7 @@ class GPURunner:
         self.dtype, self.device = torch_dtype(config.dtype), torch.device(config.device)
         self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         mc = loaded.config
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.max_model_len = mc.context_length(config.max_model_len)
         self.max_seqs = config.max_num_seqs
         self.max_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
         self.max_blocks_per_seq = -(-self.max_model_len // config.block_size)
@@ -233,7 +233,7 @@ def kv_budget_after_profile(config: EngineConfig, loaded: LoadedModel, device: t
     free, total = torch.cuda.mem_get_info(device)
     others = total - free - torch.cuda.memory_reserved(device)
     mc = loaded.config
-    max_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+    max_len = mc.context_length(config.max_model_len)
     n = config.max_num_batched_tokens
     lens = [min(max_len, n - i) for i in range(0, n, max_len)]
     ids = torch.zeros(n, dtype=torch.int64, device=device)
