@@ -1,7 +1,10 @@
 """Quantized GGUF files: runlm (fast and exact numerics) against llama.cpp, side by side.
 
-Files: smollm2 (Q4_1, as shipped) and the 0.5B-shape model (bench/models.py) written through
-llama.cpp's own quantizer (``llama_cpp.llama_model_quantize``) as Q8_0, Q4_K_M and Q4_0. For each
+Files: smollm2 (Q4_1, as shipped), the 0.5B-shape model (bench/models.py) written through llama.cpp's own
+quantizer (``llama_cpp.llama_model_quantize``) as Q8_0, Q4_K_M and Q4_0, and the sizes people run on a
+CPU (1.5B- and 3B-shaped Qwen2.5, 8B-shaped Llama 3.1: ``1.5b-q4_k_m``, ``3b-q8_0``...) quantized the same way.
+Each file's bytes per block type, and each peer's decode speed as a share of the bandwidth limit (the
+machine's read bandwidth, measured at start, over the bytes a step reads). For each
 file and each peer, one child process per measurement, peers alternating round by round:
 load seconds (to ready for the first token), time to first token and prefill tok/s on a
 ``--prompt-tokens`` prompt, single-stream greedy decode tok/s over ``--gen-tokens``, peak RSS.
@@ -11,7 +14,7 @@ positions of English text, for runlm's fast mode and for llama.cpp (``logits_all
 Writes bench/results/quant_bench.json, a markdown table (ratio columns are runlm fast / llama.cpp)
 and bench/results/quant_bench.png.
 
-    .venv/bin/python bench/quant_bench.py [--files smollm2,q8_0,q4_k_m,q4_0] [--rounds 2]
+    .venv/bin/python bench/quant_bench.py [--files smollm2,q8_0,1.5b-q4_k_m] [--rounds 2]
 """
 from __future__ import annotations
 
@@ -35,16 +38,22 @@ FTYPES = {"q8_0": 7, "q4_k_m": 15, "q4_0": 2}
 PEERS = ("runlm-fast", "runlm-exact", "llamacpp")
 
 
+# file keys: "q4_k_m" (the 0.5B shape) or "<size>-q4_k_m" for the shapes people run on a CPU
+SIZES = {"1.5b": "qwen2.5-1.5b-shape", "3b": "qwen2.5-3b-shape", "8b": "llama3.1-8b-shape"}
+
+
 def model_file(key: str) -> Path:
-    """smollm2's shipped file, or the 0.5B-shape model quantized by llama.cpp (built once, cached)."""
+    """smollm2's shipped file, or a shape (bench/models.py) quantized by llama.cpp (built once, cached)."""
     from runlm.catalog import resolve_model
 
     if key == "smollm2":
         return Path(resolve_model("smollm2"))
     from bench.models import CACHE, build_gguf
 
-    target = CACHE / f"{SHAPE}.{key}.gguf"
-    return target if target.exists() else quantize(build_gguf(SHAPE), target, key)
+    size, _, qtype = key.rpartition("-")
+    shape = SIZES[size] if size else SHAPE
+    target = CACHE / f"{shape}.{qtype}.gguf"
+    return target if target.exists() else quantize(build_gguf(shape), target, qtype)
 
 
 def quantize(source: Path, target: Path, key: str, requantize: bool = False) -> Path:
@@ -59,6 +68,35 @@ def quantize(source: Path, target: Path, key: str, requantize: bool = False) -> 
                    capture_output=True)
     partial.rename(target)  # llama.cpp's ggml must not meet runlm's in one process
     return target
+
+
+def read_bandwidth(threads: int, gib: int = 2) -> float:
+    """This machine's read bandwidth in bytes/s at ``threads`` threads: the best of 5 torch sums over a
+    buffer far larger than any cache (decode's limit: every weight byte is read once per token)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    buf = torch.ones(gib << 28, dtype=torch.float32)
+    buf.sum()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t0)
+    return buf.numel() * 4 / best
+
+
+def bytes_per_token(path: Path) -> tuple[int, dict[str, int]]:
+    """The weight bytes a decode step reads (every tensor but an untied embedding's, of which it reads a row)
+    and the file's bytes per block type."""
+    from runlm.models.spec import read_spec
+
+    spec = read_spec(path, find_projector=False)
+    assert spec.gguf is not None
+    tensors = spec.gguf.tensors
+    untied = "output.weight" in tensors and "token_embd.weight" in tensors
+    read = sum(t.n_bytes for name, t in tensors.items() if not (untied and name == "token_embd.weight"))
+    return read, spec.bytes_by_type()
 
 
 def prompt_ids(path: Path, n: int) -> list[int]:
@@ -194,18 +232,24 @@ METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_s", "load_s", "peak_rss")
 
 
 def table(results: dict) -> str:
-    head = ("| file | peer | decode tok/s | prefill tok/s | TTFT ms | load s | peak RSS MB | KL vs exact |\n"
-            "|---|---|---|---|---|---|---|---|")
+    head = ("| file | peer | decode tok/s | of the bandwidth limit | prefill tok/s | TTFT ms | load s | peak RSS MB "
+            "| KL vs exact |\n|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for key, r in results.items():
+        limit = r["bandwidth"] / r["read_bytes"]  # tokens/s if every step only read the weights at full speed
         for peer in PEERS:
             m = r["median"].get(peer)
             if not m:
                 continue
             kl = r.get("kl", {}).get(peer)
-            lines.append(f"| {key} | {peer} | {m['decode_tok_s']:.1f} | {m['prefill_tok_s']:.0f} | "
-                         f"{1e3 * m['ttft_s']:.0f} | {m['load_s']:.2f} | {m['peak_rss'] / 1e6:.0f} | "
-                         f"{'' if kl is None else f'{kl:.5f}'} |")
+            lines.append(f"| {key} | {peer} | {m['decode_tok_s']:.1f} | {m['decode_tok_s'] / limit:.0%} of "
+                         f"{limit:.1f} | {m['prefill_tok_s']:.0f} | {1e3 * m['ttft_s']:.0f} | {m['load_s']:.2f} | "
+                         f"{m['peak_rss'] / 1e6:.0f} | {'' if kl is None else f'{kl:.5f}'} |")
+    lines += ["", "| file | bytes a step reads | by block type |", "|---|---|---|"]
+    for key, r in results.items():
+        total = sum(r["bytes_by_type"].values())
+        mix = ", ".join(f"{t} {b / total:.0%}" for t, b in sorted(r["bytes_by_type"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"| {key} | {r['read_bytes'] / 1e9:.2f} GB | {mix} |")
     lines += ["", "| file | decode | prefill | TTFT | load | peak RSS | KL | (runlm fast / llama.cpp) |",
               "|---|---|---|---|---|---|---|---|"]
     for key, r in results.items():
@@ -257,11 +301,15 @@ def cpu_name() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--files", default="smollm2,q8_0,q4_k_m,q4_0")
+    ap.add_argument("--files", default="smollm2,q8_0,q4_k_m,q4_0,1.5b-q4_k_m,1.5b-q8_0,3b-q4_k_m,8b-q4_k_m",
+                    help="smollm2, the 0.5B shape's q8_0/q4_k_m/q4_0, or SIZE-TYPE with SIZE one of "
+                         f"{'/'.join(SIZES)} (built and quantized on first use, cached under .cache/bench-models)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--kl-positions", type=int, default=4096, help="0 skips the KL measurement")
+    ap.add_argument("--kl-sizes", action="store_true",
+                    help="the KL of the SIZE-TYPE files too (runlm's exact mode holds them in fp32: 6 GB at 1.5B)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--skip-exact", action="store_true", help="measure runlm's fast mode and llama.cpp only")
     # child modes
@@ -292,10 +340,12 @@ def main() -> None:
     kernels.available(), kernels.attention_available(), fused.available(), ggml.available()  # build once, here
     native.available()
     results: dict[str, dict] = {}
-    print(f"CPU: {cpu_name()}; {args.threads} threads", flush=True)
+    bandwidth = read_bandwidth(args.threads)
+    print(f"CPU: {cpu_name()}; {args.threads} threads; read bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
     for key in args.files.split(","):
         path = model_file(key)
         ids = prompt_ids(path, args.prompt_tokens)
+        read_bytes, by_type = bytes_per_token(path)
         runs: dict[str, list[dict]] = {p: [] for p in peers}
         for r in range(args.rounds):
             for peer in peers:
@@ -307,8 +357,9 @@ def main() -> None:
                       + (f"  ({res['runner']} runner, torch {'imported' if res['torch_imported'] else 'not imported'})"
                          if "runner" in res else ""), flush=True)
         median = {p: {m: statistics.median(x[m] for x in v) for m in METRICS} for p, v in runs.items()}
-        results[key] = {"file": str(path), "size_bytes": path.stat().st_size, "runs": runs, "median": median}
-        if args.kl_positions:
+        results[key] = {"file": str(path), "size_bytes": path.stat().st_size, "read_bytes": read_bytes,
+                        "bytes_by_type": by_type, "bandwidth": bandwidth, "runs": runs, "median": median}
+        if args.kl_positions and (args.kl_sizes or "-" not in key):
             out = subprocess.run([sys.executable, __file__, "--child", "kl", "--model", str(path), "--positions",
                                   str(args.kl_positions)], capture_output=True, text=True, check=True)
             results[key]["kl"] = kl = json.loads(out.stdout.strip().splitlines()[-1])
@@ -316,8 +367,9 @@ def main() -> None:
                   f"llama.cpp {kl['llamacpp']:.5f}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     report = table(results)
-    print(f"\nCPU: {cpu_name()}; {args.threads} threads\n\n{report}")
+    print(f"\nCPU: {cpu_name()}; {args.threads} threads; read bandwidth {bandwidth / 1e9:.1f} GB/s\n\n{report}")
     (RESULTS / "quant_bench.json").write_text(json.dumps({"cpu": cpu_name(), "threads": args.threads,
+                                                          "bandwidth": bandwidth,
                                                           "args": vars(args), "results": results}, indent=2))
     (RESULTS / "quant_bench.md").write_text(report + "\n")
     plot(results, RESULTS / "quant_bench.png")

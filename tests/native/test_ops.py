@@ -50,6 +50,46 @@ def test_linear_is_the_extensions(qtype: T, threads: None) -> None:
     assert np.array_equal(nk.linear(x[11:12], w, np.empty((1, 69), np.float32)), ref[11:12])
 
 
+def test_calls_from_many_threads_and_from_a_forked_child_give_the_same_bits(threads: None) -> None:
+    """The library's own workers: calls racing from Python threads (one runs split, the others on their own
+    thread), and a forked child (which has none of the parent's workers) all compute the same outputs."""
+    import os
+    import threading
+    import time
+
+    raw = ggml.quantize(torch.from_numpy(_randn(1024, K, seed=0)), T.Q4_K)
+    w = nk.LinearWeights([raw.numpy()], [T.Q4_K], K)
+    x = _randn(3, K, seed=1)
+    nk.set_threads(1)
+    ref = nk.linear(x, w, np.empty((3, 1024), np.float32))
+    nk.set_threads(4)  # more workers than this machine may have cores: each must still take its chunk
+    assert np.array_equal(nk.linear(x, w, np.empty_like(ref)), ref)
+    bad: list[int] = []
+
+    def hammer(i: int) -> None:
+        out = np.empty_like(ref)
+        for _ in range(30):
+            if not np.array_equal(nk.linear(x, w, out), ref):
+                bad.append(i)
+
+    racers = [threading.Thread(target=hammer, args=(i,)) for i in range(6)]
+    for t in racers:
+        t.start()
+    for t in racers:
+        t.join(timeout=120)
+    assert not bad and not any(t.is_alive() for t in racers)
+    pid = os.fork()
+    if pid == 0:  # the child: a call must neither hang on the parent's workers nor differ
+        os._exit(0 if np.array_equal(nk.linear(x, w, np.empty_like(ref)), ref) else 1)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
+
+
 def test_segments_of_mixed_types_concatenate_their_outputs() -> None:
     weight = torch.from_numpy(_randn(72, K, seed=0))
     parts = [(weight[:32], T.Q4_K), (weight[32:48], T.Q6_K), (weight[48:], T.Q8_0)]

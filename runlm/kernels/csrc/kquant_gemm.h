@@ -270,7 +270,7 @@ void panel_row(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, const i
   using Block = typename W::Block;
   __m256 acc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    blockgemm::prefetch_next_panel<Block>(wrow[0], ws, sb);
+    blockgemm::prefetch_next_panel<Block, _MM_HINT_T1, 1>(wrow[0], ws, sb);
     const BlockQ8_K& xb = reinterpret_cast<const BlockQ8_K*>(x)[sb];
     __m256i dots[kPanel], corrs[kPanel];
     alignas(32) float d[kPanel], dmin[kPanel];
