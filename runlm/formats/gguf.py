@@ -234,6 +234,11 @@ class GGUFFile:
             raise ModelFormatError(f"{self.path}: metadata has no general.architecture string")
         self.architecture: str = arch
 
+    @property
+    def data(self) -> np.ndarray:
+        """The whole file, mapped read-only (uint8)."""
+        return self._data
+
     def __repr__(self) -> str:
         return f"GGUFFile({str(self.path)!r}, architecture={self.architecture!r}, tensors={len(self.tensors)})"
 

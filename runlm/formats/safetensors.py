@@ -64,6 +64,10 @@ class SafetensorsDir:
                     raise ModelFormatError(f"{file}: tensor {name!r} is in another file too")
                 self.tensors[name] = info
 
+    def maps(self) -> list[np.ndarray]:
+        """Each file's mapped bytes (uint8), in the order of ``files``."""
+        return list(self._maps)
+
     def raw(self, name: str) -> np.ndarray:
         """uint8 [rows, row_bytes] view of a tensor's bytes (a vector as one row)."""
         info = self.tensors[name]

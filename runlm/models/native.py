@@ -24,6 +24,7 @@ import numpy as np
 
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile, ggml_type
+from runlm.formats.readahead import read_ahead
 from runlm.formats.tokenizer import Tokenizer
 from runlm.models import families
 from runlm.models.config import ModelConfig
@@ -209,6 +210,8 @@ def why_not_native_gguf(spec: ModelSpec) -> str | None:
 
 
 def native_loaded(spec: ModelSpec, model: NativeModel) -> NativeLoaded:
+    """The loaded model, its mapped files being read into the page cache meanwhile (runlm.formats.readahead)."""
+    read_ahead(spec.weight_maps())
     return NativeLoaded(model, model.config, spec.tokenizer(), spec.path)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import ENCODER_GGUF_ARCHS, ENCODER_HF_ARCHS
 from runlm.formats.gguf import GGUFFile
@@ -79,6 +81,10 @@ class ModelSpec:
             for t in self.safetensors().tensors.values():
                 out[t.qtype] = out.get(t.qtype, 0) + t.end - t.begin
         return out
+
+    def weight_maps(self) -> list[np.ndarray]:
+        """The mapped bytes of the weights' files: the GGUF file's, or each of a directory's *.safetensors."""
+        return [self.gguf.data] if self.gguf is not None else self.safetensors().maps()
 
     @property
     def weight_bytes(self) -> int:

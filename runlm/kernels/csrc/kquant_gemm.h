@@ -88,7 +88,9 @@ template <class B, bool kFifth>
 struct K4 {
   using Block = B;
   static constexpr bool kCorrInDot = false;
-  static constexpr int kInt16Steps = kFifth ? 2 : 4;  // 16 values a group: 2 x 2 x 31 (4 x 2 x 15) x 127 fits int16
+  // steps of 4 values summed in int16 before the scale: 2 x 2 x 31 x 127 (Q5_K) and 8 x 2 x 15 x 127 (Q4_K) fit;
+  // Q4_K's 8 steps cover both 16-value groups of a 32-value sub-block, which share its scale
+  static constexpr int kInt16Steps = kFifth ? 2 : 8;
 
   // Values 64p .. 64p + 31 (low nibbles of qs[32p..]) and 64p + 32 .. 64p + 63 (high nibbles).
   static void values(const Block& b, int p, __m256i& v0, __m256i& v1) {
@@ -242,7 +244,7 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
           __m256i p = _mm256_maddubs_epi16(t[s0], blockgemm::broadcast4(xq + 4 * s0));
           for (int s = s0 + 1; s < s0 + W::kInt16Steps; ++s)
             p = _mm256_add_epi16(p, _mm256_maddubs_epi16(t[s], blockgemm::broadcast4(xq + 4 * s)));
-          dot = _mm256_add_epi32(dot, _mm256_madd_epi16(p, scale[s0 / 4]));
+          dot = _mm256_add_epi32(dot, _mm256_madd_epi16(p, scale[s0 / 4]));  // (8 steps: group 2c's = 2c + 1's)
         }
         dots[i] = dot;
       }
