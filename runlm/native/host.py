@@ -8,26 +8,46 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# -ffp-contract=off and no -ffast-math: the compiler must keep the written order of every sum.
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
-# libgomp.so.1 resolves to the copy torch already loaded, so both share one OpenMP pool.
-LDFLAGS = ["-fopenmp"]
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags as Linux names them (/proc/cpuinfo), or None where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
 
 
 def cpu_has_avx2_fma() -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    try:
-        flags: set[str] = set()
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
+    flags = cpu_flags()
+    if flags is not None:
         return {"avx2", "fma"} <= flags
-    except OSError:  # not Linux: ask torch where it is loaded already (its AVX2 level needs avx2 and fma)
-        torch = sys.modules.get("torch")
-        return torch is not None and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    torch = sys.modules.get("torch")  # not Linux: ask torch where it is loaded already (its AVX2 needs avx2 and fma)
+    return torch is not None and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def vnni_cflags(flags: set[str] | None) -> list[str]:
+    """The flags for the int8 dot-product instruction (vpdpbusd) where this CPU has it: AVX-512 VNNI with its
+    256-bit forms, or AVX-VNNI. The kernels are built on the machine they run on (each set of flags its own
+    build), so this is the run-time choice; the integer sums are exact, so every path gives the same bits."""
+    if not flags:
+        return []
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
+        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256"]
+    if "avx_vnni" in flags:
+        return ["-mavxvnni"]
+    return []
+
+
+# -ffp-contract=off and no -ffast-math: the compiler must keep the written order of every sum.
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", *vnni_cflags(cpu_flags())]
+# libgomp.so.1 resolves to the copy torch already loaded, so both share one OpenMP pool.
+LDFLAGS = ["-fopenmp"]
 
 
 @dataclass(frozen=True)

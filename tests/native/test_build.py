@@ -73,3 +73,14 @@ print(json.dumps({"ok": kernels.available(), "why": build.why_unavailable}))
         return
     assert out == {"ok": False, "why": "could not build native_abi.cpp: native_abi.cpp:1:1: error: the compiler says no"}
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []  # the temporary file is gone
+
+
+def test_the_int8_dot_product_instruction_is_chosen_from_the_cpus_flags() -> None:
+    from runlm.native.host import CFLAGS, cpu_flags, vnni_cflags
+
+    avx512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+    assert "-mavx512vnni" in vnni_cflags(avx512) and "-mprefer-vector-width=256" in vnni_cflags(avx512)
+    assert vnni_cflags(avx512 - {"avx512vl"}) == []  # (the 256-bit forms need VL)
+    assert vnni_cflags({"avx2", "fma", "avx_vnni"}) == ["-mavxvnni"]
+    assert vnni_cflags({"avx2", "fma"}) == [] and vnni_cflags(None) == []
+    assert all(flag in CFLAGS for flag in vnni_cflags(cpu_flags()))  # this machine's builds use its own

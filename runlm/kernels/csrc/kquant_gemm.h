@@ -91,6 +91,7 @@ struct K4 {
   // steps of 4 values summed in int16 before the scale: 2 x 2 x 31 x 127 (Q5_K) and 8 x 2 x 15 x 127 (Q4_K) fit;
   // Q4_K's 8 steps cover both 16-value groups of a 32-value sub-block, which share its scale
   static constexpr int kInt16Steps = kFifth ? 2 : 8;
+  static constexpr int kScaleSteps = 8;  // steps of 4 values under one scale (a 32-value sub-block)
 
   // Values 64p .. 64p + 31 (low nibbles of qs[32p..]) and 64p + 32 .. 64p + 63 (high nibbles).
   static void values(const Block& b, int p, __m256i& v0, __m256i& v1) {
@@ -139,6 +140,7 @@ struct Q6_K {
   using Block = BlockQ6_K;
   static constexpr bool kCorrInDot = true;
   static constexpr int kInt16Steps = 2;  // 2 steps x 2 x 63 x 127 fits int16
+  static constexpr int kScaleSteps = 4;  // a scale per 16 values
   static void unpack(const Block& b, Unpacked& u) {
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
     for (int h = 0; h < 2; ++h) {  // each half: 64 bytes of low nibbles, 32 bytes of 2-bit highs
@@ -237,6 +239,21 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
       const __m256i scale[2] = {  // lane r = (scale, scale) of row r, for groups 2c and 2c + 1
           _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scale_pairs[c], 0xA0), 0xA0),
           _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scale_pairs[c], 0xF5), 0xF5)};
+#ifdef RUNLM_VNNI
+      // lane r = row r's scale as int32, for groups 2c and 2c + 1 (the int16 pairs' low and high halves)
+      const __m256i scale32[2] = {_mm256_srai_epi32(_mm256_slli_epi32(scale_pairs[c], 16), 16),
+                                  _mm256_srai_epi32(scale_pairs[c], 16)};
+      for (int i = 0; i < mc; ++i) {
+        const int8_t* xq = reinterpret_cast<const BlockQ8_K*>(x + i * xs)[sb].qs + 32 * c;
+        __m256i dot = dots[i];
+        for (int s0 = 0; s0 < kPanel; s0 += W::kScaleSteps) {
+          __m256i a = blockgemm::dpbusd(_mm256_setzero_si256(), t[s0], blockgemm::broadcast4(xq + 4 * s0));
+          for (int s = s0 + 1; s < s0 + W::kScaleSteps; ++s) a = blockgemm::dpbusd(a, t[s], blockgemm::broadcast4(xq + 4 * s));
+          dot = _mm256_add_epi32(dot, _mm256_mullo_epi32(a, scale32[s0 / 4]));
+        }
+        dots[i] = dot;
+      }
+#else
       for (int i = 0; i < mc; ++i) {
         const int8_t* xq = reinterpret_cast<const BlockQ8_K*>(x + i * xs)[sb].qs + 32 * c;
         __m256i dot = dots[i];
@@ -248,6 +265,7 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
         }
         dots[i] = dot;
       }
+#endif
     }
     for (int i = 0; i < mc; ++i) {
       const BlockQ8_K& xb = reinterpret_cast<const BlockQ8_K*>(x + i * xs)[sb];
