@@ -8,10 +8,11 @@ files that would not fit comfortably in the memory available, which reading ahea
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -32,15 +33,27 @@ def available_memory() -> int | None:
     return None
 
 
-def mapping_of(array: np.ndarray) -> mmap.mmap | None:
-    """The file mapping under a numpy view (np.memmap keeps it as ``_mmap``), or None."""
-    base: object = array
-    while base is not None:
-        found = getattr(base, "_mmap", None)
-        if isinstance(found, mmap.mmap):
-            return found
-        base = getattr(base, "base", None)
+def mapping_of(array: np.ndarray) -> tuple[int, int] | None:
+    """(address, length) of the file mapping under a numpy view (np.memmap's array sits on the mmap object), or
+    None where there is none."""
+    view: object = array
+    while isinstance(view, np.ndarray):
+        if isinstance(view.base, mmap.mmap):
+            return view.ctypes.data, len(view.base)
+        view = view.base
     return None
+
+
+def _madvise() -> Callable[[int, int], int] | None:
+    """libc's madvise(address, length, MADV_WILLNEED) through ctypes, which lets go of the GIL for the call
+    (mmap.madvise holds it while the kernel queues the reads: the loading thread would wait on the disk)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return lambda address, length: fn(address, length, mmap.MADV_WILLNEED)
 
 
 def read_ahead(arrays: Iterable[np.ndarray]) -> threading.Thread | None:
@@ -49,19 +62,18 @@ def read_ahead(arrays: Iterable[np.ndarray]) -> threading.Thread | None:
     the memory available."""
     maps = [m for m in (mapping_of(a) for a in arrays) if m is not None]
     available = available_memory()
-    if not maps or available is None or not hasattr(mmap, "MADV_WILLNEED"):
+    advise = _madvise() if maps and hasattr(mmap, "MADV_WILLNEED") else None
+    if advise is None or available is None:
         return None
-    size = sum(len(m) for m in maps)
+    size = sum(length for _, length in maps)
     if size > SHARE_OF_AVAILABLE * available:
         log.info("not reading %.1f GB of weights ahead: %.1f GB of memory available", size / 1e9, available / 1e9)
         return None
 
     def run() -> None:
-        for m in maps:
-            try:
-                m.madvise(mmap.MADV_WILLNEED)
-            except (OSError, ValueError) as exc:  # a best effort (a closed mapping too): kernels read pages anyway
-                log.debug("read-ahead: %s", exc)
+        for address, length in maps:  # a best effort: the kernels read the pages anyway
+            if advise(address, length) != 0:
+                log.debug("read-ahead: madvise failed (errno %d)", ctypes.get_errno())
 
     thread = threading.Thread(target=run, name="runlm-read-ahead", daemon=True)
     thread.start()

@@ -3,6 +3,7 @@ the libggml-python wheel's headers and libraries, and the compiler flags every k
 (runlm/kernels/build.py for the torch extensions, runlm/native/build.py for the torch-free library)."""
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -34,8 +35,9 @@ def cpu_has_avx2_fma() -> bool:
 def vnni_cflags(flags: set[str] | None) -> list[str]:
     """The flags for the int8 dot-product instruction (vpdpbusd) where this CPU has it: AVX-512 VNNI with its
     256-bit forms, or AVX-VNNI. The kernels are built on the machine they run on (each set of flags its own
-    build), so this is the run-time choice; the integer sums are exact, so every path gives the same bits."""
-    if not flags:
+    build), so this is the run-time choice; the integer sums are exact, so every path gives the same bits.
+    RUNLM_VNNI=0 in the environment keeps the AVX2 path (to compare the two on one machine)."""
+    if not flags or os.environ.get("RUNLM_VNNI") == "0":  # RUNLM_VNNI=0: the AVX2 path on any CPU
         return []
     if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
         return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256"]
