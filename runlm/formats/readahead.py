@@ -3,7 +3,8 @@
 The runners map a model's files and read each page when a kernel first touches it: load takes a second,
 but a cold file's first prompt then waits on the disk page by page, one layer after the other. So once a
 runner has the model, the kernel is asked to read the mappings in (madvise WILLNEED, on the mappings the
-loader made: no second open) on a thread of its own, while the server answers its first requests; never for
+loader made: no second open; llama.cpp advises its mapping so at load too) on a thread of its own, while the
+server answers its first requests; never for
 files that would not fit comfortably in the memory available, which reading ahead would only evict again.
 """
 from __future__ import annotations
@@ -16,21 +17,11 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from runlm.sizes import available_memory
+
 log = logging.getLogger(__name__)
 
 SHARE_OF_AVAILABLE = 0.5  # read ahead only what fits in this share of MemAvailable
-
-
-def available_memory() -> int | None:
-    """MemAvailable in bytes (Linux), or None where it is unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def mapping_of(array: np.ndarray) -> tuple[int, int] | None:
@@ -63,7 +54,7 @@ def read_ahead(arrays: Iterable[np.ndarray]) -> threading.Thread | None:
     maps = [m for m in (mapping_of(a) for a in arrays) if m is not None]
     available = available_memory()
     advise = _madvise() if maps and hasattr(mmap, "MADV_WILLNEED") else None
-    if advise is None or available is None:
+    if advise is None:
         return None
     size = sum(length for _, length in maps)
     if size > SHARE_OF_AVAILABLE * available:
