@@ -2,10 +2,10 @@
 
 The runners map a model's files and read each page when a kernel first touches it: load takes a second,
 but a cold file's first prompt then waits on the disk page by page, one layer after the other. So once a
-runner has the model, the kernel is asked to read the mappings in (madvise WILLNEED, on the mappings the
-loader made: no second open; llama.cpp advises its mapping so at load too) on a thread of its own, while the
-server answers its first requests; never for
-files that would not fit comfortably in the memory available, which reading ahead would only evict again.
+runner has the model, the kernel is asked to read the mappings in (madvise WILLNEED on the mappings the
+loader made, no second open; llama.cpp advises its own mapping so at load) on a thread of its own, while
+the server answers its first requests; never for files that would not fit comfortably in the memory
+available, which reading ahead would only evict again.
 """
 from __future__ import annotations
 
