@@ -86,6 +86,14 @@ def read_bandwidth(threads: int, gib: int = 2) -> float:
     return buf.numel() * 4 / best
 
 
+def warm_page_cache(path: Path) -> None:
+    """Read the file once before the rounds, so that the first peer of the first round does not read it from disk
+    (runlm maps the file and faults pages in during its first prompt; llama.cpp reads it at load)."""
+    with open(path, "rb") as f:
+        while f.read(64 << 20):
+            pass
+
+
 def bytes_per_token(path: Path) -> tuple[int, dict[str, int]]:
     """The weight bytes a decode step reads (every tensor but an untied embedding's, of which it reads a row)
     and the file's bytes per block type."""
@@ -346,6 +354,7 @@ def main() -> None:
         path = model_file(key)
         ids = prompt_ids(path, args.prompt_tokens)
         read_bytes, by_type = bytes_per_token(path)
+        warm_page_cache(path)
         runs: dict[str, list[dict]] = {p: [] for p in peers}
         for r in range(args.rounds):
             for peer in peers:

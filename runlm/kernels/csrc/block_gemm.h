@@ -130,9 +130,14 @@ inline void prefetch_next_panel(const uint8_t* panel_start, int64_t ws, int64_t 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define RUNLM_VNNI 1
 inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
 #elif defined(__AVXVNNI__)
 #define RUNLM_VNNI 1
 inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_avx_epi32(acc, a, b); }
+#else
+// acc + (int16 pairs of a times b's, summed in pairs): vpdpwssd where there is VNNI, the same wrapping sum
+inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
 #endif
 
 inline __m256i broadcast4(const int8_t* p) {
@@ -223,7 +228,7 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
            float* y, int64_t ldy, int nvalid) {
   using Block = typename W::Block;
   using X = typename W::X;
-  const __m256i ones = _mm256_set1_epi16(1);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);  // (unused where VNNI sums)
   __m256 acc[kChunk];
   for (int i = 0; i < mc; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {

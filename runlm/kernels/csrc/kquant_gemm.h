@@ -127,8 +127,7 @@ struct K4 {
       values(b, p, v0, v1);
       const __m256i p0 = _mm256_maddubs_epi16(v0, load32(xq + 64 * p));
       const __m256i p1 = _mm256_maddubs_epi16(v1, load32(xq + 64 * p + 32));
-      dot = _mm256_add_epi32(dot, _mm256_add_epi32(_mm256_madd_epi16(p0, spread16(sc, 2 * p)),
-                                                   _mm256_madd_epi16(p1, spread16(sc, 2 * p + 1))));
+      dot = blockgemm::madd_add(blockgemm::madd_add(dot, p0, spread16(sc, 2 * p)), p1, spread16(sc, 2 * p + 1));
     }
     corr = min_corr(sm, xb);
   }
@@ -180,7 +179,7 @@ struct Q6_K {
         const __m256i p = _mm256_maddubs_epi16(q[c], load32(xq + 32 * chunk));
         const __m256i mask = _mm256_set_m128i(_mm256_castsi256_si128(element16(2 * c + 1)),
                                               _mm256_castsi256_si128(element16(2 * c)));
-        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(p, _mm256_shuffle_epi8(halves[h], mask)));
+        dot = blockgemm::madd_add(dot, p, _mm256_shuffle_epi8(halves[h], mask));
       }
     }
     corr = _mm256_madd_epi16(_mm256_slli_epi16(sc16, 5),
@@ -261,7 +260,7 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
           __m256i p = _mm256_maddubs_epi16(t[s0], blockgemm::broadcast4(xq + 4 * s0));
           for (int s = s0 + 1; s < s0 + W::kInt16Steps; ++s)
             p = _mm256_add_epi16(p, _mm256_maddubs_epi16(t[s], blockgemm::broadcast4(xq + 4 * s)));
-          dot = _mm256_add_epi32(dot, _mm256_madd_epi16(p, scale[s0 / 4]));  // (8 steps: group 2c's = 2c + 1's)
+          dot = blockgemm::madd_add(dot, p, scale[s0 / 4]);  // (8 steps: group 2c's = 2c + 1's)
         }
         dots[i] = dot;
       }
@@ -271,7 +270,7 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
       const BlockQ8_K& xb = reinterpret_cast<const BlockQ8_K*>(x + i * xs)[sb];
       __m256i cs = _mm256_setzero_si256();
       for (int c = 0; c < kGroups / 2; ++c)
-        cs = _mm256_add_epi32(cs, _mm256_madd_epi16(corr[c], blockgemm::broadcast4(reinterpret_cast<const int8_t*>(xb.bsums + 2 * c))));
+        cs = blockgemm::madd_add(cs, corr[c], blockgemm::broadcast4(reinterpret_cast<const int8_t*>(xb.bsums + 2 * c)));
       acc[i] = accumulate<W>(acc[i], dw, dminw, xb.d, dots[i], cs);
     }
   }
@@ -293,14 +292,15 @@ void panel_row(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, const i
     blockgemm::prefetch_next_panel<Block, _MM_HINT_T1, 1>(wrow[0], ws, sb);
     const BlockQ8_K& xb = reinterpret_cast<const BlockQ8_K*>(x)[sb];
     __m256i dots[kPanel], corrs[kPanel];
-    alignas(32) float d[kPanel], dmin[kPanel];
-    for (int r = 0; r < kPanel; ++r) {
+    __m128i hd = _mm_setzero_si128(), hm = _mm_setzero_si128();  // registers, not stack arrays: 8 small stores
+    for (int r = 0; r < kPanel; ++r) {  // then one wide load would stall on store forwarding (block_gemm.h too)
       const Block& blk = reinterpret_cast<const Block*>(wrow[r])[sb];
       W::row_dot(blk, xb, dots[r], corrs[r]);
-      d[r] = fp16(blk.d);
-      dmin[r] = W::kCorrInDot ? d[r] : fp16(W::dmin(blk));
+      hd = blockgemm::insert16(hd, blk.d, r);
+      if constexpr (!W::kCorrInDot) hm = blockgemm::insert16(hm, W::dmin(blk), r);
     }
-    acc = accumulate<W>(acc, _mm256_load_ps(d), _mm256_load_ps(dmin), xb.d, blockgemm::reduce8(dots),
+    const __m256 d = _mm256_cvtph_ps(hd);
+    acc = accumulate<W>(acc, d, W::kCorrInDot ? d : _mm256_cvtph_ps(hm), xb.d, blockgemm::reduce8(dots),
                         blockgemm::reduce8(corrs));
   }
   alignas(32) float lanes[kPanel];
