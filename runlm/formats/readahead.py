@@ -52,11 +52,10 @@ def read_ahead(arrays: Iterable[np.ndarray]) -> threading.Thread | None:
     None where there is none, the platform cannot advise, or they would take more than SHARE_OF_AVAILABLE of
     the memory available."""
     maps = [m for m in (mapping_of(a) for a in arrays) if m is not None]
-    available = available_memory()
     advise = _madvise() if maps and hasattr(mmap, "MADV_WILLNEED") else None
     if advise is None:
         return None
-    size = sum(length for _, length in maps)
+    size, available = sum(length for _, length in maps), available_memory()
     if size > SHARE_OF_AVAILABLE * available:
         log.info("not reading %.1f GB of weights ahead: %.1f GB of memory available", size / 1e9, available / 1e9)
         return None

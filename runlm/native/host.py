@@ -48,7 +48,8 @@ def vnni_cflags(flags: set[str] | None) -> list[str]:
 
 # -ffp-contract=off and no -ffast-math: the compiler must keep the written order of every sum.
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", *vnni_cflags(cpu_flags())]
-# libgomp.so.1 resolves to the copy torch already loaded, so both share one OpenMP pool.
+# libgomp.so.1 resolves to the copy torch already loaded: the torch extensions run on its pool; the native library
+# (its own workers, kernels/csrc/parallel.h) only asks it for the default thread count.
 LDFLAGS = ["-fopenmp"]
 
 

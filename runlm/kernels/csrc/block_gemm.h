@@ -116,9 +116,9 @@ inline void transpose8(__m256i r[8]) {
 // The 8 rows of a panel are one contiguous run of memory, read as 8 interleaved short streams
 // that the hardware prefetcher barely learns before they end (a row of K = 896 is 8 cache lines).
 // So each block step asks for its share of the next panel's bytes: one linear stream, a panel ahead.
-template <class Block, int kHint = _MM_HINT_T0, int kAhead = 1>
+template <class Block, int kHint = _MM_HINT_T0>
 inline void prefetch_next_panel(const uint8_t* panel_start, int64_t ws, int64_t b) {
-  const uint8_t* next = panel_start + kAhead * kPanel * ws;
+  const uint8_t* next = panel_start + kPanel * ws;
   constexpr int64_t kStep = kPanel * static_cast<int64_t>(sizeof(Block));
   for (int64_t off = b * kStep & ~int64_t{63}; off < (b + 1) * kStep; off += 64)
     _mm_prefetch(reinterpret_cast<const char*>(next + off), static_cast<_mm_hint>(kHint));

@@ -235,9 +235,6 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
       __m256i t[kPanel];  // step s: lane r = values 32c + 4s .. + 3 of row r
       for (int r = 0; r < kPanel; ++r) t[r] = load32(u[r].q + 32 * c);
       blockgemm::transpose8(t);
-      const __m256i scale[2] = {  // lane r = (scale, scale) of row r, for groups 2c and 2c + 1
-          _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scale_pairs[c], 0xA0), 0xA0),
-          _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scale_pairs[c], 0xF5), 0xF5)};
 #ifdef RUNLM_VNNI
       // lane r = row r's scale as int32, for groups 2c and 2c + 1 (the int16 pairs' low and high halves)
       const __m256i scale32[2] = {_mm256_srai_epi32(_mm256_slli_epi32(scale_pairs[c], 16), 16),
@@ -253,6 +250,9 @@ void panel(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, int64_t xs,
         dots[i] = dot;
       }
 #else
+      const __m256i scale[2] = {  // lane r = (scale, scale) of row r, for groups 2c and 2c + 1
+          _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scale_pairs[c], 0xA0), 0xA0),
+          _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scale_pairs[c], 0xF5), 0xF5)};
       for (int i = 0; i < mc; ++i) {
         const int8_t* xq = reinterpret_cast<const BlockQ8_K*>(x + i * xs)[sb].qs + 32 * c;
         __m256i dot = dots[i];
@@ -289,7 +289,7 @@ void panel_row(const uint8_t* const* wrow, int64_t ws, const uint8_t* x, const i
   using Block = typename W::Block;
   __m256 acc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    blockgemm::prefetch_next_panel<Block, _MM_HINT_T1, 1>(wrow[0], ws, sb);
+    blockgemm::prefetch_next_panel<Block, _MM_HINT_T1>(wrow[0], ws, sb);
     const BlockQ8_K& xb = reinterpret_cast<const BlockQ8_K*>(x)[sb];
     __m256i dots[kPanel], corrs[kPanel];
     __m128i hd = _mm_setzero_si128(), hm = _mm_setzero_si128();  // registers, not stack arrays: 8 small stores

@@ -6,8 +6,6 @@
 // Conventions: arrays are C-contiguous, dims are int64. A function returning int gives 0 on success
 // and -1 on an error whose message runlm_last_error() then holds (per calling thread); shapes and
 // dtypes are checked by the Python side, values (ids, positions, slots, lengths) here.
-#include <omp.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -49,7 +47,6 @@ void runlm_init() { ggml_cpu_init(); }
 
 void runlm_set_threads(int n) {
   runlm::g_threads.store(n > 0 ? n : 0);
-  if (n > 0) omp_set_num_threads(n);
 }
 
 int runlm_get_threads() { return runlm::threads(); }
