@@ -15,6 +15,7 @@ from runlm.store.progress import human_bytes, human_duration
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from runlm.runner.app import HTTPSettings
+    from runlm.runner.backends.base import default_context
     from runlm.runner.config import ConfigError, parse_keep_alive
     from runlm.runner.daemon import serve
     from runlm.runner.memory import MemoryBudget
@@ -24,6 +25,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         budget = MemoryBudget(parse_size(args.memory_budget)) if args.memory_budget else None
         keep_alive = parse_keep_alive(args.keep_alive) if args.keep_alive else None
+        default_context()  # a bad $RUNLM_CONTEXT_LENGTH / $OLLAMA_CONTEXT_LENGTH stops the start, not each load
     except (ValueError, ConfigError) as exc:
         raise CLIError(str(exc), code=2) from None
     running = connect()

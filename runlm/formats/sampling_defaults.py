@@ -21,7 +21,10 @@ FIELDS: dict[str, tuple[type, float, float]] = {
     "min_p": (float, 0.0, 1.0), "repetition_penalty": (float, 1e-9, 10.0),
     "presence_penalty": (float, -2.0, 2.0), "frequency_penalty": (float, -2.0, 2.0),
     "dry_multiplier": (float, 0.0, 100.0), "dry_base": (float, 1.0, 10.0), "dry_allowed_length": (int, 1, 1000),
-    "dry_penalty_last_n": (int, -1, 1 << 31),
+    "dry_penalty_last_n": (int, -1, 1 << 31), "penalty_last_n": (int, -1, 1 << 31),
+    "typical_p": (float, 1e-9, 1.0), "top_n_sigma": (float, -1.0, 100.0), "xtc_probability": (float, 0.0, 1.0),
+    "xtc_threshold": (float, 0.0, 1.0), "mirostat": (int, 0, 2), "mirostat_tau": (float, 1e-9, 20.0),
+    "mirostat_eta": (float, 1e-9, 1.0),
     "max_tokens": (int, 1, 1 << 31)}
 # generation_config.json's names (transformers' GenerationConfig) for the fields vLLM takes from it
 _HF_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
@@ -29,11 +32,17 @@ _HF_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "
 # llama.cpp's GGUF keys (gguf-py's Keys.General.SAMPLING_*) for the fields runlm's sampler has
 _GGUF_NAMES = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
                "general.sampling.top_k": "top_k", "general.sampling.min_p": "min_p",
-               "general.sampling.penalty_repeat": "repetition_penalty"}
+               "general.sampling.penalty_repeat": "repetition_penalty",
+               "general.sampling.penalty_last_n": "penalty_last_n",
+               "general.sampling.xtc_probability": "xtc_probability",
+               "general.sampling.xtc_threshold": "xtc_threshold", "general.sampling.mirostat": "mirostat",
+               "general.sampling.mirostat_tau": "mirostat_tau", "general.sampling.mirostat_eta": "mirostat_eta"}
 # Ollama's option names (Modelfile PARAMETER, /api/show "parameters") for the same fields
 OLLAMA_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                 "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-                "frequency_penalty": "frequency_penalty", "num_predict": "max_tokens"}
+                "frequency_penalty": "frequency_penalty", "num_predict": "max_tokens", "typical_p": "typical_p",
+                "repeat_last_n": "penalty_last_n", "mirostat": "mirostat", "mirostat_tau": "mirostat_tau",
+                "mirostat_eta": "mirostat_eta"}
 
 
 def checked(values: Mapping[str, Any], names: Mapping[str, str] | None = None) -> dict[str, float | int]:

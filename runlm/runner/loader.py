@@ -24,6 +24,7 @@ from runlm.runner.config import KEEP_ALIVE_DEFAULT, BackendConfig, BackendMode, 
 from runlm.runner.errors import BackendUnavailable, BadRequest, Busy, Conflict, ModelTooLarge, NotFound
 from runlm.runner.health import watch_health
 from runlm.runner.memory import MemoryBudget, human_size
+from runlm.runner.ollama_options import LoadOptions
 from runlm.runner.runner import Runner, RunnerKey, backend_client
 from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore, StoredModel
 
@@ -96,7 +97,9 @@ class Loader:
             self.release(runner, keep_alive)
 
     async def acquire(self, name: str, backend_name: str | None = None,
-                      mode: BackendMode = BackendMode.COMPLETION) -> Runner:
+                      mode: BackendMode = BackendMode.COMPLETION, load: LoadOptions | None = None) -> Runner:
+        """The model's runner, held until ``release``; loaded first where none is, and reloaded where the one
+        loaded does not meet ``load`` (Ollama's num_ctx, num_batch, num_thread) once no request holds it."""
         model = await self.model(name)
         backend = self.backend(backend_name, model)
         caps = model.info.capabilities
@@ -118,15 +121,31 @@ class Loader:
                 await asyncio.wait({runner.task})  # let the old process go before starting a new one
                 continue
             if runner is not None and runner.ready and not runner.dead:
+                if load and not self._meets(runner, load):
+                    await self._replace(runner)
+                    continue
                 runner.in_use += 1
                 runner.expires_at = None
                 return runner
             task = self._loading.get(key)
             if task is None:
-                task = asyncio.create_task(self._load(key, backend, model, mode))
+                task = asyncio.create_task(self._load(key, backend, model, mode, load))
                 self._loading[key] = task
                 task.add_done_callback(lambda _t, key=key: self._loading.pop(key, None))  # type: ignore[misc]
             await asyncio.shield(task)  # a client that gives up does not cancel the shared load
+
+    def _meets(self, runner: Runner, load: LoadOptions) -> bool:
+        context = runner.backend.context_size(runner.model, runner.config)
+        return load.met_by(context, runner.model.info.context_length or context, runner.config)
+
+    async def _replace(self, runner: Runner) -> None:
+        """Unload ``runner`` once its requests are done (the next acquire loads it again as asked)."""
+        while runner.in_use and not runner.dead:
+            async with self._released:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._released.wait(), 1.0)
+        if not runner.dead and not runner.in_use:
+            await self.unload(runner)
 
     def release(self, runner: Runner, keep_alive: float | None = None) -> None:
         runner.in_use = max(0, runner.in_use - 1)
@@ -145,10 +164,13 @@ class Loader:
             self._released.notify_all()
 
     # --- loading -------------------------------------------------------------------------------
-    async def _load(self, key: RunnerKey, backend: Backend, model: StoredModel, mode: BackendMode) -> Runner:
+    async def _load(self, key: RunnerKey, backend: Backend, model: StoredModel, mode: BackendMode,
+                    load: LoadOptions | None = None) -> Runner:
         if not backend.installed():
             raise BackendUnavailable(f"backend {backend.name!r} cannot run models: {backend.status()}")
         config = await self._resolved_config(model, backend.name)
+        if load:
+            config = load.apply(config)
         try:
             backend.check_config(config)
         except ConfigError as exc:

@@ -21,7 +21,9 @@ from runlm.runner.ollama_convert import (
     backend_error_message,
     chat_messages,
     details,
+    logprob_fields,
     now_iso,
+    ollama_logprobs,
     ollama_tool_calls,
     refuse_image,
     sampling_fields,
@@ -30,6 +32,7 @@ from runlm.runner.ollama_convert import (
     timings,
 )
 from runlm.runner.ollama_images import generate_image
+from runlm.runner.ollama_options import LoadOptions
 from runlm.runner.ollama_stream import answer, events, open_stream
 from runlm.runner.proxy import pop_keep_alive, require_model, send
 from runlm.runner.pulling import pull_error_status, pull_events, refused_before_streaming, transfer_events
@@ -189,8 +192,9 @@ async def copy(request: Request) -> Response:
     return Response(status_code=200)
 
 
-async def _load_or_unload(request: Request, name: str, keep_alive: float | None, chat: bool) -> JSONResponse:
-    """Ollama's way to load (empty prompt) or unload (and keep_alive 0) a model."""
+async def _load_or_unload(request: Request, name: str, keep_alive: float | None, chat: bool,
+                          load: LoadOptions) -> JSONResponse:
+    """Ollama's way to load (empty prompt, as its options ask) or unload (and keep_alive 0) a model."""
     loader = request.app.state.loader
     if keep_alive == 0:
         await loader.unload_idle_models(name)  # never from under a request that holds it
@@ -198,7 +202,8 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
     else:
         model = await loader.model(name)
         image = "image-generation" in model.info.capabilities
-        runner = await loader.acquire(name, None, BackendMode.IMAGE_GENERATION if image else BackendMode.COMPLETION)
+        runner = await loader.acquire(name, None, BackendMode.IMAGE_GENERATION if image else BackendMode.COMPLETION,
+                                      load)
         loader.release(runner, keep_alive)
         reason = "load"
     out: dict[str, Any] = {"model": name, "created_at": now_iso(), "done": True, "done_reason": reason}
@@ -206,20 +211,23 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
     return JSONResponse(out)
 
 
-async def _generate(request: Request, body: dict, route: str, payload: dict,
+async def _generate(request: Request, body: dict, route: str, payload: dict, load: LoadOptions,
                     shape: Callable[[str, str, list | None], dict]) -> Response:
     """Run one generation on the backend, answering as Ollama does (NDJSON stream or one object)."""
     name = require_model(body)
     keep_alive = pop_keep_alive(body)
     loader = request.app.state.loader
     t0 = time.monotonic()
-    payload.update(stream=True, stream_options={"include_usage": True})
-    runner, resp = await open_stream(loader, name, BackendMode.COMPLETION, f"/v1/{route}", payload, keep_alive)
+    payload.update(stream=True, stream_options={"include_usage": True}, **logprob_fields(body, route))
+    runner, resp = await open_stream(loader, name, BackendMode.COMPLETION, f"/v1/{route}", payload, keep_alive,
+                                     load)
     t_loaded = time.monotonic()
 
     async def chunks() -> AsyncGenerator[dict, None]:
         usage, finish, t_first = None, "stop", None
         tools: list[dict] = []
+        want_logprobs = "logprobs" in payload
+        top = int(payload.get("top_logprobs", payload.get("logprobs")) or 0)
         async with contextlib.aclosing(events(loader, runner, resp, keep_alive)) as evs:
             async for ev in evs:
                 if ev.get("error"):
@@ -232,10 +240,11 @@ async def _generate(request: Request, body: dict, route: str, payload: dict,
                     thinking = delta.get("reasoning_content") or delta.get("reasoning") or ""
                     tools += delta.get("tool_calls") or []
                     finish = choice.get("finish_reason") or finish
-                    if text or thinking:
+                    lps = ollama_logprobs(choice.get("logprobs"), top) if want_logprobs else None
+                    if text or thinking or lps:
                         t_first = t_first or time.monotonic()
                         yield {"model": name, "created_at": now_iso(), **shape(text or "", thinking, None),
-                               "done": False}
+                               **({"logprobs": lps} if lps else {}), "done": False}
         final = {"model": name, "created_at": now_iso(), **shape("", "", ollama_tool_calls(tools)),
                  "done": True, "done_reason": finish}
         yield final | timings(t0, t_loaded, t_first, time.monotonic(), usage)
@@ -247,6 +256,7 @@ async def _whole(chunks: AsyncGenerator[dict, None]) -> Response:
     """A non-streamed Ollama answer: the chunks joined into the final object."""
     parts: list[str] = []
     thinking: list[str] = []
+    logprobs: list[dict] = []
     final: dict = {}
     try:
         async for c in chunks:
@@ -255,6 +265,7 @@ async def _whole(chunks: AsyncGenerator[dict, None]) -> Response:
             if not c["done"]:
                 parts.append(c.get("response") or c.get("message", {}).get("content", ""))
                 thinking.append(c.get("thinking") or c.get("message", {}).get("thinking", ""))
+                logprobs += c.get("logprobs") or []
             else:
                 final = c
     finally:
@@ -268,6 +279,8 @@ async def _whole(chunks: AsyncGenerator[dict, None]) -> Response:
         final["response"] = "".join(parts)
         if any(thinking):
             final["thinking"] = "".join(thinking)
+    if logprobs:
+        final["logprobs"] = logprobs
     return JSONResponse(final)
 
 
@@ -285,12 +298,13 @@ async def chat(request: Request) -> Response:
     body = await body_json(request, ChatRequest)
     name = require_model(body)
     if not body.get("messages"):
-        return await _load_or_unload(request, name, pop_keep_alive(body), chat=True)
+        return await _load_or_unload(request, name, pop_keep_alive(body), True, sampling_fields(body)[1])
     messages = chat_messages(body["messages"])
-    payload: dict[str, Any] = {"messages": messages, **sampling_fields(body), **thinking_fields(body, messages)}
+    fields, load = sampling_fields(body)
+    payload: dict[str, Any] = {"messages": messages, **fields, **thinking_fields(body, messages)}
     if body.get("tools"):
         payload["tools"] = body["tools"]
-    return await _generate(request, body, "chat/completions", payload, _chat_shape)
+    return await _generate(request, body, "chat/completions", payload, load, _chat_shape)
 
 
 @router.post("/generate", openapi_extra=json_body(GenerateRequest, error=OllamaError))
@@ -299,14 +313,14 @@ async def generate(request: Request) -> Response:
     name = require_model(body)
     prompt = body.get("prompt")
     if not prompt:
-        return await _load_or_unload(request, name, pop_keep_alive(body), chat=False)
+        return await _load_or_unload(request, name, pop_keep_alive(body), False, sampling_fields(body)[1])
     if not isinstance(prompt, str):
         raise BadRequest("'prompt' must be a string", param="prompt")
     if body.get("images") and body.get("raw"):
         raise BadRequest("images go through the model's chat template; a raw prompt cannot carry them", param="images")
     if "image-generation" in (await request.app.state.loader.model(name)).info.capabilities:
         return await generate_image(request, body, name)
-    fields = sampling_fields(body)
+    fields, load = sampling_fields(body)
     if body.get("raw"):
         payload: dict[str, Any] = {"prompt": prompt, **fields}
         route = "completions"
@@ -316,7 +330,7 @@ async def generate(request: Request) -> Response:
         payload = {"messages": messages + [{"role": "user", "content": content}], **fields,
                    **thinking_fields(body, [])}
         route = "chat/completions"
-    return await _generate(request, body, route, payload, _generate_shape)
+    return await _generate(request, body, route, payload, load, _generate_shape)
 
 
 def _generate_shape(text: str, thinking: str, _: list | None) -> dict:

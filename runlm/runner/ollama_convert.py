@@ -7,34 +7,17 @@ from typing import Any
 
 from runlm.apis.ollama_images import ollama_content
 from runlm.runner.errors import BadRequest
+from runlm.runner.ollama_options import LoadOptions, ollama_options
 from runlm.store import StoredModel
-
-# Ollama option -> OpenAI (or vLLM-extension) sampling field
-OPTION_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                 "seed": "seed", "stop": "stop", "num_predict": "max_tokens", "presence_penalty": "presence_penalty",
-                 "frequency_penalty": "frequency_penalty", "repeat_penalty": "repetition_penalty"}
-# options that are about loading or the machine, not sampling: accepted and ignored, as Ollama does when loaded
-IGNORED_OPTIONS = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "use_mlock", "num_thread",
-                   "numa", "num_keep", "typical_p", "repeat_last_n", "penalize_newline", "low_vram", "vocab_only",
-                   "mirostat", "mirostat_tau", "mirostat_eta", "tfs_z"}
 
 
 def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def sampling_fields(body: dict) -> dict[str, Any]:
-    options = body.get("options") or {}
-    if not isinstance(options, dict):
-        raise BadRequest("'options' must be an object", param="options")
-    out: dict[str, Any] = {}
-    for key, value in options.items():
-        if key in OPTION_FIELDS:
-            if key == "num_predict" and isinstance(value, int) and value < 0:
-                continue  # -1: until the model stops (or the context is full)
-            out[OPTION_FIELDS[key]] = value
-        elif key not in IGNORED_OPTIONS:
-            raise BadRequest(f"unknown option {key!r}", param=f"options.{key}")
+def sampling_fields(body: dict) -> tuple[dict[str, Any], LoadOptions]:
+    """The request's options and ``format`` as OpenAI fields, and what it asks of the runner's load."""
+    out, load = ollama_options(body)
     fmt = body.get("format")
     if fmt == "json":
         out["response_format"] = {"type": "json_object"}
@@ -42,7 +25,7 @@ def sampling_fields(body: dict) -> dict[str, Any]:
         out["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
     elif fmt not in (None, ""):
         raise BadRequest("'format' must be \"json\" or a JSON schema object", param="format")
-    return out
+    return out, load
 
 
 def chat_messages(messages: Any) -> list[dict]:
@@ -147,3 +130,41 @@ def backend_error_message(content: bytes) -> str:
         return err.get("message", str(err)) if isinstance(err, dict) else str(err)
     except (json.JSONDecodeError, AttributeError):
         return content.decode(errors="replace")[:500]
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+def logprob_fields(body: dict, route: str) -> dict[str, Any]:
+    """Ollama's ``logprobs`` (bool) and ``top_logprobs`` (0-20) as the OpenAI route's fields."""
+    want, top = body.get("logprobs"), body.get("top_logprobs")
+    if want in (None, False):
+        if top:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        return {}
+    if want is not True:
+        raise BadRequest("'logprobs' must be true or false", param="logprobs")
+    top = 0 if top is None else top
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS}", param="top_logprobs")
+    return {"logprobs": True, "top_logprobs": top} if route == "chat/completions" else {"logprobs": top}
+
+
+def _entry(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+def ollama_logprobs(lp: dict | None, top: int) -> list[dict] | None:
+    """A chunk's OpenAI logprobs (chat's ``content`` list, or completions' parallel lists, whose top dict also
+    holds the chosen token) as Ollama's list of {token, logprob, bytes, top_logprobs} with ``top`` alternatives."""
+    if not lp:
+        return None
+    if lp.get("content") is not None:
+        return [{**_entry(c["token"], c["logprob"]),
+                 "top_logprobs": [_entry(t["token"], t["logprob"]) for t in c.get("top_logprobs") or []]}
+                for c in lp["content"]]
+    tokens, values = lp.get("tokens") or [], lp.get("token_logprobs") or []
+    tops = lp.get("top_logprobs") or [None] * len(tokens)
+    return [{**_entry(t, v), "top_logprobs": [_entry(k, x) for k, x in
+                                              sorted((alts or {}).items(), key=lambda kv: -kv[1])[:top]]}
+            for t, v, alts in zip(tokens, values, tops)]

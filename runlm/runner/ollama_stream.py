@@ -13,6 +13,7 @@ from runlm.runner.config import BackendMode
 from runlm.runner.errors import BackendUnavailable, RunnerError
 from runlm.runner.loader import Loader
 from runlm.runner.ollama_convert import backend_error_message
+from runlm.runner.ollama_options import LoadOptions
 from runlm.runner.proxy import send, sse_events
 from runlm.runner.runner import Runner
 from runlm.web.disconnect import unless_disconnected
@@ -25,10 +26,10 @@ def ndjson_line(obj: dict) -> bytes:
 
 
 async def open_stream(loader: Loader, name: str, mode: BackendMode, path: str, payload: dict,
-                      keep_alive: float | None) -> tuple[Runner, httpx.Response]:
-    """The model's runner (held: the caller releases it) and its backend's answer to ``payload``, streamed;
-    a backend's error answer is raised as that error."""
-    runner = await loader.acquire(name, None, mode)
+                      keep_alive: float | None, load: LoadOptions | None = None) -> tuple[Runner, httpx.Response]:
+    """The model's runner (held: the caller releases it; loaded as ``load`` asks) and its backend's answer to
+    ``payload``, streamed; a backend's error answer is raised as that error."""
+    runner = await loader.acquire(name, None, mode, load)
     try:
         resp = await send(runner, "POST", path, {**payload, "model": loader.served_name(name, runner)}, stream=True)
         if resp.status_code != 200:

@@ -52,6 +52,15 @@ class _Sampling(_Body):
     dry_base: Float | None = None
     dry_allowed_length: Int | None = None
     dry_penalty_last_n: Int | None = None
+    # more of llama-server's samplers, its names (repeat_last_n: the window repetition_penalty looks at)
+    repeat_last_n: Int | None = None
+    typical_p: Float | None = None
+    top_n_sigma: Float | None = None
+    xtc_probability: Float | None = None
+    xtc_threshold: Float | None = None
+    mirostat: Int | None = None
+    mirostat_tau: Float | None = None
+    mirostat_eta: Float | None = None
     logprobs_mode: StrictStr | None = None
     ignore_eos: StrictBool = False
     min_tokens: Int = 0

@@ -65,6 +65,12 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest, forced_co
             dry_base=given(req.dry_base, "dry_base", 1.75),
             dry_allowed_length=given(req.dry_allowed_length, "dry_allowed_length", 2),
             dry_penalty_last_n=given(req.dry_penalty_last_n, "dry_penalty_last_n", -1),
+            penalty_last_n=given(req.repeat_last_n, "penalty_last_n", -1),
+            typical_p=given(req.typical_p, "typical_p", 1.0), top_n_sigma=given(req.top_n_sigma, "top_n_sigma", -1.0),
+            xtc_probability=given(req.xtc_probability, "xtc_probability", 0.0),
+            xtc_threshold=given(req.xtc_threshold, "xtc_threshold", 0.1),
+            mirostat=given(req.mirostat, "mirostat", 0), mirostat_tau=given(req.mirostat_tau, "mirostat_tau", 5.0),
+            mirostat_eta=given(req.mirostat_eta, "mirostat_eta", 0.1),
             logprobs_mode=req.logprobs_mode or "raw_logprobs",
             seed=req.seed, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
             include_stop_str_in_output=req.include_stop_str_in_output, ignore_eos=req.ignore_eos,
@@ -73,6 +79,7 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest, forced_co
             skip_special_tokens=req.skip_special_tokens)
     except SamplingParamsError as exc:  # SamplingParams owns the bounds; name the field as the client sent it
         param = exc.param
+        param = {"penalty_last_n": "repeat_last_n"}.get(param, param)
         if is_chat and param == "logprobs":
             param = "top_logprobs"
         elif isinstance(req, ChatCompletionRequest) and param == "max_tokens" \

@@ -38,13 +38,16 @@ def test_greedy_equals_the_numpy_sampler() -> None:
 
 
 @pytest.mark.parametrize("knobs", [dict(top_k=7), dict(top_p=0.6), dict(min_p=0.2), dict(top_k=20, top_p=0.8, min_p=0.05),
-                                   dict(temperature=0.5)])
+                                   dict(temperature=0.5), dict(top_n_sigma=1.0), dict(typical_p=0.5),
+                                   dict(top_n_sigma=2.0, typical_p=0.9, top_k=40, min_p=0.01)])
 def test_kept_sets_equal_the_numpy_sampler(knobs: dict) -> None:
     raw = _logits(6, seed=3)
     p = SamplingParams(temperature=knobs.pop("temperature", 1.0), **knobs)
     ones = torch.ones(6)
     got = gpu_sampler.probabilities(torch.from_numpy(raw), ones * p.temperature, (ones * p.top_k).long(),
-                                    ones * p.top_p, ones * p.min_p, p.top_k, p.top_p < 1.0).numpy()
+                                    ones * p.top_p, ones * p.min_p, p.top_k, p.top_p < 1.0,
+                                    ones * p.top_n_sigma if p.top_n_sigma > 0 else None,
+                                    ones * p.typical_p if p.typical_p < 1.0 else None).numpy()
     for i in range(6):
         want = np_sampler.probabilities(raw[i], p)
         assert np.array_equal(np.flatnonzero(got[i]), np.flatnonzero(want))
@@ -116,3 +119,27 @@ def test_what_it_cannot_do_goes_to_the_numpy_sampler_by_name(caplog) -> None:
     assert gpu_sampler.fallback_reason(_seqs([SamplingParams(dry_multiplier=0.8)]), None) == "DRY"
     raw = _logits(2)
     assert gpu_sampler.sample_on_device(torch.from_numpy(raw), seqs, None)[0].token == 5
+
+
+def test_xtc_and_mirostat_rows_fall_back_to_the_numpy_sampler_with_the_same_tokens() -> None:
+    params = [SamplingParams(temperature=1.0, xtc_probability=1.0, xtc_threshold=0.05, seed=3),
+              SamplingParams(temperature=1.0, mirostat=2, seed=4)]
+    raw = _logits(2, seed=8)
+    want = [t.token for t in np_sampler.sample_batch(raw, _seqs(params), None)]
+    assert gpu_sampler.fallback_reason(_seqs(params), None) == "XTC"
+    assert [t.token for t in gpu_sampler.sample_on_device(torch.from_numpy(raw), _seqs(params), None)] == want
+
+
+def test_penalty_window_equals_the_numpy_sampler() -> None:
+    params = [SamplingParams(repetition_penalty=1.5, penalty_last_n=4), SamplingParams(repetition_penalty=1.5,
+                                                                                       penalty_last_n=0)]
+    raw = _logits(2, seed=9)
+    seqs = _seqs(params)
+    want = np_sampler.process_logits(raw, params, [s.token_ids[:s.num_prompt_tokens] for s in seqs],
+                                     [s.output_token_ids for s in seqs], [frozenset()] * 2)
+    got = gpu_sampler.apply_penalties(torch.from_numpy(raw), params, [s.token_ids[:s.num_prompt_tokens] for s in seqs],
+                                      [s.output_token_ids for s in seqs]).numpy()
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(want[1], raw[1])  # a window of 0 penalizes nothing
+    changed = set(np.flatnonzero(want[0] != raw[0]).tolist())
+    assert changed <= set(seqs[0].output_token_ids[-4:]) and changed

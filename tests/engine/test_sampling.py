@@ -3,11 +3,20 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from runlm.engine.core.sequence import Sequence
 from runlm.engine.llm import LLM
-from runlm.engine.sample.sampler import process_logits
+from runlm.engine.sample.sampler import (
+    exclude_top_choices,
+    make_generator,
+    probabilities,
+    process_logits,
+    sample,
+    softmax,
+)
 from runlm.engine.types.sampling_params import SamplingParams, SamplingParamsError
 from runlm.models.attention import ForwardContext, forward_context
 from tests.engine.conftest import prompt_ids
@@ -179,3 +188,75 @@ def test_invalid_values_name_the_parameter(field: str, value) -> None:
 def test_token_ids_outside_vocab_are_refused(llm: LLM) -> None:
     with pytest.raises(SamplingParamsError, match="stop_token_ids"):
         _one(llm, stop_token_ids=[10**7])
+
+
+def _probs(**kw) -> tuple[np.ndarray, np.ndarray]:
+    logits = (np.random.default_rng(1).standard_normal(200) * 2.5).astype(np.float32)
+    return logits, probabilities(logits, SamplingParams(**kw))
+
+
+def test_top_n_sigma_keeps_the_logits_within_n_deviations_of_the_top() -> None:
+    logits, probs = _probs(top_n_sigma=1.5)
+    keep = logits >= logits.max() - 1.5 * logits.std(dtype=np.float64)
+    assert np.array_equal(probs > 0, keep) and 1 < keep.sum() < 200
+    # invariant to temperature, as llama.cpp's
+    assert np.array_equal(_probs(top_n_sigma=1.5, temperature=0.3)[1] > 0, keep)
+
+
+def test_typical_p_keeps_the_tokens_nearest_the_entropy_to_the_mass() -> None:
+    logits, probs = _probs(typical_p=0.4)
+    full = softmax(logits)
+    entropy = -(full * np.log(full)).sum()
+    order = np.argsort(np.abs(-np.log(full) - entropy), kind="stable")
+    n = int(np.searchsorted(np.cumsum(full[order]), 0.4, side="right")) + 1
+    assert set(np.flatnonzero(probs).tolist()) == set(order[:n].tolist())
+    assert probs.sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_xtc_removes_every_top_choice_but_the_least_likely() -> None:
+    probs = np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32)
+    always = SamplingParams(xtc_probability=1.0, xtc_threshold=0.1)
+    out = exclude_top_choices(probs, always, make_generator(0))
+    assert out.tolist() == [0.0, 0.0, np.float32(0.15), np.float32(0.05)]
+    # one token above the threshold: nothing to exclude; a threshold above 0.5 switches it off
+    assert np.array_equal(exclude_top_choices(probs, SamplingParams(xtc_probability=1.0, xtc_threshold=0.4),
+                                              make_generator(0)), probs)
+    assert np.array_equal(exclude_top_choices(probs, SamplingParams(xtc_probability=1.0, xtc_threshold=0.6),
+                                              make_generator(0)), probs)
+    never = SamplingParams(xtc_probability=1e-9, xtc_threshold=0.1)
+    assert np.array_equal(exclude_top_choices(probs, never, make_generator(0)), probs)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_mirostat_steers_the_surprise_toward_tau(version: int) -> None:
+    """Over many draws the observed surprise (bits) averages near tau, whatever the distribution's own entropy."""
+    rng = np.random.default_rng(0)
+    logits = np.sort(rng.standard_normal(500).astype(np.float32) * 4)[::-1].copy()
+    for tau in (1.0, 3.0):
+        p = SamplingParams(temperature=1.0, mirostat=version, mirostat_tau=tau, mirostat_eta=0.2, seed=1)
+        seq = Sequence("r", 0, [1], 1, p, generator=make_generator(1))
+        full = softmax(logits)
+        seen = []
+        for _ in range(400):
+            tok = sample(logits[None], [p], [seq.generator], [seq])[0]
+            seen.append(-np.log2(full[tok]))
+        assert abs(np.mean(seen[100:]) - tau) < 0.6 * tau + 0.3, (tau, np.mean(seen[100:]))
+        assert seq.mirostat_mu is not None
+
+
+def test_penalty_last_n_limits_repetition_penalty_to_the_window() -> None:
+    logits = np.zeros((1, 10), dtype=np.float32) + 1.0
+    p = SamplingParams(repetition_penalty=2.0, penalty_last_n=2)
+    out = process_logits(logits, [p], [[1, 2, 3]], [[4, 5]], [frozenset()])
+    assert np.flatnonzero(out[0] != 1.0).tolist() == [4, 5]
+    out = process_logits(logits, [SamplingParams(repetition_penalty=2.0, penalty_last_n=3)], [[1, 2, 3]], [[4, 5]],
+                         [frozenset()])
+    assert np.flatnonzero(out[0] != 1.0).tolist() == [3, 4, 5]
+
+
+@pytest.mark.parametrize("field,value", [("typical_p", 0.0), ("top_n_sigma", -2.0), ("xtc_probability", 1.5),
+                                         ("mirostat", 3), ("mirostat_tau", 0.0), ("penalty_last_n", -2)])
+def test_llama_cpp_sampler_bounds_name_the_field(field: str, value) -> None:
+    with pytest.raises(SamplingParamsError) as err:
+        SamplingParams(**{field: value})
+    assert err.value.param == field

@@ -134,6 +134,20 @@ def test_stop_strings_and_penalties(client: openai.OpenAI) -> None:
     assert biased.choices[0].message.content != full
 
 
+def test_llama_server_samplers_by_their_names(client: openai.OpenAI) -> None:
+    """mirostat, XTC, typical-p, top-n-sigma and the repeat window as llama-server takes them; seeded, so twice the
+    same; a bad value is a 400 naming the field as sent."""
+    prompt = "Once upon a time"
+    for extra in ({"mirostat": 2, "mirostat_tau": 3.0}, {"mirostat": 1}, {"xtc_probability": 0.5, "xtc_threshold": 0.1},
+                  {"typical_p": 0.7}, {"top_n_sigma": 1.0}, {"repeat_last_n": 8, "repetition_penalty": 1.3}):
+        runs = [client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, seed=4, temperature=1.0,
+                                          extra_body=extra).choices[0] for _ in range(2)]
+        assert runs[0].text == runs[1].text and runs[0].text, extra
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="smollm2", prompt=prompt, max_tokens=2, extra_body={"repeat_last_n": -5})
+    assert err.value.body["param"] == "repeat_last_n"
+
+
 def test_completions_batch_echo_and_logprobs(client: openai.OpenAI, smollm2_server) -> None:
     resp = client.completions.create(model="smollm2", prompt=["The sky is", "Water is"], n=2, max_tokens=4,
                                      temperature=0.8, seed=3, logprobs=2, echo=True)

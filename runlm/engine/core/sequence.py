@@ -56,6 +56,7 @@ class Sequence:
     spec: SpecState = field(default_factory=SpecState)  # speculative decoding: the pending draft and its record
     thinking: ThinkingTracker | None = None  # a reasoning model's thinking, when a budget or a grammar needs it
     mm: MultiModalPrompt | None = None  # the prompt's images: where their embeddings go (runlm.models.vision)
+    mirostat_mu: float | None = None  # mirostat's running surprise target (runlm.engine.sample.sampler)
 
     def chunk_end(self, start: int, end: int) -> int:
         """Where a step computing tokens start..end should stop so that no image whose tokens attend to each

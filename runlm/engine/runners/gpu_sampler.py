@@ -16,7 +16,8 @@ Structured outputs: the grammar's mask of each constrained row is computed on th
 manager's own mask_logits, applied to zeros: 0 where allowed, -inf where not) and uploaded as a boolean row.
 
 Everything else falls back to the numpy sampler for that step, by name, logged once per name: logit bias,
-allowed token ids, min_tokens (stop ids masked), DRY.
+allowed token ids, min_tokens (stop ids masked), DRY, XTC and mirostat (their draws keep host state). Top-n-sigma and
+typical-p run on the device.
 """
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ def fallback_reason(seqs: Seq[Sequence], structured: StructuredOutputManager | N
             return "min_tokens"
         if p.dry_multiplier > 0.0:
             return "DRY"
+        if p.stateful:
+            return "mirostat" if p.mirostat else "XTC"
     return None
 
 
@@ -65,14 +68,15 @@ def apply_penalties(logits: torch.Tensor, params: Seq[SamplingParams], prompt_id
                     output_ids: Seq[list[int]]) -> torch.Tensor:
     """Repetition (over prompt and output), presence and frequency (over the output) penalties, on a copy where
     any row has one; ``logits`` itself where none has."""
-    rep = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+    rep = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0 and p.penalty_last_n != 0]
     pf = [i for i, p in enumerate(params) if (p.presence_penalty or p.frequency_penalty) and output_ids[i]]
     if not rep and not pf:
         return logits
     logits = logits.clone()
     vocab, dev = logits.shape[-1], logits.device
     for i in rep:  # seen tokens: divided where positive, multiplied where not
-        seen = torch.as_tensor(np.fromiter(set(prompt_ids[i]) | set(output_ids[i]), np.int64), device=dev)
+        seen = torch.as_tensor(np.fromiter(np_sampler.penalized_tokens(prompt_ids[i], output_ids[i],
+                                                                       params[i].penalty_last_n), np.int64), device=dev)
         seen = seen[seen < vocab]
         vals = logits[i, seen]
         r = torch.tensor(params[i].repetition_penalty, dtype=torch.float32, device=dev)
@@ -106,12 +110,16 @@ def apply_grammar_masks(logits: torch.Tensor, raw: torch.Tensor, seqs: list[Sequ
 
 
 def probabilities(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  min_p: torch.Tensor, max_top_k: int, any_top_p: bool) -> torch.Tensor:
-    """Temperature, top-k, softmax, min-p, top-p on rows [B, V] -> probabilities (float32, zeros dropped), the
-    numpy sampler's ``probabilities`` for every row at once. top_k 0 (or >= V), min_p 0, top_p 1: off.
-    ``max_top_k`` (the largest top_k below V, 0 if none) and ``any_top_p``: known on the host, so nothing syncs."""
+                  min_p: torch.Tensor, max_top_k: int, any_top_p: bool, n_sigma: torch.Tensor | None = None,
+                  typical_p: torch.Tensor | None = None) -> torch.Tensor:
+    """Temperature, top-n-sigma, top-k, softmax, typical-p, min-p, top-p on rows [B, V] -> probabilities (float32,
+    zeros dropped), the numpy sampler's ``probabilities`` for every row at once. top_k 0 (or >= V), min_p 0,
+    top_p 1, n_sigma <= 0, typical_p 1: off (None: off for every row). ``max_top_k`` (the largest top_k below V, 0
+    if none) and ``any_top_p``: known on the host, so nothing syncs."""
     vocab = logits.shape[-1]
     rows = logits.float() / temperature[:, None]
+    if n_sigma is not None:
+        rows = _top_n_sigma(rows, n_sigma)
     k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
     if max_top_k:
         kmax = max_top_k
@@ -120,12 +128,42 @@ def probabilities(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
         rows = torch.where((k[:, None] < vocab) & (rows < kth), torch.tensor(float("-inf"), device=rows.device),
                            rows)
     probs = torch.softmax(rows, dim=-1)
+    if typical_p is not None:
+        probs = _typical(probs, typical_p)
     probs = torch.where(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0, probs)
     if any_top_p:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         drop = (sorted_probs.cumsum(dim=-1) - sorted_probs > top_p[:, None]) & (top_p[:, None] < 1.0)
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs.masked_fill(drop, 0.0))
     return probs
+
+
+def _top_n_sigma(rows: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Logits below max - n * std of the row's finite logits dropped, where n > 0 (the numpy top_n_sigma)."""
+    finite = torch.isfinite(rows)
+    vals = torch.where(finite, rows, 0.0).double()
+    count = finite.sum(dim=-1, keepdim=True).clamp(min=1)
+    mean = vals.sum(dim=-1, keepdim=True) / count
+    var = (torch.where(finite, vals - mean, 0.0) ** 2).sum(dim=-1, keepdim=True) / count
+    top = torch.where(finite, rows, float("-inf")).max(dim=-1, keepdim=True).values
+    cut = top.double() - n[:, None].double() * var.sqrt()
+    on = (n[:, None] > 0) & (count > 1)
+    return torch.where(on & (rows.double() < cut), float("-inf"), rows)
+
+
+def _typical(probs: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """Locally typical sampling on rows where mass < 1 (the numpy typical): renormalized."""
+    logp = torch.log(probs.clamp(min=1e-38))
+    entropy = -(probs * logp).double().sum(dim=-1, keepdim=True)
+    shifted = torch.where(probs > 0, (-logp.double() - entropy).abs(), float("inf"))
+    _, order = torch.sort(shifted, dim=-1, stable=True)
+    sorted_probs = probs.gather(1, order)
+    cum = sorted_probs.double().cumsum(dim=-1)
+    keep = torch.searchsorted(cum, mass[:, None].double().contiguous(), right=True) + 1  # [B, 1]
+    pos = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    kept = torch.zeros_like(probs).scatter_(1, order, sorted_probs.masked_fill(pos >= keep, 0.0))
+    kept = kept / kept.sum(dim=-1, keepdim=True)
+    return torch.where(mass[:, None] < 1.0, kept, probs)
 
 
 def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -173,13 +211,16 @@ def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
         sel = torch.as_tensor(sampled, device=dev)
         sp = [params[i] for i in sampled]
         # host values, uploaded together (one small copy)
-        knobs = torch.tensor([[p.temperature, p.top_k or 0, p.top_p, p.min_p] for p in sp], dtype=torch.float32)
+        knobs = torch.tensor([[p.temperature, p.top_k or 0, p.top_p, p.min_p, p.top_n_sigma, p.typical_p]
+                              for p in sp], dtype=torch.float32)
         uniforms = torch.tensor([np_sampler.uniform(seqs[i].generator) for i in sampled], dtype=torch.float64)
         knobs, uniforms = knobs.to(dev, non_blocking=True), uniforms.to(dev, non_blocking=True)
         vocab = logits.shape[-1]
         max_top_k = max((p.top_k for p in sp if p.top_k and 0 < p.top_k < vocab), default=0)
         probs = probabilities(logits[sel], knobs[:, 0], knobs[:, 1].long(), knobs[:, 2], knobs[:, 3], max_top_k,
-                              any(p.top_p < 1.0 for p in sp))
+                              any(p.top_p < 1.0 for p in sp),
+                              knobs[:, 4] if any(p.top_n_sigma > 0 for p in sp) else None,
+                              knobs[:, 5] if any(p.typical_p < 1.0 for p in sp) else None)
         tokens[sel] = draw(probs, uniforms)
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
     lp_parts: tuple[torch.Tensor, ...] = ()

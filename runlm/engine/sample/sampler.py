@@ -36,7 +36,8 @@ def make_generator(seed: int | None) -> np.random.Generator | None:
 
 def _changes_logits(p: SamplingParams, num_output: int, stops: frozenset[int] | set[int]) -> bool:
     return bool(p.logit_bias) or p.allowed_token_ids is not None or (num_output < p.min_tokens and bool(stops)) \
-        or p.repetition_penalty != 1.0 or bool((p.presence_penalty or p.frequency_penalty) and num_output) \
+        or (p.repetition_penalty != 1.0 and p.penalty_last_n != 0) \
+        or bool((p.presence_penalty or p.frequency_penalty) and num_output) \
         or (p.dry_multiplier > 0.0 and num_output > p.dry_allowed_length)
 
 
@@ -65,6 +66,16 @@ def dry_penalties(output_ids: list[int], p: SamplingParams) -> dict[int, float]:
             for t, k in longest.items()}
 
 
+def penalized_tokens(prompt: Seq[int], output: Seq[int], last_n: int) -> set[int]:
+    """The tokens repetition_penalty applies to: all of prompt and output, or the last ``last_n`` of them."""
+    if last_n < 0:
+        return set(prompt) | set(output)
+    tail = list(output[-last_n:])
+    if len(tail) < last_n:
+        tail += list(prompt[len(prompt) - (last_n - len(tail)):])
+    return set(tail)
+
+
 def process_logits(logits: np.ndarray, params: Seq[SamplingParams], prompt_ids: Seq[list[int]],
                    output_ids: Seq[list[int]], stop_ids: Seq[frozenset[int] | set[int]]) -> np.ndarray:
     """Logit bias, allowed tokens, min_tokens, the three penalties and DRY, row by row (in place on a copy).
@@ -84,8 +95,8 @@ def process_logits(logits: np.ndarray, params: Seq[SamplingParams], prompt_ids: 
             row += keep
         if len(output_ids[i]) < p.min_tokens and stop_ids[i]:
             row[np.fromiter(stop_ids[i], np.int64)] = -np.inf
-        if p.repetition_penalty != 1.0:
-            seen = np.fromiter(set(prompt_ids[i]) | set(output_ids[i]), np.int64)
+        if p.repetition_penalty != 1.0 and p.penalty_last_n != 0:
+            seen = np.fromiter(penalized_tokens(prompt_ids[i], output_ids[i], p.penalty_last_n), np.int64)
             vals = row[seen]
             row[seen] = np.where(vals > 0, vals / np.float32(p.repetition_penalty),
                                  vals * np.float32(p.repetition_penalty))
@@ -112,12 +123,19 @@ def log_softmax(rows: np.ndarray) -> np.ndarray:
 
 
 def probabilities(row: np.ndarray, p: SamplingParams) -> np.ndarray:
-    """Temperature, top-k, min-p and top-p on one row -> a probability vector (float32)."""
+    """Temperature, top-n-sigma, top-k, typical-p, min-p and top-p on one row -> a probability vector (float32).
+    Under mirostat only the temperature applies here: mirostat truncates by itself (``sample``)."""
     row = np.asarray(row, dtype=np.float32) / np.float32(p.temperature)
+    if p.mirostat:
+        return softmax(row)
+    if p.top_n_sigma > 0.0:
+        row = top_n_sigma(row, p.top_n_sigma)
     if p.top_k and p.top_k < row.shape[-1]:
         kth = np.partition(row, -p.top_k)[-p.top_k]
         row = np.where(row < kth, np.float32(-np.inf), row)
     probs = softmax(row)
+    if p.typical_p < 1.0:
+        probs = typical(probs, p.typical_p)
     if p.min_p > 0.0:
         probs = np.where(probs < np.float32(p.min_p) * probs.max(), np.float32(0.0), probs)
     if p.top_p < 1.0:
@@ -127,6 +145,82 @@ def probabilities(row: np.ndarray, p: SamplingParams) -> np.ndarray:
         probs = np.zeros_like(probs)
         probs[order] = np.where(drop, np.float32(0.0), sorted_probs)
     return probs
+
+
+def top_n_sigma(row: np.ndarray, n: float) -> np.ndarray:
+    """llama.cpp's top-n-sigma: logits below max - n * std (over the finite logits) are dropped."""
+    finite = row[np.isfinite(row)]
+    if finite.size < 2:
+        return row
+    cut = finite.max() - np.float32(n) * finite.std(dtype=np.float64)
+    return np.where(row < cut, np.float32(-np.inf), row)
+
+
+def typical(probs: np.ndarray, mass: float) -> np.ndarray:
+    """Locally typical sampling (llama.cpp's typical_p): the tokens whose surprise is nearest the entropy, the
+    fewest whose probability passes ``mass``; renormalized."""
+    logp = np.log(np.maximum(probs, np.float32(1e-38)), dtype=np.float32)
+    entropy = -np.sum(probs * logp, dtype=np.float64)
+    shifted = np.where(probs > 0, np.abs(-logp - entropy), np.float32(np.inf))
+    order = np.argsort(shifted, kind="stable")
+    cum = np.cumsum(probs[order], dtype=np.float64)
+    keep = min(int(np.searchsorted(cum, mass, side="right")) + 1, len(order))
+    out = np.zeros_like(probs)
+    out[order[:keep]] = probs[order[:keep]]
+    return out / out.sum()
+
+
+def exclude_top_choices(probs: np.ndarray, p: SamplingParams, generator: np.random.Generator | None) -> np.ndarray:
+    """XTC (llama.cpp's): with chance xtc_probability, every token at or above xtc_threshold but the least likely
+    of them is removed (nothing when fewer than two pass). Draws its coin from the request's generator."""
+    if p.xtc_threshold > 0.5 or uniform(generator) > p.xtc_probability:
+        return probs
+    norm = probs / probs.sum()
+    above = np.flatnonzero(norm >= np.float32(p.xtc_threshold))
+    if above.size < 2:
+        return probs
+    out = probs.copy()
+    out[above[norm[above] > norm[above].min()]] = 0.0
+    if not out.any():
+        return probs
+    return out
+
+
+_MIROSTAT_M = 100  # mirostat v1: the tokens its Zipf exponent is estimated from (llama.cpp's m)
+
+
+def mirostat_draw(probs: np.ndarray, p: SamplingParams, seq: Sequence | None,
+                  generator: np.random.Generator | None) -> int:
+    """Mirostat v1 or v2 (llama.cpp's): truncate to a surprise target mu, draw, then move mu toward tau by eta
+    times the surprise seen. mu lives on the sequence (2 * tau at its first token)."""
+    mu = seq.mirostat_mu if seq is not None and seq.mirostat_mu is not None else 2.0 * p.mirostat_tau
+    probs = probs.astype(np.float64) / probs.sum(dtype=np.float64)
+    if p.mirostat == 2:
+        surprise = -np.log2(np.maximum(probs, 1e-300))
+        kept = np.where(surprise <= mu, probs, 0.0)
+        if not kept.any():
+            kept = np.where(probs == probs.max(), probs, 0.0)
+    else:
+        order = np.argsort(-probs, kind="stable")
+        sp = np.maximum(probs[order], 1e-300)
+        m = min(_MIROSTAT_M, sp.size - 1)
+        i = np.arange(m, dtype=np.float64)
+        t = np.log((i + 2) / (i + 1))
+        s_hat = float(np.sum(t * np.log(sp[:m] / sp[1:m + 1])) / np.sum(t * t)) if m else 1.0
+        eps = s_hat - 1.0
+        n = probs.size
+        try:
+            k = (eps * 2.0 ** mu / (1.0 - n ** -eps)) ** (1.0 / s_hat) if eps and s_hat > 0 else float(n)
+        except (OverflowError, ZeroDivisionError):
+            k = float(n)
+        k = int(min(max(k if np.isfinite(k) else n, 1), n))
+        kept = np.zeros_like(probs)
+        kept[order[:k]] = probs[order[:k]]
+    kept /= kept.sum()
+    token = draw(kept, generator)
+    if seq is not None:
+        seq.mirostat_mu = mu - p.mirostat_eta * (-np.log2(kept[token]) - p.mirostat_tau)
+    return token
 
 
 def draw(probs: np.ndarray, generator: np.random.Generator | None) -> int:
@@ -140,13 +234,20 @@ def uniform(generator: np.random.Generator | None) -> float:
     return float((generator or _UNSEEDED).random())
 
 
-def sample(logits: np.ndarray, params: Seq[SamplingParams],
-           generators: Seq[np.random.Generator | None]) -> list[int]:
-    """logits: [B, V], already processed. Returns B token ids."""
+def sample(logits: np.ndarray, params: Seq[SamplingParams], generators: Seq[np.random.Generator | None],
+           seqs: Seq[Sequence] | None = None) -> list[int]:
+    """logits: [B, V], already processed. Returns B token ids. ``seqs`` hold mirostat's running targets."""
     out = logits.argmax(axis=-1).tolist()
     for i, p in enumerate(params):
-        if not p.greedy:
-            out[i] = draw(probabilities(logits[i], p), generators[i])
+        if p.greedy:
+            continue
+        probs = probabilities(logits[i], p)
+        if p.mirostat:
+            out[i] = mirostat_draw(probs, p, seqs[i] if seqs is not None else None, generators[i])
+            continue
+        if p.xtc_probability > 0.0:
+            probs = exclude_top_choices(probs, p, generators[i])
+        out[i] = draw(probs, generators[i])
     return out
 
 
@@ -182,7 +283,7 @@ def sample_batch(raw: np.ndarray, seqs: list[Sequence],
         if logits is raw:  # the mask writes in place; logprobs are reported from the unmasked logits
             logits = raw.copy()
         structured.mask_logits(logits, seqs)
-    tokens = sample(logits, params, [s.generator for s in seqs])
+    tokens = sample(logits, params, [s.generator for s in seqs], seqs)
     for i, tracker in enumerate(trackers):  # a spent thinking budget: the closing tag, a token a step
         forced = tracker.forced_token() if tracker is not None else None
         if forced is not None:

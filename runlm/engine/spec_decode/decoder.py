@@ -77,8 +77,8 @@ class SpecDecoder:
             state.clear()
             if state.seen_preemptions != seq.num_preemptions:  # recomputed into new blocks: no draft K/V left
                 state.seen_preemptions, state.draft_computed = seq.num_preemptions, 0
-            if seq.num_computed_tokens != seq.num_tokens - 1 or seq.is_finished:
-                continue
+            if seq.num_computed_tokens != seq.num_tokens - 1 or seq.is_finished or seq.params.stateful:
+                continue  # (XTC's coin and mirostat's target cannot be verified against a draft)
             k = self._budget(seq)
             if self.config.min_acceptance_rate > 0:  # the cost controls are on: shrink after rejected drafts
                 k = state.draft_length(k)

@@ -30,6 +30,17 @@ class SamplingParams:
     dry_base: float = 1.75
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = -1
+    # llama.cpp's penalty window: repetition_penalty looks at the last penalty_last_n tokens of prompt and output
+    # (-1: all of them, vLLM's; 0: none). Ollama's repeat_last_n.
+    penalty_last_n: int = -1
+    # more of llama.cpp's samplers (its names and meanings; each off at its default):
+    typical_p: float = 1.0             # locally typical sampling: the tokens nearest the entropy, to this mass
+    top_n_sigma: float = -1.0          # keep logits within n standard deviations of the largest (<= 0: off)
+    xtc_probability: float = 0.0       # exclude top choices: with this chance, drop every token above
+    xtc_threshold: float = 0.1         # the threshold but the least likely of them
+    mirostat: int = 0                  # 1 or 2: target a surprise of mirostat_tau (replaces top-k/p, min-p...)
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -64,6 +75,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < 1e-5 or self.top_k == 1
 
+    @property
+    def stateful(self) -> bool:
+        """Samplers whose draw is more than a function of the logits and one uniform (XTC's own coin, mirostat's
+        running target): a speculative draft cannot be verified against them."""
+        return not self.greedy and (self.mirostat > 0 or self.xtc_probability > 0.0)
+
     def validate(self) -> None:
         def bad(param: str, message: str) -> None:
             raise SamplingParamsError(param, message)
@@ -92,6 +109,22 @@ class SamplingParams:
         if not isinstance(self.dry_penalty_last_n, int) or self.dry_penalty_last_n < -1:
             bad("dry_penalty_last_n", f"must be -1 (all generated tokens) or a non-negative integer, "
                                       f"got {self.dry_penalty_last_n!r}")
+        if not isinstance(self.penalty_last_n, int) or self.penalty_last_n < -1:
+            bad("penalty_last_n", f"must be -1 (all tokens) or a non-negative integer, got {self.penalty_last_n!r}")
+        if not 0.0 < self.typical_p <= 1.0:
+            bad("typical_p", f"must be in (0, 1], got {self.typical_p}")
+        if not -1.0 <= self.top_n_sigma <= 100.0:
+            bad("top_n_sigma", f"must be between -1 (off) and 100, got {self.top_n_sigma}")
+        if not 0.0 <= self.xtc_probability <= 1.0:
+            bad("xtc_probability", f"must be in [0, 1], got {self.xtc_probability}")
+        if not 0.0 <= self.xtc_threshold <= 1.0:
+            bad("xtc_threshold", f"must be in [0, 1], got {self.xtc_threshold}")
+        if self.mirostat not in (0, 1, 2):
+            bad("mirostat", f"must be 0 (off), 1 or 2, got {self.mirostat!r}")
+        if not 0.0 < self.mirostat_tau <= 20.0:
+            bad("mirostat_tau", f"must be in (0, 20], got {self.mirostat_tau}")
+        if not 0.0 < self.mirostat_eta <= 1.0:
+            bad("mirostat_eta", f"must be in (0, 1], got {self.mirostat_eta}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             bad("logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         if self.seed is not None and not (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64):

@@ -16,6 +16,21 @@ if TYPE_CHECKING:
     from runlm.store import StoredModel
 
 DEFAULT_CONTEXT = 4096  # Docker Model Runner's default context size
+CONTEXT_ENV = ("RUNLM_CONTEXT_LENGTH", "OLLAMA_CONTEXT_LENGTH")  # the daemon's default, as Ollama's server reads it
+
+
+def default_context() -> int:
+    """The context a model loads with when nothing sets one: $RUNLM_CONTEXT_LENGTH, else
+    $OLLAMA_CONTEXT_LENGTH, else 4096. A value that is not an integer of at least 16 is a ValueError naming it."""
+    import os
+
+    for name in CONTEXT_ENV:
+        text = os.environ.get(name, "").strip()
+        if text:
+            if not text.isdigit() or int(text) < 16:
+                raise ValueError(f"${name}={text!r}: the default context length must be an integer of at least 16")
+            return int(text)
+    return DEFAULT_CONTEXT
 STATUS_RUNNING = "Running"
 STATUS_ERROR = "Error"
 STATUS_NOT_INSTALLED = "Not Installed"
@@ -105,7 +120,8 @@ class Backend(abc.ABC):
 
     def context_size(self, model: StoredModel, config: BackendConfig) -> int:
         """The context length the backend will run ``model`` with."""
-        return min(config.context_size or DEFAULT_CONTEXT, model.info.context_length or DEFAULT_CONTEXT)
+        default = default_context()
+        return min(config.context_size or default, model.info.context_length or default)
 
     supports_speculative = False
     supports_lora = False

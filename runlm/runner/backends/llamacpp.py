@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runlm.runner.backends.base import (
-    DEFAULT_CONTEXT,
     STATUS_NOT_INSTALLED,
     STATUS_RUNNING,
     BackendError,
     RequiredMemory,
+    default_context,
     format_status,
 )
 from runlm.runner.backends.flags import is_float, is_int
@@ -90,7 +90,7 @@ class LlamaCppBackend(ProcessBackend):
     def command(self, address: str, model: str, model_ref: str, mode: BackendMode, config: BackendConfig,
                 stored: StoredModel | None) -> list[str]:
         host, _, port = address.rpartition(":")
-        ctx = str(self.context_size(stored, config) if stored else config.context_size or DEFAULT_CONTEXT)
+        ctx = str(self.context_size(stored, config) if stored else config.context_size or default_context())
         flags = self.check_flags(config.runtime_flags)
         binary = self._binary()
         if binary:

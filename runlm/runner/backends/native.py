@@ -121,7 +121,8 @@ def on_gpu(config: BackendConfig, gpu_total: int | None = None) -> int | None:
 class NativeBackend(ProcessBackend):
     name = "native"
     supports_speculative = True
-    allowed_flags = {"--max-num-seqs": is_int, "--max-num-batched-tokens": is_int, "--kv-cache-memory": is_size,
+    allowed_flags = {"--max-num-seqs": is_int, "--max-num-batched-tokens": is_int, "--threads": is_int,
+                     "--kv-cache-memory": is_size,
                      "--kv-cache-dtype": lambda v: v in KV_CACHE_DTYPES,
                      "--device": lambda v: v in ("cpu", "cuda", "auto") or v.startswith("cuda:") and v[5:].isdigit(),
                      "--dtype": lambda v: v in ("float32", "bfloat16", "float16"),

@@ -1,0 +1,129 @@
+"""Ollama's options: honoured (sampling, the load's context, batch and threads) or refused by name — through
+the official ollama client against a real daemon whose default context is set from the environment."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import ollama
+import pytest
+
+from runlm.runner.config import BackendConfig
+from runlm.runner.errors import BadRequest
+from runlm.runner.ollama_convert import sampling_fields
+from runlm.runner.ollama_options import LoadOptions
+from runlm.store import ModelStore
+from tests.runner.daemon import Daemon, runlm
+
+MODEL = "tinycoder"  # its own context is 2048
+HI = [{"role": "user", "content": "hi"}]
+
+
+def test_options_and_format_translate_to_openai_fields() -> None:
+    out, load = sampling_fields({"options": {"num_predict": 7, "temperature": 0.2, "repeat_penalty": 1.1,
+                                             "num_ctx": 4096, "stop": ["\n"], "top_k": 5, "seed": 3,
+                                             "typical_p": 0.9, "repeat_last_n": 32, "mirostat": 2,
+                                             "mirostat_tau": 4.0, "mirostat_eta": 0.2, "use_mmap": True},
+                                 "format": "json"})
+    assert out == {"max_tokens": 7, "temperature": 0.2, "repetition_penalty": 1.1, "stop": ["\n"], "top_k": 5,
+                   "seed": 3, "typical_p": 0.9, "repeat_last_n": 32, "mirostat": 2, "mirostat_tau": 4.0,
+                   "mirostat_eta": 0.2, "response_format": {"type": "json_object"}}
+    assert load == LoadOptions(context=4096)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert sampling_fields({"format": schema})[0]["response_format"]["json_schema"]["schema"] == schema
+    assert "max_tokens" not in sampling_fields({"options": {"num_predict": -1}})[0]
+
+
+@pytest.mark.parametrize("option,value,words", [
+    ("num_gpu", 99, "--device"), ("main_gpu", 1, "cuda:N"), ("num_keep", 4, "shift"), ("use_mmap", False, "maps"),
+    ("use_mlock", True, "lock"), ("numa", True, "NUMA"), ("num_ctx", 8, "at least 16"), ("num_thread", 0, "at least 1"),
+    ("tfs_z", 0.9, "tail-free"), ("bogus", 1, "unknown option")])
+def test_an_option_runlm_cannot_honour_is_refused_by_name(option: str, value: object, words: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        sampling_fields({"options": {option: value}})
+    assert err.value.param == f"options.{option}" and option in err.value.message and words in err.value.message
+
+
+def test_load_options_replace_the_configured_flags_and_a_larger_context_serves() -> None:
+    config = BackendConfig(context_size=512, runtime_flags=["--threads", "4", "--max-num-seqs", "8"])
+    applied = LoadOptions(context=2048, batch=256, threads=2).apply(config)
+    assert applied.context_size == 2048
+    assert applied.runtime_flags == ["--max-num-seqs", "8", "--max-num-batched-tokens", "256", "--threads", "2"]
+    want = LoadOptions(context=1024)
+    assert want.met_by(2048, 4096, config) and not want.met_by(512, 4096, config)
+    assert LoadOptions(context=10**6).met_by(4096, 4096, config)  # no more than the model has
+    assert not LoadOptions(threads=2).met_by(2048, 4096, config) and LoadOptions(threads=2).met_by(2048, 4096, applied)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    home = tmp_path_factory.mktemp("runlm-ctx")
+    ModelStore(home).pull(MODEL)
+    d = Daemon(home, env={"OLLAMA_CONTEXT_LENGTH": "256"}).start()
+    yield d
+    d.stop()
+
+
+def _loaded(d: Daemon) -> dict:
+    return next(m for m in d.http.get("/api/ps").json()["models"] if m["model"] == f"{MODEL}:latest")
+
+
+def test_num_ctx_grows_the_context_by_reloading_and_never_shrinks_it(daemon: Daemon) -> None:
+    c = ollama.Client(host=daemon.url)
+    c.chat(model=MODEL, messages=HI, options={"num_predict": 1})
+    assert _loaded(daemon)["context_length"] == 256  # the daemon's default, from $OLLAMA_CONTEXT_LENGTH
+    pid = daemon.pid_of(f"{MODEL}:latest")
+    c.chat(model=MODEL, messages=HI, options={"num_predict": 1, "num_ctx": 1024})
+    assert _loaded(daemon)["context_length"] == 1024 and daemon.pid_of(f"{MODEL}:latest") != pid
+    pid = daemon.pid_of(f"{MODEL}:latest")
+    c.generate(model=MODEL, prompt="x", options={"num_predict": 1, "num_ctx": 512})  # smaller: served as loaded
+    c.chat(model=MODEL, messages=HI, options={"num_predict": 1})
+    assert _loaded(daemon)["context_length"] == 1024 and daemon.pid_of(f"{MODEL}:latest") == pid
+    loaded = c.generate(model=MODEL, prompt="", options={"num_ctx": 100000})  # a preload: up to the model's own
+    assert loaded.done_reason == "load" and _loaded(daemon)["context_length"] == 2048
+
+
+def test_num_thread_reloads_with_that_many_threads(daemon: Daemon) -> None:
+    c = ollama.Client(host=daemon.url)
+    c.chat(model=MODEL, messages=HI, options={"num_predict": 1})
+    pid = daemon.pid_of(f"{MODEL}:latest")
+    r = c.chat(model=MODEL, messages=HI, options={"num_predict": 2, "num_thread": 1, "num_batch": 64})
+    assert r.eval_count == 2 and daemon.pid_of(f"{MODEL}:latest") != pid
+    pid = daemon.pid_of(f"{MODEL}:latest")
+    c.chat(model=MODEL, messages=HI, options={"num_predict": 1, "num_thread": 1})
+    assert daemon.pid_of(f"{MODEL}:latest") == pid
+
+
+def test_llama_cpp_samplers_run_and_bad_values_name_the_option(daemon: Daemon) -> None:
+    c = ollama.Client(host=daemon.url)
+    for options in ({"mirostat": 2, "mirostat_tau": 3.0}, {"mirostat": 1}, {"typical_p": 0.5},
+                    {"repeat_last_n": 4, "repeat_penalty": 1.3}):
+        r = c.generate(model=MODEL, prompt="def f(x):", raw=True, options={"num_predict": 5, "seed": 1, **options})
+        assert r.eval_count == 5, options
+    with pytest.raises(ollama.ResponseError) as err:
+        c.generate(model=MODEL, prompt="x", options={"mirostat": 3})
+    assert err.value.status_code == 400 and "mirostat" in err.value.error
+
+
+def test_logprobs_on_chat_and_generate_as_ollama_returns_them(daemon: Daemon) -> None:
+    body = {"model": MODEL, "messages": HI, "stream": False, "logprobs": True, "top_logprobs": 3,
+            "options": {"num_predict": 4, "temperature": 0}}
+    r = daemon.http.post("/api/chat", json=body).json()
+    assert len(r["logprobs"]) == 4
+    first = r["logprobs"][0]
+    assert first["logprob"] <= 0 and len(first["top_logprobs"]) == 3 and bytes(first["bytes"]).decode() == first["token"]
+    assert first["top_logprobs"][0]["logprob"] == pytest.approx(first["logprob"])  # greedy: the top choice
+    assert "".join(e["token"] for e in r["logprobs"]) == r["message"]["content"]
+    lines = daemon.http.post("/api/generate", json={"model": MODEL, "prompt": "def add(a, b):", "raw": True,
+                                                    "logprobs": True, "options": {"num_predict": 3}}).text
+    import json
+    chunks = [json.loads(line) for line in lines.splitlines()]
+    got = [e for ch in chunks for e in ch.get("logprobs") or []]
+    assert len(got) == 3 and all(e["top_logprobs"] == [] and math.isfinite(e["logprob"]) for e in got)
+    bad = daemon.http.post("/api/chat", json={**body, "top_logprobs": 21})
+    assert bad.status_code == 400 and "top_logprobs" in bad.json()["error"]
+
+
+def test_a_bad_default_context_stops_the_daemon_start(tmp_path) -> None:
+    out = runlm(tmp_path, "serve", "--port", "0", OLLAMA_CONTEXT_LENGTH="lots", timeout=60)
+    assert out.returncode == 2 and "OLLAMA_CONTEXT_LENGTH" in out.stderr
