@@ -19,6 +19,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
 from runlm.formats import ModelFormatError
+from runlm.formats.fim import FimTokens, NoFim, find_fim_tokens, gguf_fim_ids
 
 _NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _GGUF_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
@@ -162,7 +163,7 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer, named: Mapping[str, str | None], chat_template: str | None = None,
                  extra_special: Iterable[str] = (), extra_stop_ids: Iterable[int] = (),
-                 clean_up_spaces: bool = False) -> None:
+                 clean_up_spaces: bool = False, fim_ids: Mapping[str, int] | None = None) -> None:
         # Like transformers' _post_init: named and extra special tokens always match whole, as special.
         added = hf.get_added_tokens_decoder()
         for tok in [*(t for t in named.values() if t), *extra_special]:
@@ -190,6 +191,9 @@ class Tokenizer:
         # SentencePiece byte-fallback pieces <0x00>..<0xFF> (empty for byte-level vocabularies)
         byte_ids = [hf.token_to_id(f"<0x{b:02X}>") for b in range(256)] if getattr(hf.model, "byte_fallback", 0) else []
         self.byte_token_ids: frozenset[int] = frozenset(i for i in byte_ids if i is not None)
+        self._fim_ids = dict(fim_ids or {})
+        self._fim: FimTokens | NoFim | None = None
+        self._plain: HFTokenizer | None = None  # a copy that reads special tokens' spellings as text
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self.hf.token_to_id(token)
@@ -266,7 +270,8 @@ class Tokenizer:
                                       add_bos, bool(md.get("tokenizer.ggml.add_eos_token", False)))
         stops = [int(md[k]) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in md]
         template = md.get("tokenizer.chat_template")
-        return cls(hf, named, template if isinstance(template, str) else None, extra_stop_ids=stops)
+        return cls(hf, named, template if isinstance(template, str) else None, extra_stop_ids=stops,
+                   fim_ids=gguf_fim_ids(md, len(tokens)))
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike, config: Mapping[str, Any] | None = None) -> Tokenizer:
@@ -305,6 +310,27 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids for ``text``; special tokens written in the text match whole."""
         return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids for ``text`` as plain text: no BOS, and a special token's spelling in it is text, not the
+        token (llama.cpp's tokenize with parse_special false)."""
+        if self._plain is None:
+            plain = HFTokenizer.from_str(self.hf.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain.encode(text, add_special_tokens=False).ids
+
+    @property
+    def fim(self) -> FimTokens:
+        """The model's fill-in-the-middle tokens; NoFim (a ValueError naming what is missing) where it has none."""
+        if self._fim is None:  # looked up once (the vocabulary is large), the answer kept
+            try:
+                self._fim = find_fim_tokens(self.hf.get_vocab(with_added_tokens=True), self._fim_ids)
+            except NoFim as exc:
+                self._fim = exc
+        if isinstance(self._fim, NoFim):
+            raise NoFim(str(self._fim))
+        return self._fim
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text for ``ids`` (as transformers' ``decode``)."""

@@ -321,8 +321,16 @@ async def generate(request: Request) -> Response:
     if "image-generation" in (await request.app.state.loader.model(name)).info.capabilities:
         return await generate_image(request, body, name)
     fields, load = sampling_fields(body)
-    if body.get("raw"):
-        payload: dict[str, Any] = {"prompt": prompt, **fields}
+    suffix = body.get("suffix")
+    if suffix not in (None, "") and not isinstance(suffix, str):
+        raise BadRequest("'suffix' must be a string", param="suffix")
+    if suffix:  # fill-in-the-middle: the backend builds the prompt from the model's FIM tokens
+        if body.get("images"):
+            raise BadRequest("a fill-in-the-middle prompt (suffix) cannot carry images", param="images")
+        payload: dict[str, Any] = {"prompt": prompt, "suffix": suffix, **fields}
+        route = "completions"
+    elif body.get("raw"):
+        payload = {"prompt": prompt, **fields}
         route = "completions"
     else:
         messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []

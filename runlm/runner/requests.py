@@ -66,11 +66,14 @@ class _Ollama(_Body):
     options: dict[str, Any] | None = None
     keep_alive: StrictStr | float | None = None
     stream: StrictBool | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
 
 
 class GenerateRequest(_Ollama):
     prompt: StrictStr | None = None
     system: StrictStr | None = None
+    suffix: StrictStr | None = None  # fill-in-the-middle: the text after the gap
     raw: StrictBool | None = None
     format: StrictStr | dict[str, Any] | None = None
     think: StrictBool | StrictStr | None = None

@@ -17,7 +17,7 @@ from runlm.apis.anthropic_output import middleware_error
 from runlm.apis.responses import responses_router
 from runlm.apis.responses_store import ResponseStore
 from runlm.engine.async_inproc import AsyncLLM
-from runlm.server import chat, completions, engine_ops, lora, meta, pooling, tokenize
+from runlm.server import chat, completions, engine_ops, infill, lora, meta, pooling, tokenize
 from runlm.server.chat_source import EngineChatSource
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import ServerMetrics
@@ -61,8 +61,9 @@ def build_app(settings: ServerSettings, engine: AsyncLLM | None = None, *,
     app.include_router(responses_router())
     app.include_router(page_router("runlm serve-engine is running"))
     app.include_router(messages_router())
-    for router in (chat.router, completions.router, tokenize.router, meta.router, lora.router, engine_ops.router,
-                   pooling.router, meta.fallback_router):  # the fallback last: a pooling router goes before it
+    # the fallback last: a pooling router goes before it
+    for router in (chat.router, completions.router, infill.router, tokenize.router, meta.router, lora.router,
+                   engine_ops.router, pooling.router, meta.fallback_router):
         app.include_router(router)
     # added innermost first: CORS outermost so preflights and error answers carry its headers
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, write_error=middleware_error)

@@ -18,7 +18,7 @@ from runlm.server.body import parse_body
 from runlm.server.errors import APIError
 from runlm.server.generation import Generation, TicketedStreamingResponse, new_id, start_generation
 from runlm.server.logprobs import TokenTexts, completion_logprobs
-from runlm.server.prompts import check_room_for_completion, completion_prompt_ids
+from runlm.server.prompts import check_room_for_completion, completion_prompt_ids, fim_prompt_ids
 from runlm.server.protocol import CompletionRequest
 from runlm.server.sampling import to_sampling_params
 from runlm.server.sse import DONE, HEADERS, error_event, event, usage
@@ -36,7 +36,9 @@ async def completions(request: Request) -> Response:
     lora = state.check_model(req.model)
     engine = state.require_task("generate", "text completions")
     params = to_sampling_params(req, defaults=state.settings.sampling_defaults)
-    prompts = completion_prompt_ids(engine, req.prompt, state.settings.max_prompts_per_request)
+    limit = state.settings.max_prompts_per_request
+    prompts = completion_prompt_ids(engine, req.prompt, limit) if req.suffix is None else \
+        fim_prompt_ids(engine, req.prompt, req.suffix, bool(req.echo), limit)
     check_room_for_completion(engine, prompts, params, "prompt")
     gen, ticket = await start_generation(state, engine, request, prompts, params, new_id("cmpl"), req.priority,
                                          "prompt", constraint_source(req), lora)

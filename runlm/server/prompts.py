@@ -131,6 +131,26 @@ def completion_prompt_ids(engine: AsyncLLM, prompt: Any, max_prompts: int) -> li
     return [tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]
 
 
+def fim_prompt_ids(engine: AsyncLLM, prompt: Any, suffix: str, echo: bool, max_prompts: int) -> list[list[int]]:
+    """Completions' ``suffix``: each text prompt as the prefix of a fill-in-the-middle prompt built from the
+    model's FIM tokens (runlm.formats.fim); a 400 naming why where that cannot be."""
+    from runlm.formats.fim import NoFim, suffix_prompt
+
+    if echo:
+        raise bad_request("echo cannot be combined with suffix (the prompt is rebuilt around the suffix)", "echo")
+    texts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise bad_request("suffix needs the prompt as text (the prefix), not token ids", "suffix")
+    if len(texts) > max_prompts:
+        raise bad_request(f"at most {max_prompts} prompts per request, got {len(texts)}", "prompt")
+    tok = engine.tokenizer
+    try:
+        fim = tok.fim
+    except NoFim as exc:
+        raise bad_request(str(exc), "suffix", "fim_unsupported") from None
+    return [suffix_prompt(tok, fim, t, suffix) for t in texts]
+
+
 def check_room_for_completion(engine: AsyncLLM, prompts: list[list[int]], params: SamplingParams,
                               param: str) -> None:
     """OpenAI's contract: prompt + max_tokens must fit the context, or the request is a 400 (the engine

@@ -52,8 +52,6 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest, forced_co
         prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of other than n is not supported", "best_of")
-        if req.suffix:
-            raise bad_request("suffix is not supported by this model", "suffix")
     try:
         params = SamplingParams(
             n=req.n, temperature=given(req.temperature, "temperature", 1.0), top_p=given(req.top_p, "top_p", 1.0),

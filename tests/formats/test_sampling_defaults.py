@@ -35,8 +35,9 @@ def test_gguf_general_sampling_keys_are_read(tmp_path: Path) -> None:
             F32, 0.95), gguf.Keys.General.SAMPLING_TOP_K: MetadataDetails(gguf.GGUFValueType.INT32, 20),
         gguf.Keys.General.SAMPLING_MIN_P: MetadataDetails(F32, 0.05),
         gguf.Keys.General.SAMPLING_PENALTY_REPEAT: MetadataDetails(F32, 1.1),
-        gguf.Keys.General.SAMPLING_MIROSTAT: MetadataDetails(U32, 2)})  # a sampler runlm lacks: not read
-    want = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1}
+        gguf.Keys.General.SAMPLING_MIROSTAT: MetadataDetails(U32, 2),
+        gguf.Keys.General.SAMPLING_SEQUENCE: MetadataDetails(gguf.GGUFValueType.STRING, "kpt")})  # not a setting
+    want = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "mirostat": 2}
     assert read_sampling_defaults(path) == want
     assert inspect_model(path).sampling == want  # what the store keeps, and `runlm show` prints
     args = build_parser().parse_args(["serve-engine", str(path)])

@@ -1,5 +1,6 @@
-"""Ollama's options: honoured (sampling, the load's context, batch and threads) or refused by name — through
-the official ollama client against a real daemon whose default context is set from the environment."""
+"""What Ollama users bring: options honoured (sampling, the load's context, batch and threads) or refused by
+name, logprobs, fill-in-the-middle ``suffix`` — through the official ollama client against a real daemon whose
+default context is set from the environment."""
 from __future__ import annotations
 
 import math
@@ -13,6 +14,7 @@ from runlm.runner.errors import BadRequest
 from runlm.runner.ollama_convert import sampling_fields
 from runlm.runner.ollama_options import LoadOptions
 from runlm.store import ModelStore
+from tests.fixtures.models import fim_gguf
 from tests.runner.daemon import Daemon, runlm
 
 MODEL = "tinycoder"  # its own context is 2048
@@ -59,6 +61,7 @@ def test_load_options_replace_the_configured_flags_and_a_larger_context_serves()
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     home = tmp_path_factory.mktemp("runlm-ctx")
     ModelStore(home).pull(MODEL)
+    ModelStore(home).pull(str(fim_gguf("qwen")), "fimcoder")
     d = Daemon(home, env={"OLLAMA_CONTEXT_LENGTH": "256"}).start()
     yield d
     d.stop()
@@ -127,3 +130,18 @@ def test_logprobs_on_chat_and_generate_as_ollama_returns_them(daemon: Daemon) ->
 def test_a_bad_default_context_stops_the_daemon_start(tmp_path) -> None:
     out = runlm(tmp_path, "serve", "--port", "0", OLLAMA_CONTEXT_LENGTH="lots", timeout=60)
     assert out.returncode == 2 and "OLLAMA_CONTEXT_LENGTH" in out.stderr
+
+
+def test_suffix_fills_the_middle_with_the_models_fim_tokens(daemon: Daemon) -> None:
+    c = ollama.Client(host=daemon.url)
+    options = {"num_predict": 6, "temperature": 0}
+    got = c.generate(model="fimcoder", prompt="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))\n",
+                     options=options)
+    # the same as the FIM prompt written out by hand, raw
+    raw = c.generate(model="fimcoder", raw=True, options=options,
+                     prompt="<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n\nprint(add(1, 2))\n<|fim_middle|>")
+    assert (got.response, got.eval_count, got.prompt_eval_count) == (raw.response, raw.eval_count,
+                                                                      raw.prompt_eval_count)
+    with pytest.raises(ollama.ResponseError) as err:
+        c.generate(model=MODEL, prompt="def f(", suffix=")", options=options)
+    assert err.value.status_code == 400 and "fill-in-the-middle" in err.value.error
