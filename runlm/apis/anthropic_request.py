@@ -34,14 +34,25 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return content
 
 
-def _tool_result_text(block: dict[str, Any], where: str) -> str:
+def _tool_result_content(block: dict[str, Any], where: str) -> str | list[dict[str, Any]]:
+    """A tool_result's content: its text, or (where it holds images) its text and image parts in order, so an
+    image a tool returns reaches a vision model and is refused by a text-only one as a user's image is."""
     content = block.get("content", "")
+    error = "Error: " if block.get("is_error") else ""
     if isinstance(content, str):
-        text = content
-    else:
-        text = "".join(_text(b, f"{where}.content[{k}]") for k, b in enumerate(_blocks(content, f"{where}.content"))
-                       if b.get("type") == "text")
-    return f"Error: {text}" if block.get("is_error") else text
+        return error + content
+    parts: list[dict[str, Any]] = [{"type": "text", "text": error}] if error else []
+    for k, b in enumerate(_blocks(content, f"{where}.content")):
+        if b.get("type") == "text":
+            parts.append({"type": "text", "text": _text(b, f"{where}.content[{k}]")})
+        elif b.get("type") == "image":
+            parts.append(_image(b, f"{where}.content[{k}]"))
+        else:
+            raise bad_request(f"{where}.content[{k}]: a tool result holds text and image blocks, not "
+                              f"{b.get('type')!r}", f"{where}.content[{k}].type")
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
@@ -104,7 +115,7 @@ def _message(i: int, msg: Any) -> list[dict[str, Any]]:
             if not isinstance(block.get("tool_use_id"), str):
                 raise bad_request(f"{at}.tool_use_id must be a string", f"{at}.tool_use_id")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                            "content": _tool_result_text(block, at)})
+                            "content": _tool_result_content(block, at)})
         elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
             thinking.append(block["thinking"])  # the template may show it again (Qwen3's reasoning_content)
         elif kind in ("thinking", "redacted_thinking"):

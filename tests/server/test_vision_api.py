@@ -251,6 +251,24 @@ def test_a_text_only_model_refuses_images_on_every_api(smollm2_server: ServerPro
         an.messages.create(model="smollm2", max_tokens=2, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                          "data": base64.b64encode(PICTURE).decode()}}]}])
+    # an image a tool returned is refused the same way (Anthropic's tool_result, OpenAI's tool message)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(PICTURE).decode()}}
+    with pytest.raises(anthropic.BadRequestError) as aerr:
+        an.messages.create(model="smollm2", max_tokens=2, messages=[
+            {"role": "user", "content": "Take a screenshot."},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": [{"type": "text", "text": "here"}, image]}]}])
+    assert aerr.value.status_code == 400 and "does not accept images" in str(aerr.value.body)
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model="smollm2", max_tokens=2, messages=[
+            {"role": "user", "content": "Take a screenshot."},
+            {"role": "assistant", "tool_calls": [{"id": "t1", "type": "function",
+                                                  "function": {"name": "shot", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": [
+                {"type": "image_url", "image_url": {"url": data_url(PICTURE)}}]}])
+    assert err.value.body["code"] == "image_input_not_supported" and err.value.body["param"] == "messages[2].content[0]"
     assert oa.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}],
                                       max_tokens=2).choices
 
