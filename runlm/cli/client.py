@@ -26,14 +26,23 @@ def error_message(resp: Any) -> str:
     return err.get("message", str(err)) if isinstance(err, dict) else str(err)
 
 
+def ssl_context(certificate: str) -> Any:
+    import ssl
+
+    return ssl.create_default_context(cafile=certificate)
+
+
 class Daemon:
-    def __init__(self, url: str, shares_store: bool = False) -> None:
+    def __init__(self, url: str, shares_store: bool = False, certificate: str | None = None) -> None:
         import httpx
 
         self.url = url
         self.shares_store = shares_store  # found through this RUNLM_HOME's daemon.json, not RUNLM_HOST
         key = os.environ.get("RUNLM_API_KEY")
-        self.http = httpx.Client(base_url=url, timeout=httpx.Timeout(None, connect=5.0),
+        # an HTTPS daemon of this home: its own certificate is trusted (it may be self-signed); $SSL_CERT_FILE
+        # or the system's CAs otherwise
+        verify: Any = ssl_context(certificate) if certificate else True
+        self.http = httpx.Client(base_url=url, timeout=httpx.Timeout(None, connect=5.0), verify=verify,
                                  headers={"Authorization": f"Bearer {key}"} if key else None)
 
     def call(self, method: str, path: str, body: dict | None = None, **params: Any) -> Any:
@@ -62,7 +71,7 @@ def connect(required: bool = False) -> Daemon | None:
 
     found = find_daemon()
     if found is not None:
-        daemon = Daemon(found.url, shares_store=found.pid is not None)
+        daemon = Daemon(found.url, shares_store=found.pid is not None, certificate=found.certificate)
         try:
             daemon.http.get("/", timeout=3.0)
             return daemon

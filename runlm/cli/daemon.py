@@ -9,6 +9,7 @@ import shlex
 import time
 from pathlib import Path
 
+from runlm.cli.arguments import add_serving_arguments, serving_keys_and_tls
 from runlm.cli.client import CLIError, connect, print_json, print_table
 from runlm.store.progress import human_bytes, human_duration
 
@@ -26,6 +27,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         budget = MemoryBudget(parse_size(args.memory_budget)) if args.memory_budget else None
         keep_alive = parse_keep_alive(args.keep_alive) if args.keep_alive else None
         default_context()  # a bad $RUNLM_CONTEXT_LENGTH / $OLLAMA_CONTEXT_LENGTH stops the start, not each load
+        keys, tls = serving_keys_and_tls(args)
     except (ValueError, ConfigError) as exc:
         raise CLIError(str(exc), code=2) from None
     running = connect()
@@ -39,7 +41,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             parse_size(args.max_body_size))
     except ValueError as exc:
         raise CLIError(str(exc), code=2) from None
-    serve(args.host, args.port, ModelStore(), budget=budget, keep_alive=keep_alive, api_key=args.api_key,
+    serve(args.host, args.port, ModelStore(), tls, budget=budget, keep_alive=keep_alive, api_key=keys or None,
           allow_local_import=local, http=http)
     return 0
 
@@ -180,8 +182,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="memory for loaded models, e.g. 8GiB (default: 75%% of RAM)")
     p.add_argument("--keep-alive", default=None, metavar="DURATION",
                    help="how long an idle model stays loaded (default 5m; 0 = unload at once; -1 = forever)")
-    p.add_argument("--api-key", default=os.environ.get("RUNLM_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every request (default: $RUNLM_API_KEY)")
+    add_serving_arguments(p, "every request")
     p.add_argument("--allow-local-import", default=None, metavar="DIR",
                    help="let HTTP pulls (/api/pull, /models/create) import local files, only from under DIR "
                         "(default: none; the CLI imports local files itself)")

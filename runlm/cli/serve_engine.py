@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runlm.catalog import UnknownModelError, resolve_model
-from runlm.cli.arguments import add_numerics_arguments
+from runlm.cli.arguments import add_numerics_arguments, add_serving_arguments, serving_keys_and_tls
 from runlm.kv_size import KV_CACHE_DTYPES
 from runlm.web.listen import open_socket
 
@@ -34,8 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     where.add_argument("--uds", default=None, metavar="PATH", help="listen on this Unix socket instead (mode 0600)")
-    p.add_argument("--api-key", default=os.environ.get("RUNLM_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $RUNLM_API_KEY; none: no key needed)")
+    add_serving_arguments(p, "every request but the probes")
+    p.add_argument("--chat-template-file", default=None, metavar="FILE",
+                   help="a Jinja chat template to use instead of the model's (a request's own, under "
+                        "--trust-request-chat-template, still wins)")
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="name(s) clients use for the model (default: MODEL as given); others get 421")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
@@ -224,7 +226,9 @@ def run_serve_engine(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         model_path = resolve_model(args.model)  # once: the engine takes the path
-        settings = ServerSettings(served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
+        keys, tls = serving_keys_and_tls(args)
+        chat_template = read_chat_template_file(args.chat_template_file) if args.chat_template_file else None
+        settings = ServerSettings(served_model_names=args.served_model_name or [args.model], api_key=keys or None,
                                   cors_origins=list(args.cors_origins), max_body_bytes=parse_size(args.max_body_size),
                                   max_waiting=args.max_waiting,
                                   trust_request_chat_template=args.trust_request_chat_template,
@@ -244,6 +248,8 @@ def run_serve_engine(args: argparse.Namespace) -> int:
             raise ValueError("--data-parallel-size must be 1 or more")
         spec = resolve_speculative(speculative_config(args))
         sock, where = open_socket(args.host, args.port, args.uds)
+        if tls:
+            where = where.replace("http://", "https://", 1)
     except (UnknownModelError, ValueError, OSError) as exc:
         print(f"runlm serve-engine: {exc}", file=sys.stderr)
         return 1
@@ -271,7 +277,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
         failed.append(exc)
         server.should_exit = True
 
-    def load_engine() -> AsyncLLM:
+    def build_engine() -> AsyncLLM:
         if args.data_parallel_size == 1 and args.distributed_executor_backend is None:
             return AsyncLLM(engine=engine_from_config(engine_cfg), profiler_dir=args.profiler_dir)
         # replicas build their own engines: a Ray node resolves the store name in its own store;
@@ -282,9 +288,15 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                         distributed_executor_backend=args.distributed_executor_backend or "mp",
                         ray_address=args.ray_address, profiler_dir=args.profiler_dir, **engine_args)
 
+    def load_engine() -> AsyncLLM:
+        engine = build_engine()
+        if chat_template is not None:  # the server renders chat prompts with this template from now on
+            engine.tokenizer.chat_template = chat_template
+        return engine
+
     app = build_app(settings, load_engine=load_engine, on_load_error=on_load_error)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_level == "debug",
-                            timeout_graceful_shutdown=5, lifespan="on")
+                            timeout_graceful_shutdown=5, lifespan="on", **tls)
     server = _server_class(app.state.server, args.drain_timeout)(config)
     print(f"runlm serve-engine: serving {settings.served_model_names[0]!r} on {where}", file=sys.stderr, flush=True)
     try:
@@ -296,6 +308,26 @@ def run_serve_engine(args: argparse.Namespace) -> int:
         print(f"runlm serve-engine: the model failed to load: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def read_chat_template_file(path: str) -> str:
+    """--chat-template-file: the file's text, within the size a model's own template may have, and valid Jinja
+    (a ValueError names what is wrong)."""
+    from runlm.formats.template_render import check_template
+    from runlm.formats.tokenizer import MAX_TEMPLATE_FILE
+
+    file = Path(path).expanduser()
+    try:
+        if file.stat().st_size > MAX_TEMPLATE_FILE:
+            raise ValueError(f"--chat-template-file {path}: larger than {MAX_TEMPLATE_FILE} bytes")
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--chat-template-file {path}: cannot be read ({exc})") from None
+    try:
+        check_template(text)
+    except Exception as exc:  # jinja2's TemplateSyntaxError, or runlm's limits
+        raise ValueError(f"--chat-template-file {path}: not a usable chat template ({exc})") from None
+    return text
 
 
 def _auto_device() -> str:

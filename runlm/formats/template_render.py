@@ -64,6 +64,12 @@ def _compile(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+def check_template(source: str) -> None:
+    """Compile ``source`` as a chat template (a server's own, read at start): jinja2's TemplateSyntaxError where
+    it is not one."""
+    _compile(source)
+
+
 def render_in_process(source: str, context: dict[str, Any]) -> str:
     """The render itself, in this process: what a template worker runs."""
     try:

@@ -67,7 +67,7 @@ class HTTPSettings:
 
 
 def create_app(store: ModelStore, budget: MemoryBudget | None = None, keep_alive: float | None = None,
-               api_key: str | None = None, allow_local_import: Path | None = None,
+               api_key: str | tuple[str, ...] | None = None, allow_local_import: Path | None = None,
                http: HTTPSettings | None = None) -> FastAPI:
     backends = all_backends(store.logs)
     loader = Loader(store, backends, budget or MemoryBudget.default(),

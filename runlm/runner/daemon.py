@@ -20,6 +20,7 @@ def daemon_file(home: Path | None = None) -> Path:
 class DaemonAddress:
     url: str
     pid: int | None = None
+    certificate: str | None = None  # a daemon serving HTTPS: the certificate its clients here trust
 
 
 def find_daemon(home: Path | None = None) -> DaemonAddress | None:
@@ -32,22 +33,27 @@ def find_daemon(home: Path | None = None) -> DaemonAddress | None:
         os.kill(int(data["pid"]), 0)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return DaemonAddress(data["url"], int(data["pid"]))
+    cert = data.get("certificate")
+    return DaemonAddress(data["url"], int(data["pid"]), cert if isinstance(cert, str) else None)
 
 
-def serve(host: str, port: int, store: ModelStore, **app_args: object) -> None:
+def serve(host: str, port: int, store: ModelStore, tls: dict[str, str] | None = None, **app_args: object) -> None:
+    """``tls``: uvicorn's ssl_keyfile and ssl_certfile, for HTTPS."""
     import uvicorn
 
     from runlm.runner.app import create_app
 
     app = create_app(store, **app_args)  # type: ignore[arg-type]
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
+                            ssl_keyfile=(tls or {}).get("ssl_keyfile"), ssl_certfile=(tls or {}).get("ssl_certfile"))
     server = uvicorn.Server(config)
     path = daemon_file(store.home)
     path.parent.mkdir(parents=True, exist_ok=True)
     shown = f"[{host}]" if ":" in host else host
-    path.write_text(json.dumps({"url": f"http://{shown}:{port}", "pid": os.getpid()}))
-    print(f"runlm serving on http://{shown}:{port} (store: {store.home})", flush=True)
+    url = f"{'https' if tls else 'http'}://{shown}:{port}"
+    path.write_text(json.dumps({"url": url, "pid": os.getpid(),
+                                **({"certificate": tls["ssl_certfile"]} if tls else {})}))
+    print(f"runlm serving on {url} (store: {store.home})", flush=True)
     try:
         server.run()
     finally:

@@ -22,7 +22,7 @@ DEFAULT_MAX_BODY = 32 * MiB
 @dataclass(slots=True)
 class ServerSettings:
     served_model_names: list[str]            # the first is the name we answer with
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None  # one key or several
     cors_origins: list[str] = field(default_factory=list)
     max_body_bytes: int = DEFAULT_MAX_BODY
     # sequences that may wait for a slot beyond the engine's max_num_seqs before we answer 503

@@ -22,6 +22,7 @@ class ServerProcess:
     proc: subprocess.Popen | None = None
     url: str = ""
     log: list[str] = field(default_factory=list)
+    verify: str | bool = True  # an HTTPS server's certificate
 
     def start(self, timeout: float = 240) -> ServerProcess:
         cmd = [sys.executable, "-m", "runlm.cli", "serve-engine", self.model, "--port", "0", *self.args]
@@ -31,7 +32,7 @@ class ServerProcess:
         def read() -> None:  # keep draining stderr so the child never blocks on a full pipe
             for line in self.proc.stderr:
                 self.log.append(line)
-                m = re.search(r" on (http://\S+)", line)
+                m = re.search(r" on (https?://\S+)", line)
                 if m and not self.url:
                     self.url = m.group(1)
                     found.set()
@@ -44,7 +45,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError("server exited:\n" + "".join(self.log))
             try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=5, verify=self.verify).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
