@@ -15,10 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from runlm.formats.tokenizer import Tokenizer
+
+class Tokenizer(Protocol):
+    """What a prompt needs of runlm.formats.tokenizer.Tokenizer."""
+    add_bos: bool
+    bos_token_id: int | None
+
+    def encode_text(self, text: str) -> list[int]: ...
 
 # role -> the vocabulary's spellings, llama.cpp's (llama-vocab.cpp) and no more: the same model gets the same
 # prompt from runlm as from llama-server

@@ -118,8 +118,10 @@ class _Cursor:
         return [self.value(item, field, depth + 1) for _ in range(count)]
 
 
-def _parse(buf: np.ndarray) -> tuple[dict[str, object], list[tuple[str, tuple[int, ...], int, int]], int]:
-    """(metadata, [(name, ggml dims, ggml type, offset in the data section)], start of the data section)."""
+def _parse(buf: np.ndarray, spans: dict[str, tuple[int, int]] | None = None
+           ) -> tuple[dict[str, object], list[tuple[str, tuple[int, ...], int, int]], int]:
+    """(metadata, [(name, ggml dims, ggml type, offset in the data section)], start of the data section).
+    ``spans``, where given, gets each metadata entry's bytes (start, end): a writer copies them as they are."""
     cur = _Cursor(buf)
     if bytes(cur.mem[:4]) != b"GGUF":
         raise GGUFHeaderError("no GGUF magic")
@@ -135,8 +137,11 @@ def _parse(buf: np.ndarray) -> tuple[dict[str, object], list[tuple[str, tuple[in
         raise GGUFHeaderError("GGUF header: the tensor count declares more tensors than the file can hold")
     metadata: dict[str, object] = {}
     for i in range(n_kv):
+        start = cur.pos
         key = cur.string(f"metadata key {i}")
         metadata[key] = cur.value(cur.value_type(repr(key)), repr(key))
+        if spans is not None:
+            spans[key] = (start, cur.pos)
     tensors = []
     for i in range(n_tensors):
         name = cur.string(f"the name of tensor {i}")
@@ -152,14 +157,15 @@ def _parse(buf: np.ndarray) -> tuple[dict[str, object], list[tuple[str, tuple[in
     return metadata, tensors, (cur.pos + align - 1) // align * align
 
 
-def read_header(path: str | os.PathLike) -> tuple[np.ndarray, dict[str, object], dict[str, TensorInfo]]:
-    """(the file's bytes as a read-only mapping, metadata, tensors by name). Raises ValueError (or
-    IndexError) on a truncated or corrupt file, OSError when it cannot be read."""
+def read_header(path: str | os.PathLike, spans: dict[str, tuple[int, int]] | None = None
+                ) -> tuple[np.ndarray, dict[str, object], dict[str, TensorInfo]]:
+    """(the file's bytes as a read-only mapping, metadata, tensors by name; in file order). Raises ValueError (or
+    IndexError) on a truncated or corrupt file, OSError when it cannot be read. ``spans``: as _parse's."""
     try:
         data = np.memmap(Path(path), mode="r").view(np.ndarray)  # read-only, pages shared between processes
     except ValueError as e:  # numpy cannot map an empty file
         raise ValueError("the file is empty") from e
-    metadata, entries, data_start = _parse(data)
+    metadata, entries, data_start = _parse(data, spans)
     tensors: dict[str, TensorInfo] = {}
     for name, dims, type_id, offset in entries:
         try:

@@ -5,11 +5,11 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from runlm import __version__
 from runlm.apis.ollama_images import ollama_content
@@ -35,7 +35,7 @@ from runlm.runner.ollama_images import generate_image
 from runlm.runner.ollama_options import LoadOptions
 from runlm.runner.ollama_stream import answer, events, open_stream
 from runlm.runner.proxy import pop_keep_alive, require_model, send
-from runlm.runner.pulling import pull_error_status, pull_events, refused_before_streaming, transfer_events
+from runlm.runner.pulling import progress_response, pull_events, transfer_events
 from runlm.runner.requests import (
     ChatRequest,
     CopyRequest,
@@ -46,7 +46,6 @@ from runlm.runner.requests import (
 )
 from runlm.store import InvalidNameError, StoredModel
 from runlm.store.capabilities import capabilities
-from runlm.store.progress import PullProgress
 from runlm.web.openapi import OllamaError, json_body
 
 router = APIRouter(prefix="/api")
@@ -132,7 +131,7 @@ async def pull(request: Request) -> Response:
         raise BadRequest("'model' is required", param="model")
     events = pull_events(request.app.state.store, source, None, request.app.state.local_access,
                          insecure=bool(body.get("insecure")))
-    return await _progress_response(body, events)
+    return await progress_response(body, events)
 
 
 @router.post("/push", openapi_extra=json_body(ModelRequest, error=OllamaError))
@@ -146,26 +145,7 @@ async def push(request: Request) -> Response:
         raise BadRequest("'model' is required: the registry reference to push to (host/namespace/name:tag)",
                          param="model")
     store, insecure = request.app.state.store, bool(body.get("insecure"))
-    return await _progress_response(body, transfer_events(lambda put: push_reference(store, target, insecure, put)))
-
-
-async def _progress_response(body: dict, events: AsyncIterator) -> Response:
-    """Ollama's answer to a pull or push: NDJSON progress lines, or one JSON object when ``stream`` is false."""
-    if body.get("stream", True) is False:
-        async for item in events:
-            if isinstance(item, Exception):
-                return JSONResponse({"error": str(item)}, status_code=pull_error_status(item))
-        return JSONResponse({"status": "success"})
-
-    events = await refused_before_streaming(events)
-
-    async def lines() -> AsyncIterator[bytes]:
-        async for item in events:
-            if isinstance(item, PullProgress):
-                yield _line(item.to_json())
-            elif isinstance(item, Exception):
-                yield _line({"error": str(item)})
-    return StreamingResponse(lines(), media_type=NDJSON)
+    return await progress_response(body, transfer_events(lambda put: push_reference(store, target, insecure, put)))
 
 
 @router.delete("/delete", openapi_extra=json_body(ModelRequest, error=OllamaError))

@@ -3,8 +3,9 @@ file, then ``ollama.create(model=NAME, from_=BASE, adapters={file: digest})``.
 
 runlm's /api/create makes NAME a LoRA adapter of the stored model BASE, served by BASE's native backend
 (the same mechanism as ``runlm configure BASE --lora NAME=PATH``, runlm/runner/lora.py): like every
-``_configure`` setting it lasts while the daemon runs. Building new models from files or Modelfiles is
-not something /api/create does here (pull them instead), and says so.
+``_configure`` setting it lasts while the daemon runs. With ``quantize`` it stores a quantized copy of BASE (a
+GGUF model) as NAME (``ollama create NAME --quantize q4_K_M``), streaming the quantizer's progress. Building new
+models from files or Modelfiles is not something /api/create does here (pull them instead), and says so.
 """
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ from runlm.runner.config import ConfigError
 from runlm.runner.errors import BadRequest
 from runlm.runner.lora import parse_loras
 from runlm.runner.models_api import body_json
+from runlm.runner.pulling import progress_response, transfer_events
 from runlm.runner.requests import _Body
 from runlm.store.blobs import check_digest
+from runlm.store.progress import ProgressCallback
 from runlm.web.openapi import OllamaError, json_body
 
 router = APIRouter(prefix="/api")
@@ -34,6 +37,7 @@ class CreateAdapterRequest(_Body):
     model: StrictStr = Field(min_length=1)
     from_: StrictStr | None = Field(None, alias="from")
     adapters: dict[str, StrictStr] | None = None
+    quantize: StrictStr | None = None
     stream: StrictBool | None = None
 
 
@@ -77,9 +81,12 @@ async def upload_blob(request: Request, digest: str) -> Response:
 async def create(request: Request) -> Response:
     body = await body_json(request, CreateAdapterRequest)
     base_name, adapters, name = body.get("from"), body.get("adapters"), body["model"]
+    if body.get("quantize") is not None:
+        return await _quantize(request, body)
     if not base_name or not adapters:
-        raise BadRequest("runlm's /api/create makes a LoRA adapter of a stored model: give 'from' (the model) and "
-                         "'adapters' ({file name: blob digest}); pull models to add them", param="adapters")
+        raise BadRequest("runlm's /api/create makes a LoRA adapter of a stored model ('from' and 'adapters': "
+                         "{file name: blob digest}) or a quantized copy of one ('from' and 'quantize'); pull models "
+                         "to add them", param="adapters")
     name = name.removesuffix(":latest")
     try:
         loras = parse_loras({name: adapters})
@@ -100,3 +107,24 @@ async def create(request: Request) -> Response:
         return JSONResponse(status)
     return Response(b'{"status":"using existing layer"}\n' + b'{"status":"success"}\n',
                     media_type="application/x-ndjson")
+
+
+async def _quantize(request: Request, body: dict) -> Response:
+    """``from`` (a stored GGUF model) quantized as ``quantize`` and stored as ``model``, with progress lines."""
+    from runlm.quantize.plan import file_type
+    from runlm.store.quantized import quantize_into_store, source_file
+
+    if not body.get("from") or body.get("adapters"):
+        raise BadRequest("'quantize' makes a quantized copy of the stored model named by 'from' (no adapters)",
+                         param="from")
+    try:
+        file_type(body["quantize"])
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="quantize") from None
+    store = request.app.state.store
+
+    def job(put: ProgressCallback) -> str:  # (a QuantizeError is a ValueError: the client's 400)
+        file = source_file(store, body["from"], local_files=False)  # an HTTP client names stored models only
+        return quantize_into_store(store, file, body["model"], body["quantize"], progress=put)[1]
+
+    return await progress_response(body, transfer_events(job))

@@ -3,9 +3,12 @@ of events. They never use the default executor, so stalled downloads cannot star
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from runlm.runner.errors import Busy, RunnerError
 from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore, NameConflictError, StoredModel
@@ -109,3 +112,23 @@ async def refused_before_streaming(events: AsyncIterator[T]) -> AsyncIterator[T]
         async for item in it:
             yield item
     return chained()
+
+
+async def progress_response(body: dict, events: AsyncIterator) -> Response:
+    """Ollama's answer to a pull, push or create: NDJSON progress lines, or one JSON object when ``stream`` is
+    false."""
+    if body.get("stream", True) is False:
+        async for item in events:
+            if isinstance(item, Exception):
+                return JSONResponse({"error": str(item)}, status_code=pull_error_status(item))
+        return JSONResponse({"status": "success"})
+
+    events = await refused_before_streaming(events)
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for item in events:
+            if isinstance(item, PullProgress):
+                yield (json.dumps(item.to_json()) + "\n").encode()
+            elif isinstance(item, Exception):
+                yield (json.dumps({"error": str(item)}) + "\n").encode()
+    return StreamingResponse(lines(), media_type="application/x-ndjson")

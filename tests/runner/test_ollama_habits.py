@@ -145,3 +145,19 @@ def test_suffix_fills_the_middle_with_the_models_fim_tokens(daemon: Daemon) -> N
     with pytest.raises(ollama.ResponseError) as err:
         c.generate(model=MODEL, prompt="def f(", suffix=")", options=options)
     assert err.value.status_code == 400 and "fill-in-the-middle" in err.value.error
+
+
+def test_create_quantize_stores_a_quantized_copy(daemon: Daemon) -> None:
+    c = ollama.Client(host=daemon.url)
+    events = list(c.create(model="tiny-q8", from_=MODEL, quantize="q8_0", stream=True))
+    assert events[-1].status == "success" and any("quantizing" in (e.status or "") for e in events)
+    assert c.show("tiny-q8").details.quantization_level == "Q8_0"
+    r = c.generate(model="tiny-q8", prompt="def f(", raw=True, options={"num_predict": 3}, keep_alive=0)
+    assert r.eval_count == 3 and daemon.wait_unloaded("tiny-q8:latest")
+    with pytest.raises(ollama.ResponseError) as err:
+        c.create(model="tiny-q9", from_=MODEL, quantize="q9_9")
+    assert err.value.status_code == 400 and "q9_9" in err.value.error
+    with pytest.raises(ollama.ResponseError) as err:
+        c.create(model="tiny-q4", from_="tiny-q8", quantize="q4_0")  # already quantized
+    assert err.value.status_code == 400 and "already Q8_0" in err.value.error
+    c.delete("tiny-q8")

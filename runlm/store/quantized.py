@@ -1,0 +1,39 @@
+"""Quantized copies of stored models (``runlm quantize``, Ollama's ``/api/create`` with ``quantize``): the model's
+GGUF file written as Q4_K_M, Q8_0... by runlm.quantize, then stored under a name of its own."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from runlm.quantize import QuantizeError, QuantizeReport, quantize_file
+from runlm.store.progress import ProgressCallback, PullProgress
+from runlm.store.store import ModelStore
+
+
+def source_file(store: ModelStore, source: str, local_files: bool) -> Path:
+    """The GGUF file to quantize: a path (where ``local_files``: the CLI's user, not an HTTP client), else the
+    file of the stored model ``source``."""
+    path = Path(source).expanduser()
+    if local_files and path.is_file():
+        return path
+    model = store.ensure(source)
+    file = store.model_path(model)
+    if not file.is_file() or file.suffix != ".gguf":
+        raise QuantizeError(f"{source!r} is a {model.info.format} model; runlm quantizes GGUF files (F16, BF16 or F32)"
+                            f" — convert a safetensors folder to GGUF first (llama.cpp's convert_hf_to_gguf.py)")
+    return file
+
+
+def quantize_into_store(store: ModelStore, file: Path, name: str, type_name: str, imatrix: Path | None = None,
+                        threads: int | None = None, progress: ProgressCallback | None = None
+                        ) -> tuple[QuantizeReport, str]:
+    """``file`` quantized and stored as ``name``; (the report, the stored name)."""
+    report = progress or (lambda p: None)
+    status = f"quantizing {file.name} to {type_name.upper()}"
+    store.blobs.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=store.blobs.tmp, prefix="quantize-") as tmp:
+        out = Path(tmp) / f"{Path(name.replace(':', '-')).name}.gguf"
+        result = quantize_file(file, out, type_name, imatrix, threads,
+                               lambda done, total: report(PullProgress(status, None, total, done)))
+        model = store.pull(str(out), name, progress=report)
+    return result, str(model.name)
