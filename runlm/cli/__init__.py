@@ -26,6 +26,12 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", default=None, help="system message placed before the conversation")
     p.add_argument("--image", action="append", default=[], metavar="FILE",
                    help="an image the model sees with the (first) prompt, for a vision model; repeat it for several")
+    p.add_argument("--verbose", action="store_true",
+                   help="after each answer, the prompt and answer token counts, durations and rates (Ollama's)")
+    p.add_argument("--format", default=None, choices=("json",), help="answer with a JSON object")
+    p.add_argument("--think", default=None, nargs="?", const="true", choices=("true", "false"),
+                   help="turn a reasoning model's thinking on (or off: --think=false); default: the model's")
+    p.add_argument("--hidethinking", action="store_true", help="print the answer without the thinking")
     add_numerics_arguments(p)
     p.set_defaults(func=_cmd_run)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from runlm.catalog import BUILTIN_MODELS, DEFAULT_MODEL, UnknownModelError, resolve_model
+from runlm.cli.chat_turn import ChatOptions, Turn, TurnPrinter
 from runlm.engine.core.detokenizer import DELTA
 from runlm.engine.types.outputs import RequestOutput
 from runlm.engine.types.sampling_params import SamplingParams, SamplingParamsError
@@ -17,9 +18,6 @@ from runlm.formats.chat_template import ChatTemplateError
 if TYPE_CHECKING:
     from runlm.cli.client import Daemon
     from runlm.cli.run_daemon import DaemonChat
-
-_BYE = {"/bye", "/exit", "/quit"}
-
 
 # for a model that recommends no sampling settings of its own (a flag, then the model's, come first)
 RUN_DEFAULTS: dict[str, float | int] = {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "max_tokens": 512}
@@ -106,77 +104,78 @@ class Chat:
     """A conversation with one model loaded in this process; keeps the history between turns."""
 
     def __init__(self, model_ref: str, params: SamplingParams, system: str | None, exact_numerics: bool = False,
-                 threads: int | None = None, path: Path | None = None) -> None:
+                 threads: int | None = None, path: Path | None = None, options: ChatOptions | None = None) -> None:
         from runlm.engine.factory import engine_config, engine_from_config
         from runlm.engine.llm import LLM
 
         # one conversation at a time; the prefix cache keeps earlier turns, so each turn computes only itself
-        config = engine_config(path or local_model_path(model_ref), max_num_seqs=1, exact_numerics=exact_numerics,
-                               threads=threads)
+        self.path = path or local_model_path(model_ref)
+        config = engine_config(self.path, max_num_seqs=1, exact_numerics=exact_numerics, threads=threads)
         self.llm = LLM(engine=engine_from_config(config))
         self.name = model_ref
         self.engine = self.llm.engine
         self.params = params
+        self.options = options or ChatOptions()
         self.history: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+        self.last_turn: Turn | None = None
         self._turn = 0
+
+    @property
+    def template(self) -> str | None:
+        return self.engine.tokenizer.chat_template
+
+    def info(self) -> dict[str, Any]:
+        from runlm.store.inspect import inspect_model
+
+        i = inspect_model(self.path)
+        return {"architecture": i.architecture, "parameters": i.parameter_size, "context length": i.context_length,
+                "quantization": i.quantization}
 
     def reply(self, user_text: str, out: TextIO, images: list[bytes] | None = None) -> str:
         """Stream the assistant's answer to ``out`` and return it. ``images`` (encoded) come with this turn and
         stay in the conversation (the encoder and prefix caches keep later turns from computing them again)."""
+        from runlm.engine.llm import encode_chat
+        from runlm.engine.types.structured_params import StructuredOutputsParams
         from runlm.formats.chat_images import take_images
+        from runlm.tools.reasoning import ReasoningSplitter, parser_for_template
 
         if images and "image" not in self.engine.modalities:
             raise ValueError(f"the model {self.name} does not accept images (it is a text-only model)")
+        tok = self.engine.tokenizer
         self.history.append(user_message(user_text, images or []))
         messages, pictures = take_images(self.history)
-        ids = self.llm.encode_chat(messages)
+        kwargs: dict[str, Any] = self.options.template_kwargs()
+        ids = encode_chat(tok, messages, **kwargs)
         self._turn += 1
         rid = f"turn-{self._turn}"
         prompt: dict[str, Any] = {"prompt_token_ids": ids}
         if pictures:
             prompt["multi_modal_data"] = {"image": pictures}
+        params = replace(self.params)
+        if self.options.format_json:
+            params.structured_outputs = StructuredOutputsParams(json_object=True)
+        parser = parser_for_template(tok.chat_template)
+        splitter = ReasoningSplitter(parser, parser.starts_inside(tok.decode(ids[-32:]))) if parser else None
+        printer = TurnPrinter(out, Turn(prompt_tokens=len(ids)), self.options.hide_thinking)
         try:
-            self.engine.add_request(rid, prompt, replace(self.params), output_kind=DELTA)
+            self.engine.add_request(rid, prompt, params, output_kind=DELTA)
         except Exception:
             self.history.pop()
             raise
-        text = []
         try:
             while self.engine.has_unfinished_requests():
                 for o in self.engine.step():
                     assert isinstance(o, RequestOutput)  # add_request refused anything but generation
-                    text.append(o.outputs[0].text)
-                    out.write(o.outputs[0].text)
-                    out.flush()
+                    piece = o.outputs[0]
+                    printer.push(*(splitter.push(piece.text, o.finished) if splitter else ("", piece.text)),
+                                 len(piece.token_ids))
         except KeyboardInterrupt:
             self.engine.abort_request(rid)
             raise
-        self.history.append({"role": "assistant", "content": "".join(text)})
-        return "".join(text)
-
-
-def _interactive(chat: Chat | DaemonChat, images: list[bytes]) -> None:
-    try:
-        import readline  # noqa: F401  (line editing and history for input())
-    except ImportError:
-        pass
-    print("Type a message; /bye or Ctrl-D quits.", file=sys.stderr)
-    while True:
-        try:
-            line = input(">>> ")
-        except EOFError:
-            print()
-            return
-        if line.strip() in _BYE:
-            return
-        if not line.strip():
-            continue
-        try:
-            chat.reply(line, sys.stdout, images)
-            images = []  # (the first message brings them; they stay in the conversation)
-        except KeyboardInterrupt:  # stop this answer, keep the chat
-            chat.history.pop()
-        print("\n")
+        turn = self.last_turn = printer.finish(self.options.verbose)
+        self.history.append({"role": "assistant", "content": turn.text,
+                             **({"reasoning_content": turn.thinking} if turn.thinking else {})})
+        return turn.text
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -197,19 +196,25 @@ def run_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"runlm run: {exc}", file=sys.stderr)
         return 2
+    from runlm.cli.chat_commands import interactive
     from runlm.cli.client import connect
     from runlm.cli.run_daemon import DaemonChat
 
     daemon = connect()
-    try:
-        ref = args.model or DEFAULT_MODEL
+    options = ChatOptions(verbose=args.verbose, format_json=args.format == "json",
+                          think=None if args.think is None else args.think == "true", hide_thinking=args.hidethinking)
+
+    def open_model(ref: str) -> Chat | DaemonChat:
         if daemon is not None:  # the daemon has the model loaded already, or loads it once for everyone
             _stored_on_daemon(daemon, ref)
             params = run_params(flags, _recommended_on_daemon(daemon, ref))
-            chat: Chat | DaemonChat = DaemonChat(daemon, ref, params, args.system)
-        else:
-            path, recommended = local_model(ref)
-            chat = Chat(ref, run_params(flags, recommended), args.system, args.exact_numerics, args.threads, path)
+            return DaemonChat(daemon, ref, params, args.system, replace(options))
+        path, recommended = local_model(ref)
+        return Chat(ref, run_params(flags, recommended), args.system, args.exact_numerics, args.threads, path,
+                    replace(options))
+
+    try:
+        chat = open_model(args.model or DEFAULT_MODEL)
     except (UnknownModelError, SamplingParamsError) as exc:
         print(f"runlm run: {exc}", file=sys.stderr)
         return 1
@@ -221,7 +226,7 @@ def run_command(args: argparse.Namespace) -> int:
             chat.reply(prompt, sys.stdout, images)
             print()
         else:
-            _interactive(chat, images)
+            interactive(chat, images, open_model)
     except (ChatTemplateError, ValueError) as exc:
         print(f"\nrunlm run: {exc}", file=sys.stderr)
         return 1

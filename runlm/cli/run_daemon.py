@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from runlm.cli.chat_turn import ChatOptions, Turn, TurnPrinter
 from runlm.cli.client import CLIError, Daemon, error_message
 from runlm.engine.types.sampling_params import SamplingParams
 
@@ -25,11 +26,31 @@ class DaemonChat:
     model: str
     params: SamplingParams
     system: str | None
+    options: ChatOptions = field(default_factory=ChatOptions)
     history: list[dict[str, Any]] = field(default_factory=list)
+    last_turn: Turn | None = None
 
     def __post_init__(self) -> None:
         if self.system:
             self.history.append({"role": "system", "content": self.system})
+
+    @property
+    def name(self) -> str:
+        return self.model
+
+    def _shown(self) -> dict[str, Any]:
+        return self.daemon.call("POST", "/api/show", {"model": self.model})
+
+    @property
+    def template(self) -> str | None:
+        return self._shown().get("template") or None
+
+    def info(self) -> dict[str, Any]:
+        shown = self._shown()
+        d, arch = shown.get("details") or {}, (shown.get("model_info") or {}).get("general.architecture", "")
+        return {"architecture": arch, "parameters": d.get("parameter_size"),
+                "context length": (shown.get("model_info") or {}).get(f"{arch}.context_length"),
+                "quantization": d.get("quantization_level")}
 
     def _body(self) -> dict:
         p = self.params
@@ -37,10 +58,17 @@ class DaemonChat:
                 "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p, "repetition_penalty": p.repetition_penalty,
                 "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
                 "dry_multiplier": p.dry_multiplier, "dry_base": p.dry_base, "dry_allowed_length": p.dry_allowed_length,
-                "dry_penalty_last_n": p.dry_penalty_last_n,
-                "max_tokens": p.max_tokens}
+                "dry_penalty_last_n": p.dry_penalty_last_n, "typical_p": p.typical_p, "repeat_last_n": p.penalty_last_n,
+                "mirostat": p.mirostat, "mirostat_tau": p.mirostat_tau, "mirostat_eta": p.mirostat_eta,
+                "max_tokens": p.max_tokens, "stream_options": {"include_usage": True}}
         if p.seed is not None:
             body["seed"] = p.seed
+        if p.stop:
+            body["stop"] = p.stop
+        if self.options.format_json:
+            body["response_format"] = {"type": "json_object"}
+        if self.options.think is not None:
+            body["chat_template_kwargs"] = self.options.template_kwargs()
         return body
 
     def reply(self, user_text: str, out: TextIO, images: list[bytes] | None = None) -> str:
@@ -49,7 +77,7 @@ class DaemonChat:
             self.history.append({"role": "user", "content": [*parts, {"type": "text", "text": user_text}]})
         else:
             self.history.append({"role": "user", "content": user_text})
-        text: list[str] = []
+        printer = TurnPrinter(out, Turn(), self.options.hide_thinking)
         try:
             with self.daemon.http.stream("POST", "/v1/chat/completions", json=self._body()) as resp:
                 if resp.status_code >= 400:
@@ -62,13 +90,17 @@ class DaemonChat:
                     if event.get("error"):
                         err = event["error"]
                         raise CLIError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+                    if event.get("usage"):
+                        printer.turn.prompt_tokens = event["usage"].get("prompt_tokens", 0)
+                        printer.turn.completion_tokens = event["usage"].get("completion_tokens", 0)
                     for choice in event.get("choices") or []:
-                        piece = (choice.get("delta") or {}).get("content") or ""
-                        text.append(piece)
-                        out.write(piece)
-                        out.flush()
+                        delta = choice.get("delta") or {}
+                        printer.push(delta.get("reasoning_content") or delta.get("reasoning") or "",
+                                     delta.get("content") or "")
         except Exception:  # (an interrupted answer is popped by the interactive loop)
             self.history.pop()
             raise
-        self.history.append({"role": "assistant", "content": "".join(text)})
-        return "".join(text)
+        turn = self.last_turn = printer.finish(self.options.verbose)
+        self.history.append({"role": "assistant", "content": turn.text,
+                             **({"reasoning_content": turn.thinking} if turn.thinking else {})})
+        return turn.text

@@ -161,3 +161,19 @@ def test_create_quantize_stores_a_quantized_copy(daemon: Daemon) -> None:
         c.create(model="tiny-q4", from_="tiny-q8", quantize="q4_0")  # already quantized
     assert err.value.status_code == 400 and "already Q8_0" in err.value.error
     c.delete("tiny-q8")
+
+
+def test_runlm_run_on_the_daemon_takes_the_chat_commands(daemon: Daemon) -> None:
+    from tests.test_chat_commands import _Pty
+    from tests.test_cli import ENV
+
+    chat = _Pty(MODEL, "--max-tokens", "3", "--temperature", "0", "--verbose",
+                env={**ENV, "RUNLM_HOST": daemon.url.removeprefix("http://")})
+    try:
+        assert "Set parameter 'repeat_last_n' to '8'" in chat.send("/set parameter repeat_last_n 8")
+        assert "2048" in chat.send("/show info")  # the daemon's /api/show: tinycoder's own context length
+        answer = chat.send("hello")
+        assert "eval count:           3 token(s)" in answer and "prompt eval count:" in answer
+        assert "Cleared session context" in chat.send("/clear")
+    finally:
+        assert chat.close() == 0
