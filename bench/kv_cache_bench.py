@@ -1,17 +1,18 @@
-"""The 8-bit KV cache (--kv-cache-dtype q8_0) against the fp32 one, beside llama.cpp's own q8_0 cache.
+"""The native runner's KV caches against the fp32 one: fp16 (its default) and 8-bit (--kv-cache-dtype q8_0), beside
+llama.cpp's own q8_0 cache.
 
 Three measurements on one file (default smollm2, Q4_1):
 
-- **KL**: mean KL divergence of the next-token distribution with a q8_0 cache against the same runner's
-  full-precision cache, over the first ``--positions`` tokens of ``runlm.models.evaluate.english_text()`` in one
+- **KL**: mean KL divergence of the next-token distribution with an fp16 and a q8_0 cache against the same
+  runner's fp32 cache, over the first ``--positions`` tokens of ``runlm.models.evaluate.english_text()`` in one
   context (a long-ish one: the cache's error accumulates over the positions attention reads). runlm: the native
-  runner's q8_0 cache against its fp32 cache; llama.cpp (llama-cpp-python, ``flash_attn=True``, which its
+  runner's fp16 and q8_0 caches against its fp32 cache; llama.cpp (llama-cpp-python, ``flash_attn=True``, which its
   quantized V cache needs): ``type_k = type_v = q8_0`` against its default f16 cache and against an f32 one.
   Each peer's logits come from a child process (llama.cpp's ggml and the one runlm links cannot share one).
 - **KV bytes at ``--kv-context`` tokens** (8k): what the native runner allocates per dtype (its own allocation
-  function), and the ratio q8_0 / fp32.
+  function), and the ratios fp16 / fp32 and q8_0 / fp32.
 - **Decode speed at a long context**: tokens per second of ``--gen`` greedy tokens after a ``--context``-token
-  prompt (the request's first-token to finished times), fp32 cache against q8_0, children alternating for
+  prompt (the request's first-token to finished times), fp32 cache against fp16 and q8_0, children alternating for
   ``--rounds`` rounds.
 
     .venv/bin/python bench/kv_cache_bench.py --rounds 2
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.quant_bench import prompt_ids  # noqa: E402
 
+DTYPES = ("fp32", "fp16", "q8_0")  # the native runner's caches (fp16: its default)
 LLAMA_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values (an f32 cache, type 0, gave the f16 logits: not taken)
 
 
@@ -60,7 +62,7 @@ def child_runlm_logits(path: Path, ids: list[int], out: Path) -> None:
     native = native_model(path, EngineConfig(model=str(path), max_model_len=len(ids)))
     if native is None:
         raise SystemExit("the native runner does not run this file")
-    for dtype in ("auto", "q8_0"):
+    for dtype in DTYPES:
         np.save(out / f"runlm-{dtype}.npy", native_logits(native.model, ids, len(ids), dtype).numpy())
 
 
@@ -129,9 +131,11 @@ def measure_kl(path: Path, positions: int) -> dict:
         load = lambda name: np.load(Path(tmp) / f"{name}.npy", mmap_mode="r")  # noqa: E731
         top1 = lambda a, b: float((load(a).argmax(-1) == load(b).argmax(-1)).mean())  # noqa: E731
         return {"positions": positions,
-                "runlm q8_0 vs fp32": mean_kl(load("runlm-auto"), load("runlm-q8_0")),
+                "runlm fp16 vs fp32": mean_kl(load("runlm-fp32"), load("runlm-fp16")),
+                "runlm q8_0 vs fp32": mean_kl(load("runlm-fp32"), load("runlm-q8_0")),
                 "llama.cpp q8_0 vs f16": mean_kl(load("llamacpp-f16"), load("llamacpp-q8_0")),
-                "runlm top1 agreement": top1("runlm-auto", "runlm-q8_0"),
+                "runlm fp16 top1 agreement": top1("runlm-fp32", "runlm-fp16"),
+                "runlm q8_0 top1 agreement": top1("runlm-fp32", "runlm-q8_0"),
                 "llama.cpp top1 agreement (vs f16)": top1("llamacpp-f16", "llamacpp-q8_0")}
 
 
@@ -142,11 +146,11 @@ def kv_bytes(path: Path, tokens: int) -> dict:
 
     c = ModelConfig.from_gguf(GGUFFile(path))
     sizes = {}
-    for dtype in ("auto", "q8_0"):
+    for dtype in DTYPES:
         caches = [allocate(dtype, tokens, c.num_kv_heads, c.head_dim) for _ in range(c.num_layers)]
         sizes[dtype] = sum(k.nbytes + v.nbytes for k, v in caches)
-    return {"tokens": tokens, "fp32 MiB": sizes["auto"] / 2**20, "q8_0 MiB": sizes["q8_0"] / 2**20,
-            "q8_0 / fp32": sizes["q8_0"] / sizes["auto"]}
+    return {"tokens": tokens, **{f"{d} MiB": sizes[d] / 2**20 for d in DTYPES},
+            "fp16 / fp32": sizes["fp16"] / sizes["fp32"], "q8_0 / fp32": sizes["q8_0"] / sizes["fp32"]}
 
 
 def main() -> None:
@@ -178,7 +182,7 @@ def main() -> None:
     if args.positions:
         print("KL:", json.dumps(measure_kl(path, args.positions)), flush=True)
     if args.context:
-        speeds: dict[str, list[float]] = {"auto": [], "q8_0": []}
+        speeds: dict[str, list[float]] = {d: [] for d in DTYPES}
         for _ in range(args.rounds):
             for dtype in speeds:
                 out = subprocess.run([sys.executable, __file__, "--child", "decode", "--model", str(path), "--dtype",
@@ -188,8 +192,9 @@ def main() -> None:
                 speeds[dtype].append(json.loads(out.stdout.strip().splitlines()[-1])["decode_tok_s"])
                 print(f"  {dtype}: {speeds[dtype][-1]:.1f} tok/s", flush=True)
         best = {d: max(v) for d, v in speeds.items()}
-        print(f"decode at {args.context} context, tok/s (best of {args.rounds}): fp32 {best['auto']:.1f}, "
-              f"q8_0 {best['q8_0']:.1f} ({best['q8_0'] / best['auto']:.2f}x); all: {json.dumps(speeds)}")
+        print(f"decode at {args.context} context, tok/s (best of {args.rounds}): fp32 {best['fp32']:.1f}, "
+              f"fp16 {best['fp16']:.1f} ({best['fp16'] / best['fp32']:.2f}x), q8_0 {best['q8_0']:.1f} "
+              f"({best['q8_0'] / best['fp32']:.2f}x); all: {json.dumps(speeds)}")
     return None
 
 

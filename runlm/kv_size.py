@@ -9,9 +9,11 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, bytes_
     return 2 * num_layers * num_kv_heads * head_dim * bytes_per_value
 
 
-# --kv-cache-dtype (vLLM's name): "auto" keeps the cache in the compute dtype (fp32 on the CPU); "q8_0" stores it
-# in llama.cpp's q8_0 blocks, 34 bytes (an fp16 scale and 32 int8) per 32 values, on the native runner.
-KV_CACHE_DTYPES = ("auto", "q8_0")
+# --kv-cache-dtype (vLLM's name): "auto" lets the runner choose (the native runner fp16, llama.cpp's and Ollama's
+# default; the torch and GPU runners the compute dtype); "fp32" and "fp16" name the native runner's, and "q8_0"
+# stores the cache in llama.cpp's q8_0 blocks, 34 bytes (an fp16 scale and 32 int8) per 32 values.
+KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "q8_0")
+NATIVE_AUTO = "fp16"  # what "auto" is on the native (CPU) runner
 Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34
 
 
@@ -29,8 +31,10 @@ def q8_row_bytes(head_dim: int) -> int:
 def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str,
                              bytes_per_value: int = 4) -> int:
     """kv_bytes_per_token for a cache of kv_cache_dtype ("auto": bytes_per_value per value)."""
-    if check_kv_cache_dtype(kv_cache_dtype) == "q8_0":
+    kind = check_kv_cache_dtype(kv_cache_dtype)
+    if kind == "q8_0":
         if head_dim % Q8_BLOCK:
             raise ValueError(f"a q8_0 KV cache needs head_dim a multiple of 32, not {head_dim}")
         return 2 * num_layers * num_kv_heads * q8_row_bytes(head_dim)
-    return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value)
+    size = {"fp16": 2, "fp32": 4}.get(kind, bytes_per_value)
+    return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, size)

@@ -115,7 +115,8 @@ class EngineCore:
         log.info("engine ready: %s; runner %s; max_model_len %d; KV cache %d blocks x %d tokens (%.1f MiB, %s); "
                  "%s numerics; kernels: %s; %d threads", type(self).__name__, self.runner_desc, self.max_model_len,
                  len(self.blocks.blocks), self.blocks.block_size, kv_bytes / (1 << 20),
-                 "q8_0" if self.config.kv_cache_dtype == "q8_0" else str(self.config.dtype).removeprefix("torch."),
+                 self.config.kv_cache_dtype if self.config.kv_cache_dtype != "auto" else
+                 str(self.config.dtype).removeprefix("torch."),
                  "exact" if self.config.exact_numerics else "fast", ", ".join(kinds) or "torch fallback", threads)
 
     # ---- requests -------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from runlm.engine.core.detokenizer import CUMULATIVE, RequestState, append_token, make_output, new_request_state
@@ -30,7 +31,7 @@ from runlm.engine.types.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.types.outputs import RequestOutput
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
-from runlm.kv_size import kv_cache_bytes_per_token
+from runlm.kv_size import NATIVE_AUTO, kv_cache_bytes_per_token
 from runlm.models.spec import ModelSpec, read_spec
 from runlm.sizes import return_free_heap
 
@@ -47,6 +48,8 @@ class LLMEngine(EngineCore):
         spec = spec or read_spec(config.model, config.mmproj)
         self.choice = select_runner(spec, config)  # which runner computes, and why not the ones before it
         self.native, self.runner_desc = self.choice.kind.torch_free, self.choice.describe()
+        if config.kv_cache_dtype == "auto" and self.native:  # the native runner's own choice: fp16 rows
+            self.config = config = replace(config, kv_cache_dtype=NATIVE_AUTO)
         self.loaded = self._load(spec)
         # before the cache is allocated: its untouched pages would otherwise land on the load's freed, resident ones
         return_free_heap()

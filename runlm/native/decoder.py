@@ -101,8 +101,8 @@ class Decoder(Handle):
         ok(native.runlm_decoder_check(handle))  # every layer's shapes against the decoder's
 
     def set_kv_caches(self, caches: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """Each layer's (k, v) cache, fp32 [slots, kv_heads, head_dim], or uint8 [slots, kv_heads, head_dim / 32 *
-        34] for q8_0 blocks (runlm.native.kv_cache); kept alive until replaced."""
+        """Each layer's (k, v) cache, fp32 or fp16 [slots, kv_heads, head_dim], or uint8 [slots, kv_heads,
+        head_dim / 32 * 34] for q8_0 blocks (runlm.native.kv_cache); kept alive until replaced."""
         if len(caches) != len(self.layers):
             raise ValueError(f"{len(caches)} caches for {len(self.layers)} layers")
         native = lib()
@@ -112,6 +112,13 @@ class Decoder(Handle):
                 check_shape(f"k_cache {i}", k.shape, (k.shape[0], self.kv_heads, q8_row_bytes(self.head_dim)))
                 check_shape(f"v_cache {i}", v.shape, k.shape)
                 ok(native.runlm_decoder_set_cache_q8(self.handle, i, kp, vp, k.shape[0]))
+                continue
+            if k.dtype == np.float16:
+                half = np.dtype(np.float16)
+                kp, vp = arr(k, half, f"k_cache {i}", 3), arr(v, half, f"v_cache {i}", 3)
+                check_shape(f"k_cache {i}", k.shape, (k.shape[0], self.kv_heads, self.head_dim))
+                check_shape(f"v_cache {i}", v.shape, k.shape)
+                ok(native.runlm_decoder_set_cache_f16(self.handle, i, kp, vp, k.shape[0]))
                 continue
             kp, vp = arr(k, F32, f"k_cache {i}", 3), arr(v, F32, f"v_cache {i}", 3)
             check_shape(f"k_cache {i}", k.shape, (k.shape[0], self.kv_heads, self.head_dim))

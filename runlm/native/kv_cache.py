@@ -20,7 +20,11 @@ def why_not_q8(head_dim: int) -> str | None:
 def allocate(kv_cache_dtype: str, slots: int, kv_heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
     """One layer's (k, v) cache. Empty, not zeros: attention reads only slots already written, and untouched
     pages cost no RAM."""
-    if check_kv_cache_dtype(kv_cache_dtype) == "q8_0":
+    kind = check_kv_cache_dtype(kv_cache_dtype)
+    if kind == "fp16":
+        shape = (slots, kv_heads, head_dim)
+        return np.empty(shape, dtype=np.float16), np.empty(shape, dtype=np.float16)
+    if kind == "q8_0":
         reason = why_not_q8(head_dim)
         if reason is not None:
             raise ValueError(reason)

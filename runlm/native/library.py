@@ -46,6 +46,7 @@ def _declare(library: ctypes.CDLL) -> None:
                                             _P, _P, _P, _P, _P, c_int64, c_float, c_int64, c_float, c_int]),
         "runlm_decoder_set_cache": (c_int, [c_void_p, c_int64, _P, _P, c_int64]),
         "runlm_decoder_set_cache_q8": (c_int, [c_void_p, c_int64, _P, _P, c_int64]),
+        "runlm_decoder_set_cache_f16": (c_int, [c_void_p, c_int64, _P, _P, c_int64]),
         "runlm_kv_q8_quantize": (c_int, [_P, c_int64, c_int64, _P]),
         "runlm_decoder_check": (c_int, [c_void_p]),
         "runlm_decoder_forward": (c_int, [c_void_p, _P, _P, _P, c_int64, _P, _P, c_int64, _P, c_int64, _P]),

@@ -43,7 +43,7 @@ class RayServeArgs(BaseModel):
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)
     kv_cache_memory: str | None = Field(None, description="bytes such as 2GiB")
-    kv_cache_dtype: Literal["auto", "q8_0"] = "auto"
+    kv_cache_dtype: Literal["auto", "fp32", "fp16", "q8_0"] = "auto"
     max_waiting: int = Field(256, ge=0)
     max_body_size: str = "32MiB"
     # Serve's autoscaling on queue depth

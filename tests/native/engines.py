@@ -9,8 +9,9 @@ from runlm.engine.llm import LLM
 
 
 def native_and_torch(path: str, **kw: Any) -> tuple[LLM, LLM]:
-    """(native, torch fast path) engines on the model at ``path`` (``RUNLM_NATIVE_RUNNER=0`` forces the torch one)."""
-    native = LLM(path, **kw)
+    """(native, torch fast path) engines on the model at ``path`` (``RUNLM_NATIVE_RUNNER=0`` forces the torch one). The
+    native one keeps an fp32 KV cache, as the torch one does, so that their numbers can be compared to the bit."""
+    native = LLM(path, **{"kv_cache_dtype": "fp32", **kw})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RUNLM_NATIVE_RUNNER", "0")
         fused = LLM(path, **kw)

@@ -62,7 +62,7 @@ def test_blocks_are_llama_cpps_q8_0_with_fitted_scales() -> None:
 
 def test_q8_0_cache_holds_3_76x_the_tokens_and_keeps_requests_independent() -> None:
     path = str(converted_gguf("qwen3", "q8_0"))  # head_dim 32
-    fp32, q8 = LLM(path, **KW), LLM(path, kv_cache_dtype="q8_0", **KW)
+    fp32, q8 = LLM(path, kv_cache_dtype="fp32", **KW), LLM(path, kv_cache_dtype="q8_0", **KW)
     assert fp32.engine.native and q8.engine.native
     cfg = q8.engine.loaded.config
     assert q8.engine.kv_bytes_per_token == kv_cache_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
@@ -87,7 +87,7 @@ def test_kl_from_the_fp32_cache_is_within_llama_cpps(smollm2_gguf) -> None:
     assert native is not None
     ids = native.tokenizer.encode(english_text())[:KL_POSITIONS]
     assert len(ids) == KL_POSITIONS and isinstance(native.tokenizer, Tokenizer)
-    fp32 = native_logits(native.model, ids, KL_POSITIONS)
+    fp32 = native_logits(native.model, ids, KL_POSITIONS, "fp32")
     q8 = native_logits(native.model, ids, KL_POSITIONS, "q8_0")
     kl = mean_kl(fp32, q8)
     assert 0 < kl <= LLAMA_CPP_Q8_KL * KL_TOLERANCE
@@ -100,5 +100,5 @@ def test_where_the_torch_runner_would_run_q8_0_is_refused_with_the_reason() -> N
         LLM(path, kv_cache_dtype="q8_0", exact_numerics=True, **KW)
     with pytest.raises(ValueError, match="head_dim a multiple of 32, not 16"):
         LLM(str(converted_gguf("llama", "q8_0")), kv_cache_dtype="q8_0", **KW)
-    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, q8_0"):
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp32, fp16, q8_0"):
         LLM(path, kv_cache_dtype="fp8", **KW)

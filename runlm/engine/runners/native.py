@@ -91,7 +91,7 @@ class NativeKind:
     """The native CPU runner: C++ kernels on the weights as stored, no torch in the process."""
     name = "native"
     torch_free = True
-    kv_cache_dtypes = ("auto", "q8_0")
+    kv_cache_dtypes = ("auto", "fp32", "fp16", "q8_0")
 
     def applies(self, config: EngineConfig) -> bool:
         return True

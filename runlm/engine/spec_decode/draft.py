@@ -28,7 +28,7 @@ from runlm.engine.runners.native import native_model
 from runlm.engine.runners.threads import set_native_threads, set_torch_threads
 from runlm.engine.sample.sampler import draw, probabilities
 from runlm.engine.types.config import EngineConfig, dtype_itemsize
-from runlm.kv_size import kv_bytes_per_token
+from runlm.kv_size import kv_cache_bytes_per_token
 from runlm.models.native import NativeLoaded
 from runlm.models.spec import read_spec
 
@@ -83,7 +83,8 @@ def draft_kv_bytes_per_token(draft: LoadedModel | NativeLoaded | None, config: E
     if draft is None:
         return 0
     c = draft.config
-    return kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, dtype_itemsize(config.dtype))
+    dtype = config.kv_cache_dtype if isinstance(draft, NativeLoaded) else "auto"  # a native draft: the target's kind
+    return kv_cache_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, dtype, dtype_itemsize(config.dtype))
 
 
 class DraftModelProposer:

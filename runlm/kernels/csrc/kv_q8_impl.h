@@ -1,6 +1,8 @@
-// An 8-bit KV cache in llama.cpp's q8_0 block format (per 32 values: an fp16 scale d, then 32 int8 q;
-// value = d * q), for runlm's torch-free runner (--kv-cache-dtype q8_0): 34 bytes per 32 values instead
-// of 128, so a cache holds ~3.76x the tokens of the fp32 one.
+// Packed KV caches for runlm's torch-free runner: fp16 rows (--kv-cache-dtype fp16, the runner's default: 2 bytes
+// a value, half the fp32 cache's memory and reads) and an 8-bit cache in llama.cpp's q8_0 block format (per 32
+// values: an fp16 scale d, then 32 int8 q; value = d * q; --kv-cache-dtype q8_0): 34 bytes per 32 values instead
+// of 128, so a cache holds ~3.76x the tokens of the fp32 one. fp16 rows are rounded to nearest (F16C's
+// vcvtps2ph), any head_dim; the rest of this note is about both.
 //
 // Writing: the step's K/V rows are computed in fp32 exactly as for the fp32 cache (qkv_rope_store into
 // a step-sized staging buffer), then each (row, KV head) is quantized into its cache slot (quantize_row:
@@ -10,7 +12,7 @@
 // K dot products; keeping it fp32 costs little and loses nothing). Every result still depends only on
 // the row's own q, context and position: batch-invariant, as the fp32 path.
 //
-// Needs head_dim a multiple of 32 (checked where the cache is set).
+// q8_0 needs head_dim a multiple of 32 (checked where the cache is set).
 #pragma once
 
 #include <immintrin.h>
@@ -120,9 +122,39 @@ inline void dequantize_row(const uint8_t* x, float* y, int64_t d) {
   }
 }
 
-// Each layer's two caches, [cache_slots, KVH, row_bytes(D)] bytes each; null: the layer's cache is fp32.
+// x [d] fp32 -> y [d] fp16, rounded to nearest even.
+inline void to_half_row(const float* x, uint16_t* y, int64_t d) {
+  int64_t i = 0;
+  for (; i + 8 <= d; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < d; ++i) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+// x [d] fp16 -> y [d] fp32 (exact).
+inline void from_half_row(const uint16_t* x, float* y, int64_t d) {
+  int64_t i = 0;
+  for (; i + 8 <= d; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+  for (; i < d; ++i) y[i] = _cvtsh_ss(x[i]);
+}
+
+// Each layer's two caches, [cache_slots, KVH, bytes(D)] bytes each: q8_0 blocks, or fp16 rows where ``half``;
+// null: the layer's cache is fp32.
 struct Cache {
   uint8_t *k = nullptr, *v = nullptr;
+  bool half = false;
+
+  int64_t bytes(int64_t d) const { return half ? 2 * d : row_bytes(d); }
+
+  void pack(const float* x, uint8_t* y, int64_t d) const {
+    if (half) to_half_row(x, reinterpret_cast<uint16_t*>(y), d);
+    else quantize_row(x, y, d);
+  }
+
+  void unpack(const uint8_t* x, float* y, int64_t d) const {
+    if (half) from_half_row(reinterpret_cast<const uint16_t*>(x), y, d);
+    else dequantize_row(x, y, d);
+  }
 };
 
 // The step's fp32 K/V rows before they are quantized: [T, KVH, D] each, and the slots 0..T-1 that
@@ -139,40 +171,42 @@ struct Staging {
   }
 };
 
-// Rows [T, KVH, D] of k and v quantized into the caches at slot_mapping[T].
+// Rows [T, KVH, D] of k and v packed into the caches at slot_mapping[T].
 inline void store(const float* k, const float* v, const int64_t* slot_mapping, int64_t t, int64_t kv_heads, int64_t d,
                   const Cache& cache) {
-  const int64_t rb = row_bytes(d);
+  const int64_t rb = cache.bytes(d);
   parallel_for(0, t * kv_heads, 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t r = i / kv_heads, h = i % kv_heads, at = (slot_mapping[r] * kv_heads + h) * rb;
-      quantize_row(k + i * d, cache.k + at, d);
-      quantize_row(v + i * d, cache.v + at, d);
+      cache.pack(k + i * d, cache.k + at, d);
+      cache.pack(v + i * d, cache.v + at, d);
     }
   });
 }
 
 namespace attn = runlm::attention;
 
-// attention::row over q8_0 caches: each context row dequantized once into kb / vb ([D] scratch).
+// attention::row over packed caches: each context row unpacked once into kb ([D] scratch).
 inline void row(const attn::Args& a, const Cache& c, int64_t t, int64_t kvh, int64_t p, const int64_t* slots,
                 float* scores, float* acc, float* kb, float* inv) {
   const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
-  const int64_t L = p - lo + 1, rb = row_bytes(a.D);
+  const int64_t L = p - lo + 1, rb = c.bytes(a.D);
   const float* q = a.q + (t * a.H + kvh * a.G) * a.D;
   for (int64_t j = 0; j < L; ++j) {
-    dequantize_row(c.k + (slots[lo + j] * a.KVH + kvh) * rb, kb, a.D);
+    c.unpack(c.k + (slots[lo + j] * a.KVH + kvh) * rb, kb, a.D);
     for (int64_t g = 0; g < a.G; ++g) scores[g * L + j] = attn::dot(a, q + g * a.D, kb) * a.scale;
   }
   attn::softmax(a, scores, L, inv);
   std::fill(acc, acc + a.G * a.D, 0.0f);
   for (int64_t j = 0; j < L; ++j) {
-    dequantize_row(c.v + (slots[lo + j] * a.KVH + kvh) * rb, kb, a.D);
+    c.unpack(c.v + (slots[lo + j] * a.KVH + kvh) * rb, kb, a.D);
     for (int64_t g = 0; g < a.G; ++g) {
       const __m256 w = _mm256_set1_ps(scores[g * L + j]);
       float* o = acc + g * a.D;
-      for (int64_t d = 0; d < a.D; d += 8)
+      int64_t d = 0;
+      for (; d + 8 <= a.D; d += 8)
         _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, _mm256_loadu_ps(kb + d), _mm256_loadu_ps(o + d)));
+      for (; d < a.D; ++d) o[d] = std::fma(scores[g * L + j], kb[d], o[d]);
     }
   }
   for (int64_t g = 0; g < a.G; ++g) {
@@ -181,12 +215,13 @@ inline void row(const attn::Args& a, const Cache& c, int64_t t, int64_t kvh, int
   }
 }
 
-// attention::paged_attention over q8_0 caches (same rows, same split of work across threads).
+// attention::paged_attention over packed caches (same rows, same split of work across threads).
 inline void paged_attention(const float* q, const Cache& cache, const int64_t* slots, const attn::RowPlan& plan,
                             int64_t T, int64_t H, int64_t KVH, int64_t D, float scale, int64_t window, float softcap,
                             float* out) {
   const int64_t G = H / KVH, max_len = plan.max_len;
-  const attn::Args a{q, nullptr, nullptr, slots, out, H, KVH, D, G, D, attn::first_lanes(0), scale, window, softcap};
+  const attn::Args a{q, nullptr, nullptr, slots, out, H, KVH, D, G, D / 8 * 8, attn::first_lanes(D % 8), scale, window,
+                     softcap};
   parallel_for(0, T * KVH, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(G * max_len), acc(G * D), kb(D), inv(G);
     for (int64_t i = i0; i < i1; ++i) {

@@ -204,6 +204,15 @@ int runlm_decoder_set_cache_q8(void* handle, int64_t i, uint8_t* k_cache, uint8_
   return 0;
 }
 
+// Layer i's KV cache in fp16 rows (kv_q8_impl.h): k/v [cache_slots, kv_heads, head_dim] halves.
+int runlm_decoder_set_cache_f16(void* handle, int64_t i, uint8_t* k_cache, uint8_t* v_cache, int64_t cache_slots) {
+  auto* dec = static_cast<Decoder*>(handle);
+  if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
+  Layer& l = dec->layers[static_cast<size_t>(i)];
+  l.k_cache = nullptr, l.v_cache = nullptr, l.q8 = {k_cache, v_cache, true}, l.cache_slots = cache_slots;
+  return 0;
+}
+
 // n rows of d floats (d a multiple of 32) into q8_0 blocks [n, d / 32 * 34], as the q8_0 KV cache stores them.
 int runlm_kv_q8_quantize(const float* x, int64_t n, int64_t d, uint8_t* out) {
   const std::string bad = runlm::kv_q8::check_head_dim(d);

@@ -61,7 +61,7 @@ struct Layer {
   float softcap = 0.0f; // 0: none
   bool gelu = false;    // the MLP's activation: gelu_tanh, else silu
   float *k_cache = nullptr, *v_cache = nullptr;  // [cache_slots, KVH, D]
-  kv_q8::Cache q8;                                // set instead of k_cache / v_cache: a q8_0 cache
+  kv_q8::Cache q8;                                // set instead of k_cache / v_cache: a q8_0 or fp16 cache
   int64_t cache_slots = 0;
   const moe::Experts* moe = nullptr;  // a mixture of experts instead of gate_up / down (moe_impl.h)
   FamilyOpts fam;
@@ -186,7 +186,7 @@ struct Decoder {
       const int64_t* context = g == 0 ? flat_slots : groups.flat + (g - 1) * n_flat;
       l.qkv->apply(hp, t, qkv.data(), quantized);
       lora.apply(i, lora::kQkv, hp, hidden, qkv.data(), l.qkv->out());
-      float *kc = l.k_cache, *vc = l.v_cache;  // a q8_0 cache: fp32 rows 0..t-1 of kv8, quantized below
+      float *kc = l.k_cache, *vc = l.v_cache;  // a packed cache: fp32 rows 0..t-1 of kv8, packed below
       const int64_t* kv_slots = slots;
       if (l.q8.k) kv8.grow(t, kv_heads * head_dim), kc = kv8.k.data(), vc = kv8.v.data(), kv_slots = kv8.slots.data();
       fused::qkv_rope_store(qkv.data(), positions, l.cos, l.sin, kc, vc, kv_slots, shape, l.q_norm, l.k_norm, eps,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runlm import __version__
-from runlm.kv_size import KV_CACHE_DTYPES
+from runlm.kv_size import KV_CACHE_DTYPES, NATIVE_AUTO
 from runlm.runner.backends.base import STATUS_RUNNING, RequiredMemory, format_status
 from runlm.runner.backends.flags import is_float, is_int, is_size
 from runlm.runner.backends.process import ProcessBackend
@@ -39,18 +39,22 @@ def weight_bytes(model: StoredModel) -> int:
 
 
 def kv_cache_bytes(model: StoredModel, context: int, config: BackendConfig | None = None) -> int:
-    """fp32 K/V for KV_SEQUENCES full-context sequences; with a draft model, the draft's K/V too (the engine
-    keeps it in the same blocks and splits the cache by both models' bytes per token)."""
+    """K/V for KV_SEQUENCES full-context sequences (fp16 for a GGUF model, which the native runner serves; fp32 for
+    others, which it may not); with a draft model, the draft's K/V too (the engine keeps it in the same blocks and
+    splits the cache by both models' bytes per token)."""
     if "completion" not in model.info.capabilities:
         return MIN_KV_BYTES
-    per_token = model.info.kv_cache_bytes_per_token(kv_cache_dtype(config) if config is not None else "auto")
+    dtype = kv_cache_dtype(config) if config is not None else "auto"
+    if dtype == "auto" and model.info.format == "gguf":
+        dtype = NATIVE_AUTO
+    per_token = model.info.kv_cache_bytes_per_token(dtype)
     if config is not None and config.speculative is not None:
         per_token += config.speculative.draft_kv_bytes_per_token
     return max(per_token * context * KV_SEQUENCES, MIN_KV_BYTES)
 
 
 def kv_cache_dtype(config: BackendConfig) -> str:
-    """The KV cache's storage a --kv-cache-dtype runtime flag asks for ("auto" without one)."""
+    """The KV cache's storage a --kv-cache-dtype runtime flag asks for ("auto" without one: the runner's choice)."""
     value = flag_value(config.runtime_flags, "--kv-cache-dtype") or "auto"
     return value if value in KV_CACHE_DTYPES else "auto"
 

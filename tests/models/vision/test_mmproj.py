@@ -241,7 +241,7 @@ def test_native_runner_splices_image_rows_as_the_torch_runner_does(family, files
     _needs_native(family)
     text = _gguf_files(family, "q8_0")[0]
     image = make_image(96, 64, seed=3)
-    native = LLM(str(text), mmproj=str(files[1]))
+    native = LLM(str(text), mmproj=str(files[1]), kv_cache_dtype="fp32")  # the torch runner's cache, to the bit
     assert native.engine.native, "the text GGUF runs on the native runner"
     assert native.engine.modalities == ("text", "image")
     got = _generate(native, image)
@@ -260,7 +260,7 @@ def test_native_runner_splices_image_rows_as_the_torch_runner_does(family, files
             == torch_llm.generate("Hello there", params)[0].outputs[0].token_ids)
     monkeypatch.delenv("RUNLM_NATIVE_RUNNER")
     # prefill in chunks of 8 tokens: every image's rows land in several steps, each step given its slice
-    chunked = LLM(str(text), mmproj=str(files[1]), max_num_batched_tokens=8)
+    chunked = LLM(str(text), mmproj=str(files[1]), max_num_batched_tokens=8, kv_cache_dtype="fp32")
     assert chunked.engine.native
     assert _generate(chunked, image) == got
 
