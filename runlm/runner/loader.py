@@ -20,6 +20,7 @@ import httpx
 
 from runlm.runner.backends import DEFAULT_BACKEND, IMAGE_BACKEND, Backend, BackendError
 from runlm.runner.backends.base import RequiredMemory
+from runlm.runner.backends.native import estimated_kv_dtype
 from runlm.runner.config import KEEP_ALIVE_DEFAULT, BackendConfig, BackendMode, ConfigError
 from runlm.runner.errors import BackendUnavailable, BadRequest, Busy, Conflict, ModelTooLarge, NotFound
 from runlm.runner.health import watch_health
@@ -210,8 +211,9 @@ class Loader:
         if config.speculative and config.speculative.draft_model_path is None:
             draft = await self.model(config.speculative.draft_model)
             path = await asyncio.to_thread(self.store.model_path, draft)
+            per_token = draft.info.kv_cache_bytes_per_token(estimated_kv_dtype(draft, config))  # (the target's kind)
             config = replace(config, speculative=replace(config.speculative, draft_model_path=str(path),
-                                                         draft_kv_bytes_per_token=draft.info.kv_bytes_per_token(4)))
+                                                         draft_kv_bytes_per_token=per_token))
         return config
 
     async def _make_room(self, need: RequiredMemory, model: StoredModel) -> None:

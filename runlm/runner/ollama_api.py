@@ -296,6 +296,13 @@ async def generate(request: Request) -> Response:
         return await _load_or_unload(request, name, pop_keep_alive(body), False, sampling_fields(body)[1])
     if not isinstance(prompt, str):
         raise BadRequest("'prompt' must be a string", param="prompt")
+    if body.get("template"):  # Ollama's Go template: refused, never silently replaced by the model's own
+        raise BadRequest("'template' (a Go template) is not supported: runlm renders the model's own chat template "
+                         "(serve-engine --chat-template-file sets another); send raw: true with a prompt you built",
+                         param="template")
+    if body.get("context"):
+        raise BadRequest("'context' (token ids of an earlier answer) is not supported: send the conversation as "
+                         "messages to /api/chat", param="context")
     if body.get("images") and body.get("raw"):
         raise BadRequest("images go through the model's chat template; a raw prompt cannot carry them", param="images")
     if "image-generation" in (await request.app.state.loader.model(name)).info.capabilities:

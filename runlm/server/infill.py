@@ -22,7 +22,7 @@ from runlm.formats.fim import ExtraChunk, NoFim, infill_prompt
 from runlm.server.body import parse_body
 from runlm.server.errors import APIError, bad_request
 from runlm.server.generation import TicketedStreamingResponse, new_id, start_generation
-from runlm.server.protocol import CompletionRequest, Float, Int, _Body
+from runlm.server.protocol import CompletionRequest, Float, Int, LlamaSamplers, _Body
 from runlm.server.sampling import to_sampling_params
 from runlm.server.sse import HEADERS, error_event
 from runlm.server.state import ServerState
@@ -37,7 +37,7 @@ class ExtraContext(_Body):
     filename: StrictStr = "tmp"
 
 
-class InfillRequest(_Body):
+class InfillRequest(LlamaSamplers):
     """llama-server's /infill body (its sampling names)."""
     model: StrictStr | None = None
     input_prefix: StrictStr
@@ -53,29 +53,15 @@ class InfillRequest(_Body):
     seed: Int | None = None
     stop: list[StrictStr] | None = None
     repeat_penalty: Float | None = None
-    repeat_last_n: Int | None = None
     presence_penalty: Float | None = None
     frequency_penalty: Float | None = None
-    typical_p: Float | None = None
-    top_n_sigma: Float | None = None
-    xtc_probability: Float | None = None
-    xtc_threshold: Float | None = None
-    mirostat: Int | None = None
-    mirostat_tau: Float | None = None
-    mirostat_eta: Float | None = None
-    dry_multiplier: Float | None = None
-    dry_base: Float | None = None
-    dry_allowed_length: Int | None = None
-    dry_penalty_last_n: Int | None = None
     ignore_eos: bool = False
     n_probs: Int | None = None
 
 
 _RENAMED = {"repeat_penalty": "repetition_penalty", "n_probs": "logprobs"}
-_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "repeat_penalty", "repeat_last_n",
-             "presence_penalty", "frequency_penalty", "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold",
-             "mirostat", "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base", "dry_allowed_length",
-             "dry_penalty_last_n", "ignore_eos", "n_probs")
+_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "repeat_penalty", "presence_penalty",
+             "frequency_penalty", "ignore_eos", "n_probs", *LlamaSamplers.model_fields)
 
 
 @router.post("/infill", openapi_extra=json_body(InfillRequest))

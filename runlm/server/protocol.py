@@ -28,8 +28,25 @@ class StreamOptions(_Body):
     continuous_usage_stats: StrictBool | None = False
 
 
-class _Sampling(_Body):
-    """The sampling fields shared by chat and completions (OpenAI's, then vLLM's extras)."""
+class LlamaSamplers(_Body):
+    """llama-server's samplers by its names: DRY (runlm's looks at generated tokens only), the window
+    repetition_penalty looks at (repeat_last_n), typical-p, top-n-sigma, XTC, mirostat."""
+    dry_multiplier: Float | None = None
+    dry_base: Float | None = None
+    dry_allowed_length: Int | None = None
+    dry_penalty_last_n: Int | None = None
+    repeat_last_n: Int | None = None
+    typical_p: Float | None = None
+    top_n_sigma: Float | None = None
+    xtc_probability: Float | None = None
+    xtc_threshold: Float | None = None
+    mirostat: Int | None = None
+    mirostat_tau: Float | None = None
+    mirostat_eta: Float | None = None
+
+
+class _Sampling(LlamaSamplers):
+    """The sampling fields shared by chat and completions (OpenAI's, then vLLM's and llama-server's extras)."""
     model: StrictStr | None = None
     n: Int = 1
     stream: StrictBool | None = False
@@ -47,20 +64,6 @@ class _Sampling(_Body):
     top_k: Int | None = None
     min_p: Float | None = None
     repetition_penalty: Float | None = None
-    # llama.cpp's DRY sampler (runlm's looks at generated tokens only) and vLLM's logprobs_mode
-    dry_multiplier: Float | None = None
-    dry_base: Float | None = None
-    dry_allowed_length: Int | None = None
-    dry_penalty_last_n: Int | None = None
-    # more of llama-server's samplers, its names (repeat_last_n: the window repetition_penalty looks at)
-    repeat_last_n: Int | None = None
-    typical_p: Float | None = None
-    top_n_sigma: Float | None = None
-    xtc_probability: Float | None = None
-    xtc_threshold: Float | None = None
-    mirostat: Int | None = None
-    mirostat_tau: Float | None = None
-    mirostat_eta: Float | None = None
     logprobs_mode: StrictStr | None = None
     ignore_eos: StrictBool = False
     min_tokens: Int = 0

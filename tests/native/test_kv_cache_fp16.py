@@ -9,20 +9,14 @@ import numpy as np
 import pytest
 
 from runlm.engine.llm import LLM
-from runlm.engine.types.sampling_params import SamplingParams
 from runlm.native import kernels
 from runlm.native.kv_cache import allocate
 from tests.fixtures.gguf_convert import converted_gguf
+from tests.native.engines import KV_KW, KV_PROMPTS, greedy
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the native kernels are unavailable here")
 
-KW = dict(block_size=16, max_num_batched_tokens=64, kv_cache_memory="8MiB", max_model_len=512)
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village, there lived"]
-
-
-def _greedy(llm: LLM, prompts: list[str], n: int = 12) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=2)
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+KW, PROMPTS = KV_KW, KV_PROMPTS
 
 
 def test_the_native_default_is_fp16_at_half_the_memory_and_requests_stay_independent() -> None:
@@ -33,8 +27,8 @@ def test_the_native_default_is_fp16_at_half_the_memory_and_requests_stay_indepen
     assert len(default.engine.blocks.blocks) == 2 * len(fp32.engine.blocks.blocks)  # the same budget, twice the tokens
     k, v = default.engine.runner.kv_caches[0]
     assert k.dtype == np.float16 and v.shape == k.shape
-    together = _greedy(default, PROMPTS)
-    assert [_greedy(default, [p])[0] for p in PROMPTS] == together
+    together = greedy(default, PROMPTS)
+    assert [greedy(default, [p])[0] for p in PROMPTS] == together
     exact = LLM(path, exact_numerics=True, **KW)  # exact mode keeps the reference numerics: an fp32 cache
     assert not exact.engine.native and exact.engine.config.kv_cache_dtype == "auto"
 

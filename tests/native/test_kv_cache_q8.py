@@ -16,23 +16,17 @@ import numpy as np
 import pytest
 
 from runlm.engine.llm import LLM
-from runlm.engine.types.sampling_params import SamplingParams
 from runlm.kv_size import kv_cache_bytes_per_token
 from runlm.native import kernels
 from tests.fixtures.gguf_convert import converted_gguf
+from tests.native.engines import KV_KW, KV_PROMPTS, greedy
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the native kernels are unavailable here")
 
 LLAMA_CPP_Q8_KL = 0.003979
 KL_TOLERANCE = 1.10
 KL_POSITIONS = 1536
-KW = dict(block_size=16, max_num_batched_tokens=64, kv_cache_memory="8MiB", max_model_len=512)
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village, there lived"]
-
-
-def _greedy(llm: LLM, prompts: list[str], n: int = 16) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=2)
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+KW, PROMPTS = KV_KW, KV_PROMPTS
 
 
 def test_blocks_are_llama_cpps_q8_0_with_fitted_scales() -> None:
@@ -70,10 +64,10 @@ def test_q8_0_cache_holds_3_76x_the_tokens_and_keeps_requests_independent() -> N
     assert len(q8.engine.blocks.blocks) == len(fp32.engine.blocks.blocks) * 128 // 34
     k, v = q8.engine.runner.kv_caches[0]
     assert k.dtype == np.uint8 and k.shape[1:] == (cfg.num_kv_heads, 34) and v.shape == k.shape
-    together = _greedy(q8, PROMPTS)
-    assert [_greedy(q8, [p])[0] for p in PROMPTS] == together  # batch-invariant, as the fp32 cache
+    together = greedy(q8, PROMPTS)
+    assert [greedy(q8, [p])[0] for p in PROMPTS] == together  # batch-invariant, as the fp32 cache
     # a random tiny model's logits are nearly flat, so its tokens part soon; smollm2's KL below measures accuracy
-    assert [t[:2] for t in _greedy(fp32, PROMPTS)] == [t[:2] for t in together]
+    assert [t[:2] for t in greedy(fp32, PROMPTS)] == [t[:2] for t in together]
 
 
 @pytest.mark.slow  # two 1536-token prefills of smollm2: ~10-40 s on 2 shared cores

@@ -52,8 +52,10 @@ def test_native_memory_grows_with_context(stored, tmp_path: Path) -> None:
     native = all_backends(tmp_path)["native"]
     small = native.required_memory(model, BackendConfig(context_size=512))
     big = native.required_memory(model, BackendConfig(context_size=8192))
-    per_token = model.info.kv_bytes_per_token(4)
-    assert big.ram - small.ram == per_token * (8192 - 512) * 2  # two full-context sequences of fp32 KV
+    per_token = model.info.kv_bytes_per_token(2)
+    assert big.ram - small.ram == per_token * (8192 - 512) * 2  # two full-context sequences of fp16 KV (a GGUF's)
+    fp32 = native.required_memory(model, BackendConfig(context_size=8192, runtime_flags=["--kv-cache-dtype", "fp32"]))
+    assert fp32.ram - big.ram == per_token * 8192 * 2
     assert native.context_size(model, BackendConfig(context_size=100_000)) == 8192  # capped by the model
 
 
@@ -165,7 +167,7 @@ def test_a_draft_models_kv_gets_its_share_of_the_native_cache(stored, tmp_path: 
     loader.configs[(model.id, "native")] = BackendConfig.from_json(
         {"context-size": 1024, "speculative": {"draft_model": "smollm2", "num_tokens": 3}})
     config = asyncio.run(loader._resolved_config(model, "native"))
-    per_token = model.info.kv_bytes_per_token(4)
+    per_token = model.info.kv_bytes_per_token(2)  # fp16: a GGUF's on the native runner, the draft's too
     assert config.speculative.draft_kv_bytes_per_token == per_token  # the draft here is the model itself
     plain = BackendConfig(context_size=1024)
     assert kv_cache_bytes(model, 1024, config) == 2 * kv_cache_bytes(model, 1024, plain) == 2 * per_token * 1024 * 2
@@ -225,7 +227,7 @@ def test_a_q8_0_kv_cache_runtime_flag_is_checked_counted_and_shown(stored, tmp_p
     for bad in (["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "q8_0;rm"]):
         with pytest.raises(ConfigError):
             native.check_flags(bad)
-    assert kv_cache_bytes(model, 1024, q8) * 128 == kv_cache_bytes(model, 1024, plain) * 34
+    assert kv_cache_bytes(model, 1024, q8) * 64 == kv_cache_bytes(model, 1024, plain) * 34  # against fp16
     assert native.required_memory(model, plain).ram - native.required_memory(model, q8).ram == \
         kv_cache_bytes(model, 1024, plain) - kv_cache_bytes(model, 1024, q8)
     argv = native.command("/s.sock", "/m.gguf", "m", model, q8)

@@ -177,3 +177,13 @@ def test_runlm_run_on_the_daemon_takes_the_chat_commands(daemon: Daemon) -> None
         assert "Cleared session context" in chat.send("/clear")
     finally:
         assert chat.close() == 0
+
+
+def test_a_go_template_or_an_old_context_is_refused_not_dropped(daemon: Daemon) -> None:
+    c = ollama.Client(host=daemon.url)
+    with pytest.raises(ollama.ResponseError) as err:
+        c.generate(model=MODEL, prompt="hi", template="{{ .Prompt }}")
+    assert err.value.status_code == 400 and "template" in err.value.error
+    with pytest.raises(ollama.ResponseError) as err:
+        c.generate(model=MODEL, prompt="hi", context=[1, 2, 3])
+    assert err.value.status_code == 400 and "context" in err.value.error

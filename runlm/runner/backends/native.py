@@ -44,13 +44,17 @@ def kv_cache_bytes(model: StoredModel, context: int, config: BackendConfig | Non
     splits the cache by both models' bytes per token)."""
     if "completion" not in model.info.capabilities:
         return MIN_KV_BYTES
-    dtype = kv_cache_dtype(config) if config is not None else "auto"
-    if dtype == "auto" and model.info.format == "gguf":
-        dtype = NATIVE_AUTO
-    per_token = model.info.kv_cache_bytes_per_token(dtype)
+    per_token = model.info.kv_cache_bytes_per_token(estimated_kv_dtype(model, config))
     if config is not None and config.speculative is not None:
         per_token += config.speculative.draft_kv_bytes_per_token
     return max(per_token * context * KV_SEQUENCES, MIN_KV_BYTES)
+
+
+def estimated_kv_dtype(model: StoredModel, config: BackendConfig | None) -> str:
+    """The KV cache dtype a memory estimate counts: the runtime flag's, else fp16 for a GGUF model (the native
+    runner's own), else "auto" (fp32: another model may run on torch)."""
+    dtype = kv_cache_dtype(config) if config is not None else "auto"
+    return NATIVE_AUTO if dtype == "auto" and model.info.format == "gguf" else dtype
 
 
 def kv_cache_dtype(config: BackendConfig) -> str:
