@@ -88,6 +88,15 @@ def test_embedding_model_is_refused_clearly() -> None:
     assert "Traceback" not in res.stderr
 
 
+def test_show_modelfile_is_ollamas() -> None:
+    assert runlm("run", "smollm2", "hi", "--max-tokens", "1").returncode == 0  # (stores the built-in)
+    res = runlm("show", "smollm2", "--modelfile")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "FROM smollm2:latest" in lines and "PARAMETER temperature                    0.0" in lines
+    assert any(line.startswith('TEMPLATE """') for line in lines) and res.stdout.rstrip().endswith('"""')
+
+
 def test_invalid_option_is_named() -> None:
     res = runlm("run", "tinycoder", "hi", "--top-p", "1.5")
     assert res.returncode == 2 and "top_p" in res.stderr

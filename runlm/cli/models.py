@@ -98,6 +98,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         print_json(m)
         return 0
     c = m["config"]
+    if args.modelfile:
+        from runlm.formats.sampling_defaults import modelfile_text
+
+        print(modelfile_text(m["tags"][0] if m["tags"] else args.model, c.get("sampling") or {}, c.get("template")),
+              end="")
+        return 0
     print("  Model")
     for label, value in (("format", c["format"]), ("architecture", c["architecture"]),
                          ("parameters", c["parameters"]), ("quantization", c["quantization"]),
@@ -187,6 +193,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("show", help="a model's format, architecture, size, context length, template")
     p.add_argument("model")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--modelfile", action="store_true",
+                   help="print it as Ollama's Modelfile (FROM, PARAMETER, TEMPLATE)")
     p.set_defaults(func=cmd_show)
     p = sub.add_parser("tag", help="give a stored model another name")
     p.add_argument("source")

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from runlm import __version__
 from runlm.apis.ollama_images import ollama_content
-from runlm.formats.sampling_defaults import ollama_parameters
+from runlm.formats.sampling_defaults import modelfile_text, ollama_parameters
 from runlm.runner.config import BackendMode
 from runlm.runner.errors import BadRequest, RunnerError
 from runlm.runner.models_api import body_json, delete_model, get_model
@@ -90,7 +90,7 @@ async def show(request: Request) -> JSONResponse:
     model = await get_model(request, name)
     info = model.info
     parameters = ollama_parameters(info.sampling)
-    modelfile = f"FROM {model.name}\n" + "".join(f"PARAMETER {line}\n" for line in parameters.splitlines())
+    modelfile = modelfile_text(str(model.name), info.sampling, info.template)
     return JSONResponse({
         "modelfile": modelfile, "parameters": parameters, "template": info.template or "",
         "details": details(model), "capabilities": capabilities(model), "modified_at": model.created,
