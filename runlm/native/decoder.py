@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from runlm.kv_size import q8_row_bytes
-from runlm.native.library import F32, I64, U8, Handle, arr, check_shape, lib, ok, optional_f32, vector
+from runlm.native.library import F16, F32, I64, U8, Handle, arr, check_shape, lib, ok, optional_f32, vector
 
 if TYPE_CHECKING:
     from runlm.native.linear_weights import LinearWeights
@@ -107,23 +107,15 @@ class Decoder(Handle):
             raise ValueError(f"{len(caches)} caches for {len(self.layers)} layers")
         native = lib()
         for i, (k, v) in enumerate(caches):
-            if k.dtype == U8:
-                kp, vp = arr(k, U8, f"k_cache {i}", 3), arr(v, U8, f"v_cache {i}", 3)
-                check_shape(f"k_cache {i}", k.shape, (k.shape[0], self.kv_heads, q8_row_bytes(self.head_dim)))
-                check_shape(f"v_cache {i}", v.shape, k.shape)
-                ok(native.runlm_decoder_set_cache_q8(self.handle, i, kp, vp, k.shape[0]))
-                continue
-            if k.dtype == np.float16:
-                half = np.dtype(np.float16)
-                kp, vp = arr(k, half, f"k_cache {i}", 3), arr(v, half, f"v_cache {i}", 3)
-                check_shape(f"k_cache {i}", k.shape, (k.shape[0], self.kv_heads, self.head_dim))
-                check_shape(f"v_cache {i}", v.shape, k.shape)
-                ok(native.runlm_decoder_set_cache_f16(self.handle, i, kp, vp, k.shape[0]))
-                continue
-            kp, vp = arr(k, F32, f"k_cache {i}", 3), arr(v, F32, f"v_cache {i}", 3)
-            check_shape(f"k_cache {i}", k.shape, (k.shape[0], self.kv_heads, self.head_dim))
+            dtype = k.dtype if k.dtype in (U8, F16) else F32  # (anything else is refused by arr, as fp32's)
+            width = q8_row_bytes(self.head_dim) if dtype == U8 else self.head_dim
+            kp, vp = arr(k, dtype, f"k_cache {i}", 3), arr(v, dtype, f"v_cache {i}", 3)
+            check_shape(f"k_cache {i}", k.shape, (k.shape[0], self.kv_heads, width))
             check_shape(f"v_cache {i}", v.shape, k.shape)
-            ok(native.runlm_decoder_set_cache(self.handle, i, kp, vp, k.shape[0]))
+            if dtype == F32:
+                ok(native.runlm_decoder_set_cache(self.handle, i, kp, vp, k.shape[0]))
+            else:
+                ok(native.runlm_decoder_set_cache_packed(self.handle, i, kp, vp, k.shape[0], int(dtype == F16)))
         self._caches = list(caches)
 
     def set_layer_groups(self, groups: list[int]) -> None:

@@ -1,13 +1,14 @@
-"""The native runner's KV cache arrays: fp32 [slots, kv_heads, head_dim] (``auto``), or llama.cpp's q8_0
-blocks (``q8_0``: uint8 [slots, kv_heads, head_dim / 32 * 34], an fp16 scale and 32 int8 per 32 values,
-csrc/kv_q8_impl.h), which hold ~3.76x the tokens in the same memory. K/V are quantized as they are written
-and dequantized as attention reads them; nothing else in the step changes."""
+"""The native runner's KV cache arrays: fp32 or fp16 [slots, kv_heads, head_dim] (``fp32`` or ``auto``;
+``fp16``: the engine's ``auto`` on this runner), or llama.cpp's q8_0 blocks (``q8_0``: uint8 [slots, kv_heads,
+head_dim / 32 * 34], an fp16 scale and 32 int8 per 32 values, csrc/kv_q8_impl.h), which hold ~3.76x the tokens of
+fp32 in the same memory. K/V are packed as they are written and unpacked as attention reads them; nothing else
+in the step changes."""
 from __future__ import annotations
 
 import numpy as np
 
 from runlm.kv_size import Q8_BLOCK, check_kv_cache_dtype, q8_row_bytes
-from runlm.native.library import F32, U8, arr, lib, ok
+from runlm.native.library import F16, F32, U8, arr, lib, ok
 
 __all__ = ["allocate", "q8_row_bytes", "quantize_q8", "why_not_q8"]
 
@@ -21,17 +22,14 @@ def allocate(kv_cache_dtype: str, slots: int, kv_heads: int, head_dim: int) -> t
     """One layer's (k, v) cache. Empty, not zeros: attention reads only slots already written, and untouched
     pages cost no RAM."""
     kind = check_kv_cache_dtype(kv_cache_dtype)
-    if kind == "fp16":
-        shape = (slots, kv_heads, head_dim)
-        return np.empty(shape, dtype=np.float16), np.empty(shape, dtype=np.float16)
     if kind == "q8_0":
         reason = why_not_q8(head_dim)
         if reason is not None:
             raise ValueError(reason)
         shape = (slots, kv_heads, q8_row_bytes(head_dim))
         return np.empty(shape, dtype=U8), np.empty(shape, dtype=U8)
-    shape = (slots, kv_heads, head_dim)
-    return np.empty(shape, dtype=F32), np.empty(shape, dtype=F32)
+    shape, dtype = (slots, kv_heads, head_dim), F16 if kind == "fp16" else F32  # ("auto" here: fp32)
+    return np.empty(shape, dtype=dtype), np.empty(shape, dtype=dtype)
 
 
 def quantize_q8(x: np.ndarray) -> np.ndarray:

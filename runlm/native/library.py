@@ -12,7 +12,7 @@ import numpy as np
 
 from runlm.native import build
 
-F32, I64, U8 = np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.uint8)
+F32, F16, I64, U8 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int64), np.dtype(np.uint8)
 _P = c_void_p  # every array goes in as its address
 
 
@@ -45,8 +45,7 @@ def _declare(library: ctypes.CDLL) -> None:
         "runlm_decoder_set_layer": (c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_void_p, c_void_p, _P, _P, _P,
                                             _P, _P, _P, _P, _P, c_int64, c_float, c_int64, c_float, c_int]),
         "runlm_decoder_set_cache": (c_int, [c_void_p, c_int64, _P, _P, c_int64]),
-        "runlm_decoder_set_cache_q8": (c_int, [c_void_p, c_int64, _P, _P, c_int64]),
-        "runlm_decoder_set_cache_f16": (c_int, [c_void_p, c_int64, _P, _P, c_int64]),
+        "runlm_decoder_set_cache_packed": (c_int, [c_void_p, c_int64, _P, _P, c_int64, c_int]),
         "runlm_kv_q8_quantize": (c_int, [_P, c_int64, c_int64, _P]),
         "runlm_decoder_check": (c_int, [c_void_p]),
         "runlm_decoder_forward": (c_int, [c_void_p, _P, _P, _P, c_int64, _P, _P, c_int64, _P, c_int64, _P]),

@@ -193,23 +193,16 @@ int runlm_decoder_set_cache(void* handle, int64_t i, float* k_cache, float* v_ca
   return 0;
 }
 
-// Layer i's KV cache in q8_0 blocks (kv_q8_impl.h): k/v [cache_slots, kv_heads, head_dim / 32 * 34] bytes.
-int runlm_decoder_set_cache_q8(void* handle, int64_t i, uint8_t* k_cache, uint8_t* v_cache, int64_t cache_slots) {
+// Layer i's KV cache packed (kv_q8_impl.h): fp16 rows where ``half`` (k/v [cache_slots, kv_heads, head_dim]
+// halves), else q8_0 blocks (k/v [cache_slots, kv_heads, head_dim / 32 * 34] bytes).
+int runlm_decoder_set_cache_packed(void* handle, int64_t i, uint8_t* k_cache, uint8_t* v_cache, int64_t cache_slots,
+                                   int half) {
   auto* dec = static_cast<Decoder*>(handle);
   if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
-  const std::string bad = runlm::kv_q8::check_head_dim(dec->head_dim);
+  const std::string bad = half ? "" : runlm::kv_q8::check_head_dim(dec->head_dim);
   if (!bad.empty()) return fail(bad);
   Layer& l = dec->layers[static_cast<size_t>(i)];
-  l.k_cache = nullptr, l.v_cache = nullptr, l.q8 = {k_cache, v_cache}, l.cache_slots = cache_slots;
-  return 0;
-}
-
-// Layer i's KV cache in fp16 rows (kv_q8_impl.h): k/v [cache_slots, kv_heads, head_dim] halves.
-int runlm_decoder_set_cache_f16(void* handle, int64_t i, uint8_t* k_cache, uint8_t* v_cache, int64_t cache_slots) {
-  auto* dec = static_cast<Decoder*>(handle);
-  if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
-  Layer& l = dec->layers[static_cast<size_t>(i)];
-  l.k_cache = nullptr, l.v_cache = nullptr, l.q8 = {k_cache, v_cache, true}, l.cache_slots = cache_slots;
+  l.k_cache = nullptr, l.v_cache = nullptr, l.q8 = {k_cache, v_cache, half != 0}, l.cache_slots = cache_slots;
   return 0;
 }
 
