@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -10,6 +9,7 @@ from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from runlm.runner.errors import BadRequest, Conflict, NotFound
+from runlm.runner.ollama_stream import NDJSON, ndjson_line
 from runlm.runner.pulling import pull_events, refused_before_streaming, transfer_events
 from runlm.runner.requests import CreateRequest, PushRequest, TagRequest
 from runlm.runner.views import group_by_id, model_json
@@ -62,9 +62,9 @@ async def create(request: Request) -> Response:
                 msg = {"type": "error", "message": str(item)}
             else:
                 msg = {"type": "success", "message": f"pulled {item.name}", "id": item.id}
-            yield (json.dumps(msg) + "\n").encode()
+            yield ndjson_line(msg)
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    return StreamingResponse(lines(), media_type=NDJSON)
 
 
 @router.post("/models/{name:path}/push", openapi_extra=json_body(PushRequest, required=False))
@@ -88,9 +88,9 @@ async def push(request: Request, name: str) -> Response:
             else:
                 ref, digest = item
                 msg = {"type": "success", "message": f"pushed {ref}", "digest": digest}
-            yield (json.dumps(msg) + "\n").encode()
+            yield ndjson_line(msg)
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    return StreamingResponse(lines(), media_type=NDJSON)
 
 
 @router.get("/models", openapi_extra=json_body())

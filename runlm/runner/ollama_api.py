@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -49,13 +48,6 @@ from runlm.store.capabilities import capabilities
 from runlm.web.openapi import OllamaError, json_body
 
 router = APIRouter(prefix="/api")
-NDJSON = "application/x-ndjson"
-
-
-def _line(obj: dict) -> bytes:
-    return (json.dumps(obj) + "\n").encode()
-
-
 @router.get("/version", openapi_extra=json_body(error=OllamaError))
 async def version() -> JSONResponse:
     return JSONResponse({"version": __version__})
@@ -308,9 +300,7 @@ async def generate(request: Request) -> Response:
     if "image-generation" in (await request.app.state.loader.model(name)).info.capabilities:
         return await generate_image(request, body, name)
     fields, load = sampling_fields(body)
-    suffix = body.get("suffix")
-    if suffix not in (None, "") and not isinstance(suffix, str):
-        raise BadRequest("'suffix' must be a string", param="suffix")
+    suffix = body.get("suffix")  # (a string: GenerateRequest checked it)
     if suffix:  # fill-in-the-middle: the backend builds the prompt from the model's FIM tokens
         if body.get("images"):
             raise BadRequest("a fill-in-the-middle prompt (suffix) cannot carry images", param="images")

@@ -24,6 +24,7 @@ from runlm.runner.config import ConfigError
 from runlm.runner.errors import BadRequest
 from runlm.runner.lora import parse_loras
 from runlm.runner.models_api import body_json
+from runlm.runner.ollama_stream import NDJSON
 from runlm.runner.pulling import progress_response, transfer_events
 from runlm.runner.requests import _Body
 from runlm.store.blobs import check_digest
@@ -106,7 +107,7 @@ async def create(request: Request) -> Response:
     if body.get("stream") is False:
         return JSONResponse(status)
     return Response(b'{"status":"using existing layer"}\n' + b'{"status":"success"}\n',
-                    media_type="application/x-ndjson")
+                    media_type=NDJSON)
 
 
 async def _quantize(request: Request, body: dict) -> Response:

@@ -3,7 +3,6 @@ of events. They never use the default executor, so stalled downloads cannot star
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
@@ -11,6 +10,7 @@ from typing import TypeVar
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from runlm.runner.errors import Busy, RunnerError
+from runlm.runner.ollama_stream import NDJSON, ndjson_line
 from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore, NameConflictError, StoredModel
 from runlm.store.progress import ProgressCallback, PullProgress
 from runlm.store.sources import LocalAccess, SourceError
@@ -128,7 +128,7 @@ async def progress_response(body: dict, events: AsyncIterator) -> Response:
     async def lines() -> AsyncIterator[bytes]:
         async for item in events:
             if isinstance(item, PullProgress):
-                yield (json.dumps(item.to_json()) + "\n").encode()
+                yield ndjson_line(item.to_json())
             elif isinstance(item, Exception):
-                yield (json.dumps({"error": str(item)}) + "\n").encode()
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+                yield ndjson_line({"error": str(item)})
+    return StreamingResponse(lines(), media_type=NDJSON)

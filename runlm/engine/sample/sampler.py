@@ -180,9 +180,7 @@ def exclude_top_choices(probs: np.ndarray, p: SamplingParams, generator: np.rand
     if above.size < 2:
         return probs
     out = probs.copy()
-    out[above[norm[above] > norm[above].min()]] = 0.0
-    if not out.any():
-        return probs
+    out[above[norm[above] > norm[above].min()]] = 0.0  # (the least likely of them stays: never all zeros)
     return out
 
 
