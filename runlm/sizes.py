@@ -69,3 +69,15 @@ def gpu_memory() -> int | None:
         return int(out.split()[0]) << 20  # MiB
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
+
+
+def read_small_text(path: str, limit: int, flag: str) -> str:
+    """The UTF-8 text of the file a command-line ``flag`` names, at most ``limit`` bytes; a ValueError names the
+    flag, the file and what is wrong."""
+    file = Path(path).expanduser()
+    try:
+        if file.stat().st_size > limit:
+            raise ValueError(f"{flag} {path}: larger than {limit} bytes")
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{flag} {path}: cannot be read ({exc})") from None

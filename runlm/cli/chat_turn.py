@@ -31,6 +31,11 @@ class Turn:
     first: float | None = None
     ended: float | None = None
 
+    def message(self) -> dict[str, str]:
+        """The answer as the conversation keeps it (its thinking where the template may show it again)."""
+        return {"role": "assistant", "content": self.text, **({"reasoning_content": self.thinking} if self.thinking
+                                                               else {})}
+
     def stats(self) -> str:
         """Ollama's --verbose lines."""
         end = self.ended or time.monotonic()

@@ -7,15 +7,15 @@ import sys
 from pathlib import Path
 
 from runlm.cli.client import CLIError
-from runlm.store.progress import ProgressBar, PullProgress, human_bytes
+from runlm.store.progress import ProgressBar, human_bytes
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from runlm.quantize import QuantizeError, quantize_file
+    from runlm.quantize import QuantizeError
     from runlm.quantize.ggml_ops import QuantizerUnavailable
     from runlm.quantize.imatrix import ImatrixError
     from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore
-    from runlm.store.quantized import quantize_into_store, source_file
+    from runlm.store.quantized import quantize_into_store, quantize_with_progress, source_file
 
     store = ModelStore()
     bar = ProgressBar(sys.stderr)
@@ -23,9 +23,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     try:
         file = source_file(store, args.source, local_files=True)
         if args.target.endswith(".gguf"):
-            status = f"quantizing {file.name} to {args.type.upper()}"
-            report = quantize_file(file, Path(args.target).expanduser(), args.type, imatrix, args.threads,
-                                   lambda done, total: bar(PullProgress(status, None, total, done)))
+            report = quantize_with_progress(file, Path(args.target).expanduser(), args.type, imatrix, args.threads,
+                                            bar)
             where = args.target
         else:
             report, where = quantize_into_store(store, file, args.target, args.type, imatrix, args.threads, bar)

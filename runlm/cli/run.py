@@ -173,8 +173,7 @@ class Chat:
             self.engine.abort_request(rid)
             raise
         turn = self.last_turn = printer.finish(self.options.verbose)
-        self.history.append({"role": "assistant", "content": turn.text,
-                             **({"reasoning_content": turn.thinking} if turn.thinking else {})})
+        self.history.append(turn.message())
         return turn.text
 
 

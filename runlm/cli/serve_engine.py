@@ -315,14 +315,9 @@ def read_chat_template_file(path: str) -> str:
     (a ValueError names what is wrong)."""
     from runlm.formats.template_render import check_template
     from runlm.formats.tokenizer import MAX_TEMPLATE_FILE
+    from runlm.sizes import read_small_text
 
-    file = Path(path).expanduser()
-    try:
-        if file.stat().st_size > MAX_TEMPLATE_FILE:
-            raise ValueError(f"--chat-template-file {path}: larger than {MAX_TEMPLATE_FILE} bytes")
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--chat-template-file {path}: cannot be read ({exc})") from None
+    text = read_small_text(path, MAX_TEMPLATE_FILE, "--chat-template-file")
     try:
         check_template(text)
     except Exception as exc:  # jinja2's TemplateSyntaxError, or runlm's limits

@@ -10,7 +10,7 @@ import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +38,6 @@ class QuantizeReport:
     size_in: int
     size_out: int
     seconds: float
-    types: dict[str, str] = field(default_factory=dict)  # tensor -> the block type written
 
 
 Progress = Callable[[int, int], None]  # (input bytes done, input bytes in all)
@@ -107,8 +106,7 @@ def quantize_file(source: Path, target: Path, type_name: str, imatrix: Path | No
         kv += [_str_kv("quantize.imatrix.file", imatrix.name), _u32_kv("quantize.imatrix.entries_count", len(weights))]
     infos, sizes, offset = [], [], 0
     for name, shape, _ in shapes:
-        nrows = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
-        size = ggml_ops.row_size(types[name], shape[0]) * nrows
+        size = ggml_ops.row_size(types[name], shape[0]) * _rows(shape)
         infos.append(_string(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape)
                      + struct.pack("<IQ", types[name], offset))
         sizes.append(size)
@@ -138,17 +136,20 @@ def quantize_file(source: Path, target: Path, type_name: str, imatrix: Path | No
         part.replace(target)
     finally:
         part.unlink(missing_ok=True)
-    return QuantizeReport(key, source.stat().st_size, target.stat().st_size, time.monotonic() - t0,
-                          {n: types[n].name for n in order})
+    return QuantizeReport(key, source.stat().st_size, target.stat().st_size, time.monotonic() - t0)
+
+
+def _rows(shape: tuple[int, ...]) -> int:
+    """A tensor's rows (ggml's order: ne0 is a row's length)."""
+    return int(np.prod(shape[1:], dtype=np.int64))
 
 
 def _quantized(raw: np.ndarray, shape: tuple[int, ...], current: T, new: T, matrix: np.ndarray | None,
                pool: ThreadPoolExecutor, workers: int) -> np.ndarray:
     """One tensor's rows quantized in slabs, side by side (a slab never crosses an expert: each has its own
     importance values)."""
-    k = shape[0]
+    k, nrows = shape[0], _rows(shape)
     per_expert = shape[1] if len(shape) > 1 else 1
-    nrows = raw.nbytes // (k * {T.F32: 4, T.F16: 2, T.BF16: 2}[current])
     if matrix is not None and matrix.size != k * (nrows // per_expert):
         matrix = None  # (llama.cpp skips an entry whose size does not match the tensor's)
     in_row, out_row = raw.nbytes // nrows, ggml_ops.row_size(new, k)

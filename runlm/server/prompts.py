@@ -118,6 +118,11 @@ def completion_prompt_ids(engine: AsyncLLM, prompt: Any, max_prompts: int) -> li
     """``prompt`` as OpenAI allows it: a string, a list of strings, token ids, or lists of token ids.
     Whether the ids fit the model is the engine's check, when the request is added."""
     tok = engine.tokenizer
+    return [tok.encode(p) if isinstance(p, str) else list(p) for p in _prompt_list(prompt, max_prompts)]
+
+
+def _prompt_list(prompt: Any, max_prompts: int) -> list[Any]:
+    """OpenAI's ``prompt`` as a list of prompts (each a string or token ids), within the per-request limit."""
     if isinstance(prompt, str):
         prompts: list[Any] = [prompt]
     elif prompt and all(isinstance(t, int) for t in prompt):
@@ -128,7 +133,7 @@ def completion_prompt_ids(engine: AsyncLLM, prompt: Any, max_prompts: int) -> li
         raise bad_request("prompt must not be empty", "prompt")
     if len(prompts) > max_prompts:
         raise bad_request(f"at most {max_prompts} prompts per request, got {len(prompts)}", "prompt")
-    return [tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+    return prompts
 
 
 def fim_prompt_ids(engine: AsyncLLM, prompt: Any, suffix: str, echo: bool, max_prompts: int) -> list[list[int]]:
@@ -138,11 +143,9 @@ def fim_prompt_ids(engine: AsyncLLM, prompt: Any, suffix: str, echo: bool, max_p
 
     if echo:
         raise bad_request("echo cannot be combined with suffix (the prompt is rebuilt around the suffix)", "echo")
-    texts = [prompt] if isinstance(prompt, str) else list(prompt)
-    if not texts or not all(isinstance(t, str) for t in texts):
+    texts = _prompt_list(prompt, max_prompts)
+    if not all(isinstance(t, str) for t in texts):
         raise bad_request("suffix needs the prompt as text (the prefix), not token ids", "suffix")
-    if len(texts) > max_prompts:
-        raise bad_request(f"at most {max_prompts} prompts per request, got {len(texts)}", "prompt")
     tok = engine.tokenizer
     try:
         fim = tok.fim

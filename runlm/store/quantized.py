@@ -24,16 +24,22 @@ def source_file(store: ModelStore, source: str, local_files: bool) -> Path:
     return file
 
 
+def quantize_with_progress(file: Path, target: Path, type_name: str, imatrix: Path | None = None,
+                           threads: int | None = None, progress: ProgressCallback | None = None) -> QuantizeReport:
+    """quantize_file, its progress told as pull progress (the CLI's bar, Ollama's NDJSON lines)."""
+    report = progress or (lambda p: None)
+    status = f"quantizing {file.name} to {type_name.upper()}"
+    return quantize_file(file, target, type_name, imatrix, threads,
+                         lambda done, total: report(PullProgress(status, None, total, done)))
+
+
 def quantize_into_store(store: ModelStore, file: Path, name: str, type_name: str, imatrix: Path | None = None,
                         threads: int | None = None, progress: ProgressCallback | None = None
                         ) -> tuple[QuantizeReport, str]:
     """``file`` quantized and stored as ``name``; (the report, the stored name)."""
-    report = progress or (lambda p: None)
-    status = f"quantizing {file.name} to {type_name.upper()}"
     store.blobs.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=store.blobs.tmp, prefix="quantize-") as tmp:
         out = Path(tmp) / f"{Path(name.replace(':', '-')).name}.gguf"
-        result = quantize_file(file, out, type_name, imatrix, threads,
-                               lambda done, total: report(PullProgress(status, None, total, done)))
-        model = store.pull(str(out), name, progress=report)
+        result = quantize_with_progress(file, out, type_name, imatrix, threads, progress)
+        model = store.pull(str(out), name, progress=progress)
     return result, str(model.name)

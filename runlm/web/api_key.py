@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Sequence
-from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from runlm.sizes import read_small_text
 from runlm.web.asgi import ErrorWriter, openai_error_json, send_error
 
 # serve-engine's routes open without a key: probes and scrapers must not need the secret
@@ -23,13 +23,7 @@ def read_api_keys(keys: Sequence[str] | None, key_file: str | None, default: str
     neither is given. A file that cannot be read, or a key with spaces in it, is a ValueError naming it."""
     found = [k.strip() for value in keys or () for k in value.split(",") if k.strip()]
     if key_file:
-        path = Path(key_file).expanduser()
-        try:
-            if path.stat().st_size > MAX_KEY_FILE:
-                raise ValueError(f"--api-key-file {key_file}: larger than {MAX_KEY_FILE} bytes")
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"--api-key-file {key_file}: cannot be read ({exc})") from None
+        lines = read_small_text(key_file, MAX_KEY_FILE, "--api-key-file").splitlines()
         found += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
         if not found:
             raise ValueError(f"--api-key-file {key_file}: holds no key")
