@@ -2,6 +2,11 @@
 prompt token for token (against llama.cpp's own tokenizer and FIM ids, where llama-cpp-python is installed)."""
 from __future__ import annotations
 
+import importlib.util
+import json
+import subprocess
+import sys
+
 import pytest
 
 from runlm.formats.fim import ExtraChunk, FimTokens, NoFim, find_fim_tokens, infill_prompt, suffix_prompt
@@ -67,18 +72,29 @@ def test_infill_prompt_has_llama_servers_repository_layout_and_budgets() -> None
 
 @pytest.mark.parametrize("style", ["qwen", "starcoder"])
 def test_infill_prompt_equals_llama_servers_with_llama_cpps_own_vocabulary(style: str) -> None:
-    """llama-server's format_prompt_infill, step for step, on llama.cpp's tokenizer and FIM ids."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    llm = llama_cpp.Llama(str(fim_gguf(style)), vocab_only=True, verbose=False)
-    vocab = llama_cpp.llama_model_get_vocab(llm.model)
-    pre, suf, mid, rep, sep = (getattr(llama_cpp, f"llama_vocab_fim_{r}")(vocab) for r in ("pre", "suf", "mid", "rep",
-                                                                                           "sep"))
-
-    def tokenize(text: str) -> list[int]:
-        return llm.tokenize(text.encode(), add_bos=False, special=False) if text else []
-
+    """llama-server's format_prompt_infill, step for step, on llama.cpp's tokenizer and FIM ids (read in a child
+    process: llama.cpp's libllama must not meet the libggml this process may have loaded)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python (the bench extra) is not installed")
     prefix, suffix, prompt = "import os\n<|fim_middle|>def main():\n" * 40, "\n    return 0\n" * 90, "  "
     extra = [ExtraChunk("CONST = 3\n" * 30, "const.py"), ExtraChunk("def g(): pass\n")]
+    texts = [prefix, suffix, prompt, "myproject\n", "\n\n--- snippet ---\n\n", "filename\n",
+             *(c.filename + "\n" for c in extra), *(c.text for c in extra)]
+    code = ("import json, sys, llama_cpp\n"
+            "llm = llama_cpp.Llama(sys.argv[1], vocab_only=True, verbose=False)\n"
+            "vocab = llama_cpp.llama_model_get_vocab(llm.model)\n"
+            "fim = [getattr(llama_cpp, 'llama_vocab_fim_' + r)(vocab) for r in ('pre', 'suf', 'mid', 'rep', 'sep')]\n"
+            "texts = json.loads(sys.stdin.read())\n"
+            "print(json.dumps([fim, [llm.tokenize(t.encode(), add_bos=False, special=False) if t else [] "
+            "for t in texts]]))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(fim_gguf(style))], input=json.dumps(texts),
+                         capture_output=True, text=True, check=True)
+    (pre, suf, mid, rep, sep), ids = json.loads(out.stdout.strip().splitlines()[-1])
+    tokenized = dict(zip(texts, ids))
+
+    def tokenize(text: str) -> list[int]:
+        return tokenized[text]
+
     n_ctx, n_batch, n_predict = 2400, 2048, -1
     extra_ids = [rep, *tokenize("myproject\n")] if rep != -1 else []
     for chunk in extra:
