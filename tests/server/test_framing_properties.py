@@ -9,7 +9,7 @@ import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runlm.runner.ollama_api import _line
+from runlm.runner.ollama_stream import ndjson_line
 from runlm.server.sse import DONE, event
 
 json_values = st.recursive(
@@ -38,5 +38,5 @@ def test_sse_events_read_back_whole(events: list[dict], text: str) -> None:
 @given(st.lists(payloads, min_size=1, max_size=4), st.text(alphabet=LINE_BREAKERS + "\n\rab", max_size=10))
 def test_ndjson_lines_read_back_whole(objs: list[dict], text: str) -> None:
     objs = [*objs, {"response": text}]
-    body = b"".join(_line(o) for o in objs)
+    body = b"".join(ndjson_line(o) for o in objs)
     assert [json.loads(line) for line in _read_lines(body) if line] == objs
