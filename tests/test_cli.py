@@ -13,6 +13,7 @@ import pytest
 
 from runlm.cli.run import Chat
 from runlm.engine.types.sampling_params import SamplingParams
+from runlm.formats.modelfile import parse_modelfile
 
 RUNLM = [sys.executable, "-m", "runlm.cli"]
 # a store of their own: `run` stores the built-ins it uses, and no daemon of the user's is found
@@ -93,8 +94,9 @@ def test_show_modelfile_is_ollamas() -> None:
     res = runlm("show", "smollm2", "--modelfile")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert "FROM smollm2:latest" in lines and "PARAMETER temperature                    0.0" in lines
-    assert any(line.startswith('TEMPLATE """') for line in lines) and res.stdout.rstrip().endswith('"""')
+    assert "FROM smollm2:latest" in lines and "PARAMETER temperature 0.0" in lines
+    mf = parse_modelfile(res.stdout)  # what `runlm create -f` reads back
+    assert mf.template is not None and "<|im_start|>" in mf.template and mf.parameters["top_p"] == 0.9
 
 
 def test_invalid_option_is_named() -> None:

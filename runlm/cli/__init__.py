@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(sub)
     _add_serve_engine(sub)
-    from runlm.cli import bench, daemon, generate_image, models, quantize, registry
+    from runlm.cli import bench, create, daemon, generate_image, models, quantize, registry
 
     models.add_parsers(sub)
     registry.add_parsers(sub)
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate_image.add_parsers(sub)
     bench.add_parser(sub)
     quantize.add_parser(sub)
+    create.add_parser(sub)
     return parser
 
 

@@ -86,6 +86,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     daemon = connect()
+    if args.modelfile:
+        if daemon:
+            print(daemon.call("POST", "/api/show", {"model": args.model})["modelfile"], end="")
+        else:
+            from runlm.store.modelfile_model import show_modelfile
+
+            print(show_modelfile(_store_call(ModelStore().get, args.model)), end="")
+        return 0
     if daemon:
         m = daemon.call("GET", f"/models/{args.model}")
     else:
@@ -98,12 +106,6 @@ def cmd_show(args: argparse.Namespace) -> int:
         print_json(m)
         return 0
     c = m["config"]
-    if args.modelfile:
-        from runlm.formats.sampling_defaults import modelfile_text
-
-        print(modelfile_text(m["tags"][0] if m["tags"] else args.model, c.get("sampling") or {}, c.get("template")),
-              end="")
-        return 0
     print("  Model")
     for label, value in (("format", c["format"]), ("architecture", c["architecture"]),
                          ("parameters", c["parameters"]), ("quantization", c["quantization"]),

@@ -5,7 +5,7 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from runlm.catalog import BUILTIN_MODELS, DEFAULT_MODEL, UnknownModelError, resolve_model
 from runlm.cli.chat_turn import ChatOptions, Turn, TurnPrinter
@@ -14,6 +14,7 @@ from runlm.engine.types.outputs import RequestOutput
 from runlm.engine.types.sampling_params import SamplingParams, SamplingParamsError
 from runlm.formats import ModelFormatError
 from runlm.formats.chat_template import ChatTemplateError
+from runlm.formats.modelfile import ChatDefaults
 
 if TYPE_CHECKING:
     from runlm.cli.client import Daemon
@@ -25,30 +26,38 @@ _FLAGS = ("temperature", "top_p", "top_k", "max_tokens", "seed")
 
 
 def local_model_path(ref: str) -> Path:
-    return local_model(ref)[0]
+    return local_model(ref).path
 
 
-def local_model(ref: str) -> tuple[Path, dict[str, float | int]]:
-    """A model in the store by name, else a built-in name, a .gguf file or a model directory: its path and the
-    sampling settings it recommends."""
+class LocalModel(NamedTuple):
+    path: Path
+    sampling: dict[str, float | int]                 # the settings it recommends
+    template: str | None = None                      # a Modelfile's TEMPLATE
+    chat_defaults: ChatDefaults | None = None        # a Modelfile's SYSTEM, MESSAGE and stop lines
+
+
+def local_model(ref: str) -> LocalModel:
+    """A model in the store by name, else a built-in name, a .gguf file or a model directory: its path, the
+    sampling settings it recommends and, for a model made from a Modelfile, its template and chat defaults."""
     from runlm.catalog import recommended_sampling
     from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore
+    from runlm.store.modelfile_model import chat_settings
 
     try:
         store = ModelStore()
         stored = store.get(ref)
-        return store.model_path(stored), stored.info.sampling
     except InvalidNameError:
         path = resolve_model(ref)
-        return path, recommended_sampling(ref, path)
+        return LocalModel(path, recommended_sampling(ref, path))
     except ModelNotFoundError:
         if not _installed_builtin(ref):
             path = resolve_model(ref)
-            return path, recommended_sampling(ref, path)
-    # a built-in goes into the store on first use (as `ollama run` pulls), so show, ls and rm see it
-    print(f"runlm: storing the built-in model {ref} (once)", file=sys.stderr)
-    stored = store.pull(ref)
-    return store.model_path(stored), stored.info.sampling
+            return LocalModel(path, recommended_sampling(ref, path))
+        # a built-in goes into the store on first use (as `ollama run` pulls), so show, ls and rm see it
+        print(f"runlm: storing the built-in model {ref} (once)", file=sys.stderr)
+        stored = store.pull(ref)
+    path = store.model_path(stored)
+    return LocalModel(path, stored.info.sampling, *chat_settings(stored, path))
 
 
 def read_images(paths: list[str]) -> list[bytes]:
@@ -104,16 +113,23 @@ class Chat:
     """A conversation with one model loaded in this process; keeps the history between turns."""
 
     def __init__(self, model_ref: str, params: SamplingParams, system: str | None, exact_numerics: bool = False,
-                 threads: int | None = None, path: Path | None = None, options: ChatOptions | None = None) -> None:
+                 threads: int | None = None, model: LocalModel | None = None,
+                 options: ChatOptions | None = None) -> None:
         from runlm.engine.factory import engine_config, engine_from_config
         from runlm.engine.llm import LLM
 
         # one conversation at a time; the prefix cache keeps earlier turns, so each turn computes only itself
-        self.path = path or local_model_path(model_ref)
+        model = model or local_model(model_ref)
+        self.path = model.path
         config = engine_config(self.path, max_num_seqs=1, exact_numerics=exact_numerics, threads=threads)
         self.llm = LLM(engine=engine_from_config(config))
         self.name = model_ref
         self.engine = self.llm.engine
+        if model.template is not None:
+            self.engine.tokenizer.chat_template = model.template
+        self.engine.tokenizer.chat_defaults = model.chat_defaults
+        if model.chat_defaults is not None and model.chat_defaults.stop and not params.stop:
+            params = replace(params, stop=list(model.chat_defaults.stop))
         self.params = params
         self.options = options or ChatOptions()
         self.history: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
@@ -208,8 +224,8 @@ def run_command(args: argparse.Namespace) -> int:
             _stored_on_daemon(daemon, ref)
             params = run_params(flags, _recommended_on_daemon(daemon, ref))
             return DaemonChat(daemon, ref, params, args.system, replace(options))
-        path, recommended = local_model(ref)
-        return Chat(ref, run_params(flags, recommended), args.system, args.exact_numerics, args.threads, path,
+        model = local_model(ref)
+        return Chat(ref, run_params(flags, model.sampling), args.system, args.exact_numerics, args.threads, model,
                     replace(options))
 
     try:

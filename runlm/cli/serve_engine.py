@@ -36,8 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--uds", default=None, metavar="PATH", help="listen on this Unix socket instead (mode 0600)")
     add_serving_arguments(p, "every request but the probes")
     p.add_argument("--chat-template-file", default=None, metavar="FILE",
-                   help="a Jinja chat template to use instead of the model's (a request's own, under "
-                        "--trust-request-chat-template, still wins)")
+                   help="a chat template (Jinja, or Ollama's Go template) to use instead of the model's (a request's "
+                        "own, under --trust-request-chat-template, still wins)")
+    p.add_argument("--model-defaults-file", default=None, metavar="FILE",
+                   help="JSON {system, messages, stop}: a system prompt for chats without one, messages put before "
+                        "every chat and stop strings for requests without any (what `runlm create` stores from a "
+                        "Modelfile's SYSTEM, MESSAGE and PARAMETER stop lines)")
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="name(s) clients use for the model (default: MODEL as given); others get 421")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
@@ -219,6 +223,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
 
     from runlm.engine.async_llm import AsyncLLM
     from runlm.engine.factory import engine_config, engine_from_config, resolve_speculative
+    from runlm.formats.modelfile import ChatDefaults
     from runlm.server import ServerSettings, build_app
     from runlm.server.media import MediaSettings, parse_mm_limit
     from runlm.sizes import parse_size
@@ -228,6 +233,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
         model_path = resolve_model(args.model)  # once: the engine takes the path
         keys, tls = serving_keys_and_tls(args)
         chat_template = read_chat_template_file(args.chat_template_file) if args.chat_template_file else None
+        chat_defaults = ChatDefaults.read(args.model_defaults_file) if args.model_defaults_file else None
         settings = ServerSettings(served_model_names=args.served_model_name or [args.model], api_key=keys or None,
                                   cors_origins=list(args.cors_origins), max_body_bytes=parse_size(args.max_body_size),
                                   max_waiting=args.max_waiting,
@@ -238,7 +244,8 @@ def run_serve_engine(args: argparse.Namespace) -> int:
         settings.media = MediaSettings(allowed_domains=tuple(args.allowed_media_domains),
                                        fetch_timeout=args.media_fetch_timeout,
                                        limit_per_prompt=parse_mm_limit(args.limit_mm_per_prompt))
-        settings.sampling_defaults = sampling_defaults(args, model_path)
+        stop = {"stop": list(chat_defaults.stop)} if chat_defaults is not None and chat_defaults.stop else {}
+        settings.sampling_defaults = {**sampling_defaults(args, model_path), **stop}
         if settings.sampling_defaults:
             logging.getLogger("runlm.serve").info("sampling defaults for what requests leave out: %s",
                                                   settings.sampling_defaults)
@@ -292,6 +299,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
         engine = build_engine()
         if chat_template is not None:  # the server renders chat prompts with this template from now on
             engine.tokenizer.chat_template = chat_template
+        engine.tokenizer.chat_defaults = chat_defaults
         return engine
 
     app = build_app(settings, load_engine=load_engine, on_load_error=on_load_error)
@@ -311,8 +319,8 @@ def run_serve_engine(args: argparse.Namespace) -> int:
 
 
 def read_chat_template_file(path: str) -> str:
-    """--chat-template-file: the file's text, within the size a model's own template may have, and valid Jinja
-    (a ValueError names what is wrong)."""
+    """--chat-template-file: the file's text, within the size a model's own template may have, and a valid Jinja
+    or Go template (a ValueError names what is wrong)."""
     from runlm.formats.template_render import check_template
     from runlm.formats.tokenizer import MAX_TEMPLATE_FILE
     from runlm.sizes import read_small_text

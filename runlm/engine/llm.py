@@ -201,7 +201,10 @@ def encode_chat(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], chat_temp
                 continue_final_message: bool = False, **template_kwargs: Any) -> list[int]:
     """A conversation -> prompt token ids, through the model's chat template (LLM.chat and the server).
     ``continue_final_message``: the last message (the assistant's) is left open for the model to go on with,
-    as transformers' and vLLM's flag of that name."""
+    as transformers' and vLLM's flag of that name. A model made from a Modelfile puts its SYSTEM prompt and
+    MESSAGE history around the conversation (the tokenizer's ``chat_defaults``)."""
+    if tok.chat_defaults is not None:
+        messages = tok.chat_defaults.chat([dict(m) for m in messages])
     text = render_tool_chat(messages, chat_template or tok.chat_template, add_generation_prompt=add_generation_prompt,
                             bos_token=tok.bos_token, eos_token=tok.eos_token, tools=tools, **template_kwargs)
     if continue_final_message:

@@ -11,7 +11,12 @@ from typing import Any
 import jinja2
 import jinja2.ext
 
+from runlm.formats.go_template import GoTemplateError, looks_like_go
+from runlm.formats.ollama_template import compiled, render_ollama
 from runlm.formats.template_limits import RENDER_SECONDS, BoundedSandbox, bounded_output
+
+# what render_chat itself passes a template; the rest are chat_template_kwargs
+_OWN_KEYS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
 class ChatTemplateError(ValueError):
@@ -65,15 +70,22 @@ def _compile(source: str) -> jinja2.Template:
 
 
 def check_template(source: str) -> None:
-    """Compile ``source`` as a chat template (a server's own, read at start): jinja2's TemplateSyntaxError where
-    it is not one."""
-    _compile(source)
+    """Compile ``source`` as a chat template (a server's own, read at start; Jinja, or Ollama's Go): jinja2's
+    TemplateSyntaxError or a GoTemplateError (a ValueError) where it is not one."""
+    if looks_like_go(source):
+        compiled(source)
+    else:
+        _compile(source)
 
 
 def render_in_process(source: str, context: dict[str, Any]) -> str:
-    """The render itself, in this process: what a template worker runs."""
+    """The render itself, in this process: what a template worker runs. An Ollama (Go) template gets Ollama's
+    values (runlm/formats/ollama_template.py) from the same messages and tools."""
     try:
-        compiled = _compile(source)
-        return bounded_output(compiled.generate(**context), RENDER_SECONDS)
-    except jinja2.exceptions.TemplateError as exc:
+        if looks_like_go(source):
+            extra = {k: v for k, v in context.items() if k not in _OWN_KEYS}
+            return bounded_output(render_ollama(source, context["messages"], context.get("tools"), extra),
+                                  RENDER_SECONDS)
+        return bounded_output(_compile(source).generate(**context), RENDER_SECONDS)
+    except (jinja2.exceptions.TemplateError, GoTemplateError) as exc:
         raise ChatTemplateError(f"chat template failed: {exc}") from exc

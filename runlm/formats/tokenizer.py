@@ -20,6 +20,7 @@ from tokenizers.models import BPE
 
 from runlm.formats import ModelFormatError
 from runlm.formats.fim import FimTokens, NoFim, find_fim_tokens, gguf_fim_ids
+from runlm.formats.modelfile import ChatDefaults
 
 _NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _GGUF_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
@@ -181,6 +182,8 @@ class Tokenizer:
         if self.eos_token_id is None and extra_stop_ids:
             self.eos_token_id, self.eos_token = extra_stop_ids[0], hf.id_to_token(extra_stop_ids[0])
         self.chat_template = chat_template
+        # a Modelfile's SYSTEM and MESSAGE lines, put around every conversation (runlm.formats.modelfile)
+        self.chat_defaults: ChatDefaults | None = None
         self.special_ids: frozenset[int] = frozenset(i for i, t in hf.get_added_tokens_decoder().items() if t.special)
         eot = self.special_ids & {self._id(t) for t in END_OF_TURN}
         self.stop_token_ids: frozenset[int] = frozenset(

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from runlm import __version__
 from runlm.apis.ollama_images import ollama_content
-from runlm.formats.sampling_defaults import modelfile_text, ollama_parameters
+from runlm.formats.sampling_defaults import ollama_parameters
 from runlm.runner.config import BackendMode
 from runlm.runner.errors import BadRequest, RunnerError
 from runlm.runner.models_api import body_json, delete_model, get_model
@@ -45,6 +45,7 @@ from runlm.runner.requests import (
 )
 from runlm.store import InvalidNameError, StoredModel
 from runlm.store.capabilities import capabilities
+from runlm.store.modelfile_model import model_files, parameters_of, show_modelfile
 from runlm.web.openapi import OllamaError, json_body
 
 router = APIRouter(prefix="/api")
@@ -81,10 +82,12 @@ async def show(request: Request) -> JSONResponse:
         raise BadRequest("'model' is required", param="model")
     model = await get_model(request, name)
     info = model.info
-    parameters = ollama_parameters(info.sampling)
-    modelfile = modelfile_text(str(model.name), info.sampling, info.template)
+    entry = model.manifest.get("modelfile") or {}
     return JSONResponse({
-        "modelfile": modelfile, "parameters": parameters, "template": info.template or "",
+        "modelfile": show_modelfile(model), "parameters": ollama_parameters(parameters_of(model)),
+        "template": info.template or "", **({"system": entry["system"]} if entry.get("system") else {}),
+        **({"license": "\n".join(entry["license"])} if entry.get("license") else {}),
+        **({"messages": entry["messages"]} if entry.get("messages") else {}),
         "details": details(model), "capabilities": capabilities(model), "modified_at": model.created,
         "model_info": {"general.architecture": info.architecture, "general.parameter_count": info.parameters,
                        f"{info.architecture}.context_length": info.context_length,
@@ -288,10 +291,6 @@ async def generate(request: Request) -> Response:
         return await _load_or_unload(request, name, pop_keep_alive(body), False, sampling_fields(body)[1])
     if not isinstance(prompt, str):
         raise BadRequest("'prompt' must be a string", param="prompt")
-    if body.get("template"):  # Ollama's Go template: refused, never silently replaced by the model's own
-        raise BadRequest("'template' (a Go template) is not supported: runlm renders the model's own chat template "
-                         "(serve-engine --chat-template-file sets another); send raw: true with a prompt you built",
-                         param="template")
     if body.get("context"):
         raise BadRequest("'context' (token ids of an earlier answer) is not supported: send the conversation as "
                          "messages to /api/chat", param="context")
@@ -309,6 +308,12 @@ async def generate(request: Request) -> Response:
     elif body.get("raw"):
         payload = {"prompt": prompt, **fields}
         route = "completions"
+    elif body.get("template"):  # the request's template, rendered here: the backend gets the prompt it makes
+        if body.get("images"):
+            raise BadRequest("images go through the model's own chat template; send them without 'template'",
+                             param="images")
+        payload = {"prompt": await _templated_prompt(request, name, body, prompt), **fields}
+        route = "completions"
     else:
         messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
         content = ollama_content(prompt, body.get("images"), "images", refuse_image)
@@ -316,6 +321,34 @@ async def generate(request: Request) -> Response:
                    **thinking_fields(body, [])}
         route = "chat/completions"
     return await _generate(request, body, route, payload, load, _generate_shape)
+
+
+async def _templated_prompt(request: Request, name: str, body: dict, prompt: str) -> str:
+    """``prompt`` through the request's ``template`` (Go or Jinja) as Ollama renders a generate request: the system
+    prompt (the request's, else the model's Modelfile SYSTEM), the Modelfile's MESSAGEs, then the prompt; in a
+    template worker, within the limits every chat template renders in."""
+    from runlm.formats.chat_template import ChatTemplateError, render_chat
+    from runlm.formats.modelfile import ChatDefaults
+    from runlm.formats.template_limits import RenderLimitError
+    from runlm.formats.template_render import check_template
+    from runlm.formats.tokenizer import MAX_TEMPLATE_FILE
+
+    template = body["template"]
+    if len(template) > MAX_TEMPLATE_FILE:
+        raise BadRequest(f"'template' is longer than {MAX_TEMPLATE_FILE} characters", param="template")
+    try:
+        check_template(template)
+    except Exception as exc:  # jinja2's TemplateSyntaxError or a GoTemplateError
+        raise BadRequest(f"'template' does not parse: {exc}", param="template") from None
+    model = await request.app.state.loader.model(name)
+    defaults_file = model_files(model, request.app.state.store.model_path(model))[1]
+    defaults = ChatDefaults.read(defaults_file) if defaults_file else ChatDefaults()
+    system = [{"role": "system", "content": body["system"]}] if body.get("system") else []
+    messages = defaults.chat([*system, {"role": "user", "content": prompt}])
+    try:
+        return await asyncio.to_thread(render_chat, messages, template)
+    except (ChatTemplateError, RenderLimitError) as exc:
+        raise BadRequest(f"'template' failed: {exc}", param="template") from None
 
 
 def _generate_shape(text: str, thinking: str, _: list | None) -> dict:

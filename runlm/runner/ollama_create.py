@@ -1,11 +1,11 @@
-"""Ollama's blob upload and ``/api/create`` for LoRA adapters: ``ollama.create_blob(file)`` for each adapter
-file, then ``ollama.create(model=NAME, from_=BASE, adapters={file: digest})``.
+"""Ollama's blob upload and ``/api/create``: what ``ollama create -f Modelfile`` and ``ollama.create(...)`` send.
 
-runlm's /api/create makes NAME a LoRA adapter of the stored model BASE, served by BASE's native backend
-(the same mechanism as ``runlm configure BASE --lora NAME=PATH``, runlm/runner/lora.py): like every
-``_configure`` setting it lasts while the daemon runs. With ``quantize`` it stores a quantized copy of BASE (a
-GGUF model) as NAME (``ollama create NAME --quantize q4_K_M``), streaming the quantizer's progress. Building new
-models from files or Modelfiles is not something /api/create does here (pull them instead), and says so.
+- ``template`` / ``system`` / ``parameters`` / ``messages`` / ``license`` (and ``adapters`` with them), ``from``
+  a stored model or ``files`` (``{file name: blob digest}``, uploaded with ``create_blob``): a new stored model
+  with those defaults (runlm/store/modelfile_model.py);
+- ``quantize``: a quantized copy of ``from`` (a GGUF model), the settings above put on it when given;
+- ``from`` and ``adapters`` alone: NAME becomes a LoRA adapter of BASE served by BASE's native backend (as
+  ``runlm configure BASE --lora NAME=PATH``, runlm/runner/lora.py), lasting while the daemon runs.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import Field, StrictBool, StrictStr
@@ -28,18 +29,28 @@ from runlm.runner.ollama_stream import NDJSON
 from runlm.runner.pulling import progress_response, transfer_events
 from runlm.runner.requests import _Body
 from runlm.store.blobs import check_digest
-from runlm.store.progress import ProgressCallback
+from runlm.store.modelfile_model import ModelSpec, ModelSpecError, check_spec, create_model, model_from_blobs
+from runlm.store.progress import ProgressCallback, PullProgress
 from runlm.web.openapi import OllamaError, json_body
 
 router = APIRouter(prefix="/api")
 
 
-class CreateAdapterRequest(_Body):
+class CreateRequest(_Body):
     model: StrictStr = Field(min_length=1)
     from_: StrictStr | None = Field(None, alias="from")
+    files: dict[str, StrictStr] | None = None
     adapters: dict[str, StrictStr] | None = None
+    template: StrictStr | None = None
+    system: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    messages: list[dict[str, Any]] | None = None
+    license: StrictStr | list[StrictStr] | None = None
     quantize: StrictStr | None = None
     stream: StrictBool | None = None
+
+
+SPEC_FIELDS = ("files", "template", "system", "parameters", "messages", "license")
 
 
 def _digest(digest: str) -> str:
@@ -78,16 +89,16 @@ async def upload_blob(request: Request, digest: str) -> Response:
     return Response(status_code=201)
 
 
-@router.post("/create", openapi_extra=json_body(CreateAdapterRequest, error=OllamaError))
+@router.post("/create", openapi_extra=json_body(CreateRequest, error=OllamaError))
 async def create(request: Request) -> Response:
-    body = await body_json(request, CreateAdapterRequest)
+    body = await body_json(request, CreateRequest)
     base_name, adapters, name = body.get("from"), body.get("adapters"), body["model"]
-    if body.get("quantize") is not None:
-        return await _quantize(request, body)
+    if body.get("quantize") is not None or any(body.get(k) is not None for k in SPEC_FIELDS):
+        return await _create_model(request, body)
     if not base_name or not adapters:
-        raise BadRequest("runlm's /api/create makes a LoRA adapter of a stored model ('from' and 'adapters': "
-                         "{file name: blob digest}) or a quantized copy of one ('from' and 'quantize'); pull models "
-                         "to add them", param="adapters")
+        raise BadRequest("/api/create needs 'from' (a stored model) or 'files' ({file name: blob digest}), with "
+                         "what the new model changes: 'template', 'system', 'parameters', 'messages', 'license', "
+                         "'adapters' or 'quantize'", param="from")
     name = name.removesuffix(":latest")
     try:
         loras = parse_loras({name: adapters})
@@ -110,22 +121,44 @@ async def create(request: Request) -> Response:
                     media_type=NDJSON)
 
 
-async def _quantize(request: Request, body: dict) -> Response:
-    """``from`` (a stored GGUF model) quantized as ``quantize`` and stored as ``model``, with progress lines."""
+def _spec(body: dict) -> ModelSpec:
+    license = body.get("license")
+    spec = ModelSpec(template=body.get("template"), system=body.get("system"),
+                     parameters=dict(body.get("parameters") or {}), messages=list(body.get("messages") or []),
+                     license=[license] if isinstance(license, str) else list(license or []),
+                     adapters={k: _digest(v) for k, v in (body.get("adapters") or {}).items()})
+    try:
+        check_spec(spec)
+    except ModelSpecError as exc:
+        raise BadRequest(str(exc), param=exc.param) from None
+    return spec
+
+
+async def _create_model(request: Request, body: dict) -> Response:
+    """A new stored model: ``from`` (quantized first with ``quantize``) or ``files``, with the body's defaults."""
     from runlm.quantize.plan import file_type
     from runlm.store.quantized import quantize_into_store, source_file
 
-    if not body.get("from") or body.get("adapters"):
-        raise BadRequest("'quantize' makes a quantized copy of the stored model named by 'from' (no adapters)",
+    spec, name = _spec(body), body["model"]
+    if (body.get("from") is None) == (body.get("files") is None):
+        raise BadRequest("give exactly one of 'from' (a stored model) and 'files' ({file name: blob digest})",
                          param="from")
-    try:
-        file_type(body["quantize"])
-    except ValueError as exc:
-        raise BadRequest(str(exc), param="quantize") from None
+    if body.get("quantize") is not None:
+        try:
+            file_type(body["quantize"])
+        except ValueError as exc:
+            raise BadRequest(str(exc), param="quantize") from None
+    files = {k: _digest(v) for k, v in (body.get("files") or {}).items()}
     store = request.app.state.store
 
-    def job(put: ProgressCallback) -> str:  # (a QuantizeError is a ValueError: the client's 400)
-        file = source_file(store, body["from"], local_files=False)  # an HTTP client names stored models only
-        return quantize_into_store(store, file, body["model"], body["quantize"], progress=put)[1]
+    def job(put: ProgressCallback) -> str:  # (a QuantizeError or ModelSpecError is a ValueError: the client's 400)
+        base = model_from_blobs(store, name, files) if files else store.ensure(body["from"], put)
+        if body.get("quantize") is not None:
+            file = source_file(store, str(base.name), local_files=False)
+            base = store.get(quantize_into_store(store, file, name, body["quantize"], progress=put)[1])
+        put(PullProgress("writing manifest"))
+        model = create_model(store, name, base, spec)
+        put(PullProgress("success"))
+        return str(model.name)
 
     return await progress_response(body, transfer_events(job))

@@ -73,6 +73,7 @@ class _Ollama(_Body):
 class GenerateRequest(_Ollama):
     prompt: StrictStr | None = None
     system: StrictStr | None = None
+    template: StrictStr | None = None  # a prompt template (Ollama's Go, or Jinja) instead of the model's
     suffix: StrictStr | None = None  # fill-in-the-middle: the text after the gap
     raw: StrictBool | None = None
     format: StrictStr | dict[str, Any] | None = None

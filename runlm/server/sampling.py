@@ -20,7 +20,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; cha
 
 
 def to_sampling_params(req: ChatCompletionRequest | CompletionRequest, forced_constraint: dict | None = None,
-                       defaults: Mapping[str, float | int] | None = None) -> SamplingParams:
+                       defaults: Mapping[str, Any] | None = None) -> SamplingParams:
     """``forced_constraint``: the grammar a forcing tool_choice brings (runlm.tools.choice). ``defaults``: the
     server's sampling defaults (the model's recommended settings under --override-generation-config) for the
     fields the request leaves out; SamplingParams' own defaults come last."""
@@ -30,7 +30,7 @@ def to_sampling_params(req: ChatCompletionRequest | CompletionRequest, forced_co
         return value if value is not None else d.get(name, fallback)
 
     is_chat = isinstance(req, ChatCompletionRequest)
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop if req.stop is not None else d.get("stop") or [])
     if len(stop) > MAX_STOP_STRINGS:
         raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stop)}", "stop")
     logit_bias = None

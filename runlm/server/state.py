@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runlm.server.errors import APIError, not_ready
 from runlm.server.media import MediaSettings
@@ -34,8 +34,8 @@ class ServerSettings:
     enable_lora: bool = False
     lora_modules: dict[str, str] = field(default_factory=dict)  # name -> path, loaded before the server is ready
     # what a request leaves out: the model's recommended sampling settings under --override-generation-config
-    # (SamplingParams field -> value; runlm.server.defaults builds it, runlm.server.sampling applies it)
-    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
+    # (SamplingParams field -> value, and "stop": a Modelfile's stop strings; runlm.server.sampling applies it)
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
     # --reasoning-parser: "auto" (from the chat template), "none", or a parser's name (runlm.tools.reasoning)
     reasoning_parser: str = "auto"
     # images: the hosts image URLs are fetched from (--allowed-media-domains), size limits, images per prompt

@@ -13,7 +13,13 @@ from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metada
 from runlm.catalog import BUILTIN_MODELS, recommended_sampling
 from runlm.cli import build_parser
 from runlm.cli.serve_engine import sampling_defaults
-from runlm.formats.sampling_defaults import checked, from_generation_config, ollama_parameters, read_sampling_defaults
+from runlm.formats.sampling_defaults import (
+    checked,
+    from_generation_config,
+    ollama_parameters,
+    read_sampling_defaults,
+    to_ollama,
+)
 from runlm.store.inspect import inspect_model
 from tests.fixtures.models import build_model, tinycoder_gguf
 
@@ -81,8 +87,10 @@ def test_the_builtin_catalogue_fills_in_what_smollm2s_file_lacks() -> None:
     # SmolLM2-Instruct's model card: temperature 0.2, top_p 0.9; DRY over the generated tokens against loops
     assert recommended_sampling("smollm2", path) == recommended_sampling(str(path), path) == {
         "temperature": 0.0, "top_p": 0.9, "dry_multiplier": 0.8}
-    assert ollama_parameters({"temperature": 0.2, "repetition_penalty": 1.1, "max_tokens": 9}).split() == [
+    assert ollama_parameters(to_ollama({"temperature": 0.2, "repetition_penalty": 1.1, "max_tokens": 9})).split() == [
         "temperature", "0.2", "repeat_penalty", "1.1", "num_predict", "9"]
+    assert ollama_parameters({"stop": ["a b", "c"]}).splitlines() == ['stop                           "a b"',
+                                                                     'stop                           "c"']
 
 
 def test_serve_engine_flags(tmp_path: Path) -> None:

@@ -179,11 +179,22 @@ def test_runlm_run_on_the_daemon_takes_the_chat_commands(daemon: Daemon) -> None
         assert chat.close() == 0
 
 
-def test_a_go_template_or_an_old_context_is_refused_not_dropped(daemon: Daemon) -> None:
+def test_a_requests_go_template_makes_the_prompt_and_an_old_context_is_refused(daemon: Daemon) -> None:
     c = ollama.Client(host=daemon.url)
-    with pytest.raises(ollama.ResponseError) as err:
-        c.generate(model=MODEL, prompt="hi", template="{{ .Prompt }}")
-    assert err.value.status_code == 400 and "template" in err.value.error
+    options = {"num_predict": 1, "temperature": 0}
+    # Ollama's older template shape: the prompt ends where .Response begins
+    templated = c.generate(model=MODEL, prompt="hi", system="Be brief.", options=options,
+                           template="{{ if .System }}[{{ .System }}] {{ end }}Q: {{ .Prompt }}\nA: {{ .Response }}!")
+    raw = c.generate(model=MODEL, prompt="[Be brief.] Q: hi\nA: ", raw=True, options=options)
+    assert templated.prompt_eval_count == raw.prompt_eval_count and templated.response == raw.response
+    messages = c.generate(model=MODEL, prompt="hi", options=options,
+                          template="{{ range .Messages }}<{{ .Role }}>{{ .Content }}{{ end }}<assistant>")
+    assert messages.prompt_eval_count == c.generate(model=MODEL, prompt="<user>hi<assistant>", raw=True,
+                                                    options=options).prompt_eval_count
+    for bad in ("{{ if .Prompt }}", "{{ nosuchfunc .Prompt }}", "{{ index .Messages 9 }}"):
+        with pytest.raises(ollama.ResponseError) as err:
+            c.generate(model=MODEL, prompt="hi", template=bad)
+        assert err.value.status_code == 400 and "template" in err.value.error, bad
     with pytest.raises(ollama.ResponseError) as err:
         c.generate(model=MODEL, prompt="hi", context=[1, 2, 3])
     assert err.value.status_code == 400 and "context" in err.value.error

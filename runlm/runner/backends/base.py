@@ -119,8 +119,9 @@ class Backend(abc.ABC):
         return None
 
     def context_size(self, model: StoredModel, config: BackendConfig) -> int:
-        """The context length the backend will run ``model`` with."""
-        default = default_context()
+        """The context length the backend will run ``model`` with: the configured (or asked: num_ctx) one, else the
+        model's Modelfile's PARAMETER num_ctx, else the daemon's default; never past the model's own."""
+        default = (model.manifest.get("modelfile") or {}).get("num_ctx") or default_context()
         return min(config.context_size or default, model.info.context_length or default)
 
     supports_speculative = False

@@ -14,6 +14,7 @@ from runlm.runner.backends.flags import is_float, is_int, is_size
 from runlm.runner.backends.process import ProcessBackend
 from runlm.runner.config import BackendConfig, BackendMode
 from runlm.sizes import available_memory, gpu_memory, parse_size
+from runlm.store.modelfile_model import model_files
 
 if TYPE_CHECKING:
     from runlm.store import StoredModel
@@ -176,6 +177,9 @@ class NativeBackend(ProcessBackend):
                 argv += ["--kv-cache-memory", str(kv_cache_bytes(stored, context, config))]
             if stored.info.sampling:  # what the store knows the model recommends (the built-in catalogue's too)
                 argv += ["--override-generation-config", json.dumps(stored.info.sampling)]
+            template, defaults = model_files(stored, Path(model))  # a model made from a Modelfile
+            argv += ["--chat-template-file", str(template)] if template else []
+            argv += ["--model-defaults-file", str(defaults)] if defaults else []
         if config.lora_paths:  # every configured adapter may run in one step; a runtime flag may say otherwise
             argv += ["--enable-lora", "--max-loras", str(len(config.lora_paths)), "--max-lora-rank", str(LORA_RANK),
                      "--lora-modules", *[f"{n}={p}" for n, p in config.lora_paths.items()]]
