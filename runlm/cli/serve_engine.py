@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="JSON {system, messages, stop}: a system prompt for chats without one, messages put before "
                         "every chat and stop strings for requests without any (what `runlm create` stores from a "
                         "Modelfile's SYSTEM, MESSAGE and PARAMETER stop lines)")
+    p.add_argument("--context-shift", action="store_true",
+                   help="a generation that fills the context goes on, dropping the oldest half of what follows the "
+                        "request's n_keep tokens (llama-server's flag; a request's context_shift says otherwise)")
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="name(s) clients use for the model (default: MODEL as given); others get 421")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
@@ -240,7 +243,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                                   trust_request_chat_template=args.trust_request_chat_template,
                                   enable_lora=args.enable_lora or bool(args.lora_modules),
                                   lora_modules=parse_lora_modules(args.lora_modules),
-                                  reasoning_parser=args.reasoning_parser)
+                                  reasoning_parser=args.reasoning_parser, context_shift=args.context_shift)
         settings.media = MediaSettings(allowed_domains=tuple(args.allowed_media_domains),
                                        fetch_timeout=args.media_fetch_timeout,
                                        limit_per_prompt=parse_mm_limit(args.limit_mm_per_prompt))

@@ -276,7 +276,8 @@ async def chat(request: Request) -> Response:
         return await _load_or_unload(request, name, pop_keep_alive(body), True, sampling_fields(body)[1])
     messages = chat_messages(body["messages"])
     fields, load = sampling_fields(body)
-    payload: dict[str, Any] = {"messages": messages, **fields, **thinking_fields(body, messages)}
+    payload: dict[str, Any] = {"messages": messages, **fields, **thinking_fields(body, messages),
+                               "truncate": body.get("truncate") is not False}  # Ollama drops the oldest messages
     if body.get("tools"):
         payload["tools"] = body["tools"]
     return await _generate(request, body, "chat/completions", payload, load, _chat_shape)

@@ -16,8 +16,10 @@ def now_iso() -> str:
 
 
 def sampling_fields(body: dict) -> tuple[dict[str, Any], LoadOptions]:
-    """The request's options and ``format`` as OpenAI fields, and what it asks of the runner's load."""
+    """The request's options and ``format`` as OpenAI fields, and what it asks of the runner's load. A generation
+    that fills the context goes on (Ollama's ``shift``, on unless the request says false)."""
     out, load = ollama_options(body)
+    out["context_shift"] = body.get("shift") is not False
     fmt = body.get("format")
     if fmt == "json":
         out["response_format"] = {"type": "json_object"}

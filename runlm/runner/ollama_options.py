@@ -20,7 +20,7 @@ SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "m
             "stop": "stop", "num_predict": "max_tokens", "presence_penalty": "presence_penalty",
             "frequency_penalty": "frequency_penalty", "repeat_penalty": "repetition_penalty",
             "repeat_last_n": "repeat_last_n", "typical_p": "typical_p", "mirostat": "mirostat",
-            "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"}
+            "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta", "num_keep": "n_keep"}
 # options runlm has one answer to: accepted at that value, refused at any other (and why)
 FIXED: dict[str, tuple[Any, str]] = {
     "use_mmap": (True, "runlm always maps the model file"),
@@ -33,8 +33,7 @@ FIXED: dict[str, tuple[Any, str]] = {
 }
 LOAD = ("num_ctx", "num_batch", "num_thread")
 REFUSED = {"num_gpu": "choose the device with `runlm configure MODEL --runtime-flags --device cpu|cuda`",
-           "main_gpu": "choose the device with `runlm configure MODEL --runtime-flags --device cuda:N`",
-           "num_keep": "runlm does not shift the context; a prompt past num_ctx is refused with its length"}
+           "main_gpu": "choose the device with `runlm configure MODEL --runtime-flags --device cuda:N`"}
 MIN_CONTEXT = 16
 
 

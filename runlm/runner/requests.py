@@ -64,6 +64,8 @@ class CopyRequest(_Body):
 class _Ollama(_Body):
     model: StrictStr = Field(min_length=1)
     options: dict[str, Any] | None = None
+    shift: StrictBool | None = None     # a generation that fills the context goes on (default: yes, as Ollama's)
+    truncate: StrictBool | None = None  # chat: the oldest messages dropped to fit the context (default: yes)
     keep_alive: StrictStr | float | None = None
     stream: StrictBool | None = None
     logprobs: StrictBool | None = None

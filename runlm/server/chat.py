@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,10 +11,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from runlm.server.body import parse_body
+from runlm.server.context_shift import shift_keep
 from runlm.server.errors import APIError, bad_request
 from runlm.server.generation import Generation, Ticket, TicketedStreamingResponse, new_id, start_generation
 from runlm.server.logprobs import TokenTexts, chat_logprobs
-from runlm.server.prompts import chat_prompt, check_room_for_completion
+from runlm.server.prompts import chat_prompt, check_room_for_completion, fit_to_context
 from runlm.server.protocol import ChatCompletionRequest
 from runlm.server.reasoning import ReasoningPlan, reasoning_plan, template_kwargs, thinking_params
 from runlm.server.sampling import to_sampling_params
@@ -67,15 +68,24 @@ async def start_chat(request: Request, req: ChatCompletionRequest) -> ChatRun:
     params = to_sampling_params(req, plan.structured_outputs, state.settings.sampling_defaults)
     if plan.parser is not None and plan.parser.needs_special_tokens:
         params.skip_special_tokens = False  # the call markers are special tokens
-    prompt, images = await chat_prompt(engine, req.messages, req.add_generation_prompt, plan.template_tools,
-                                       template_kwargs(req), state.settings.trust_request_chat_template,
-                                       req.continue_final_message, state.settings.media, state.model_name)
+
+    def render(messages: list[dict[str, Any]]) -> Awaitable[tuple[list[int], list[Any]]]:
+        return chat_prompt(engine, messages, req.add_generation_prompt, plan.template_tools, template_kwargs(req),
+                           state.settings.trust_request_chat_template, req.continue_final_message,
+                           state.settings.media, state.model_name)
+
+    prompt, images = await render(req.messages)
+    if req.truncate:
+        prompt, images = await fit_to_context(render, req.messages, (prompt, images),
+                                              engine.max_model_len - (params.max_tokens or 1))
     reasoning = reasoning_plan(req, state, engine, prompt)
     params.thinking = thinking_params(reasoning, req, engine, params.structured_outputs is not None)
-    check_room_for_completion(engine, [prompt], params, "messages")
+    shift = shift_keep(req, state.settings)
+    if shift is None:
+        check_room_for_completion(engine, [prompt], params, "messages")
     gen, ticket = await start_generation(state, engine, request, [prompt], params, new_id("chatcmpl"), req.priority,
                                          "messages", constraint_source(req, plan.structured_outputs), lora,
-                                         images=images)
+                                         images=images, shift=shift)
     texts = TokenTexts(engine.tokenizer) if params.logprobs is not None else None
     model_name = lora.lora_name if lora else state.model_name  # answers name the adapter asked for, as vLLM's
     return ChatRun(gen, ticket, req, model_name, texts, plan, reasoning)

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from runlm.engine.types.outputs import CompletionOutput, Logprob, RequestOutput
 from runlm.server.body import parse_body
+from runlm.server.context_shift import shift_keep
 from runlm.server.errors import APIError
 from runlm.server.generation import Generation, TicketedStreamingResponse, new_id, start_generation
 from runlm.server.logprobs import TokenTexts, completion_logprobs
@@ -39,9 +40,11 @@ async def completions(request: Request) -> Response:
     limit = state.settings.max_prompts_per_request
     prompts = completion_prompt_ids(engine, req.prompt, limit) if req.suffix is None else \
         fim_prompt_ids(engine, req.prompt, req.suffix, bool(req.echo), limit)
-    check_room_for_completion(engine, prompts, params, "prompt")
+    shift = shift_keep(req, state.settings)
+    if shift is None:
+        check_room_for_completion(engine, prompts, params, "prompt")
     gen, ticket = await start_generation(state, engine, request, prompts, params, new_id("cmpl"), req.priority,
-                                         "prompt", constraint_source(req), lora)
+                                         "prompt", constraint_source(req), lora, shift=shift)
     view = _View(gen, TokenTexts(engine.tokenizer), bool(req.echo), lora.lora_name if lora else state.model_name)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

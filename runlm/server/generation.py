@@ -29,6 +29,7 @@ from runlm.engine.types.lora_request import LoRARequest
 from runlm.engine.types.outputs import RequestOutput
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.engine.types.structured_params import StructuredOutputsError
+from runlm.server.context_shift import ShiftingStream, can_shift
 from runlm.server.errors import APIError, bad_request
 from runlm.server.media import CheckedImage
 from runlm.server.state import ServerState
@@ -88,12 +89,14 @@ class TicketedStreamingResponse(StreamingResponse):
 async def start_generation(state: ServerState, engine: AsyncLLM, http_request: Request, prompts: list[list[int]],
                            params: SamplingParams, request_id: str, priority: int, prompt_param: str,
                            constraint_source: str | None, lora_request: LoRARequest | None = None,
-                           images: list[CheckedImage] | None = None) -> tuple[Generation, Ticket]:
+                           images: list[CheckedImage] | None = None, shift: int | None = None
+                           ) -> tuple[Generation, Ticket]:
     """Admit the request, then add it to the engine; on a refusal the places are given back. ``images``: a chat
-    prompt's images (checked already), in the order of its placeholders."""
+    prompt's images (checked already), in the order of its placeholders. ``shift``: the n_keep of a generation
+    that shifts its context when it fills (None: it stops there)."""
     ticket = admit(state, engine, params.n * len(prompts))
     gen = Generation(state, engine, http_request, prompts, params, request_id, priority, prompt_param,
-                     constraint_source, lora_request, images=images or [])
+                     constraint_source, lora_request, images=images or [], shift=shift)
     try:
         await gen.start()
     except BaseException:
@@ -117,22 +120,32 @@ class Generation:
     constraint_source: str | None = None      # the request field a structured-output constraint came from
     lora_request: LoRARequest | None = None   # the adapter the request's model names
     images: list[CheckedImage] = field(default_factory=list)  # a chat prompt's images, for multi_modal_data
+    shift: int | None = None                  # n_keep, for a generation that shifts its context when it fills
     disconnected: bool = False
     arrival: float = field(default_factory=time.monotonic)
-    streams: list[RequestStream] = field(default_factory=list)
+    streams: list[RequestStream | ShiftingStream] = field(default_factory=list)
 
     async def start(self) -> None:
         """Add every prompt to the engine, which checks it; the first refusal aborts the rest."""
         pin = data_parallel_rank(self.http_request, self.engine)
+
+        async def add(rid: str, ids: list[int], params: SamplingParams) -> RequestStream:  # a shift's next request
+            return await self.engine.add_request(rid, {"prompt_token_ids": ids}, params, self.priority,
+                                                 lora_request=self.lora_request, data_parallel_rank=pin)
         try:
             for i, prompt in enumerate(self.prompts):
                 inputs: dict[str, Any] = {"prompt_token_ids": prompt}
                 if self.images:  # decoded for an engine in this process; replicas elsewhere get the bytes
                     remote = isinstance(self.engine, DPAsyncLLM)
                     inputs["multi_modal_data"] = {"image": [i.data if remote else i.image for i in self.images]}
-                self.streams.append(await self.engine.add_request(
-                    f"{self.request_id}-{i}", inputs, replace(self.params), self.priority,
-                    lora_request=self.lora_request, data_parallel_rank=pin))
+                rid = f"{self.request_id}-{i}"
+                stream: RequestStream | ShiftingStream = await self.engine.add_request(
+                    rid, inputs, replace(self.params), self.priority, lora_request=self.lora_request,
+                    data_parallel_rank=pin)
+                if self.shift is not None and not self.images and can_shift(self.params):
+                    stream = ShiftingStream(add, stream, rid, prompt, self.params, self.shift,
+                                            self.engine.tokenizer.bos_token_id)
+                self.streams.append(stream)
         except BaseException as exc:
             self.close()
             if isinstance(exc, Exception):
@@ -147,7 +160,7 @@ class Generation:
         queue: asyncio.Queue = asyncio.Queue()
         metrics = self.state.metrics
 
-        async def pump(i: int, stream: RequestStream) -> None:
+        async def pump(i: int, stream: RequestStream | ShiftingStream) -> None:
             timer = metrics.timer()
             try:
                 async for out in stream:

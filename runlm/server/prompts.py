@@ -6,7 +6,7 @@ is the engine's check, raised as a typed error when the request is added (runlm/
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from runlm.engine.async_inproc import AsyncLLM
@@ -152,6 +152,36 @@ def fim_prompt_ids(engine: AsyncLLM, prompt: Any, suffix: str, echo: bool, max_p
     except NoFim as exc:
         raise bad_request(str(exc), "suffix", "fim_unsupported") from None
     return [suffix_prompt(tok, fim, t, suffix) for t in texts]
+
+
+Rendered = tuple[list[int], list[Any]]
+
+
+async def fit_to_context(render: Callable[[list[dict[str, Any]]], Awaitable[Rendered]],
+                         messages: list[dict[str, Any]], whole: Rendered, budget: int) -> Rendered:
+    """Ollama's truncation: the prompt of the latest messages that fits in ``budget`` tokens, the system messages
+    before them always kept and the last message always sent (a conversation whose last message alone is too
+    long is left to the context checks). ``whole``: ``messages`` rendered already. The shortest fitting suffix
+    is found by bisection (the prompt grows with each message put back), a few renders at most."""
+    if len(whole[0]) <= budget or len(messages) < 2:
+        return whole
+
+    async def start_at(i: int) -> Rendered:
+        kept = [m for m in messages[:i] if m.get("role") in ("system", "developer")]
+        return await render(kept + messages[i:])
+
+    low, high = 1, len(messages) - 1  # the answer: the smallest start whose prompt fits (high always may)
+    best = await start_at(high)
+    if len(best[0]) > budget:
+        return best
+    while low < high:
+        mid = (low + high) // 2
+        tried = await start_at(mid)
+        if len(tried[0]) <= budget:
+            high, best = mid, tried
+        else:
+            low = mid + 1
+    return best
 
 
 def check_room_for_completion(engine: AsyncLLM, prompts: list[list[int]], params: SamplingParams,

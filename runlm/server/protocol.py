@@ -71,6 +71,10 @@ class _Sampling(LlamaSamplers):
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True
     priority: Int = Field(0, ge=-_MAX_INT, le=_MAX_INT)
+    # a generation that fills the context goes on, its oldest tokens after the first n_keep dropped (llama-server's
+    # --context-shift and n_keep, -1: the whole prompt; Ollama's shift); default: the server's --context-shift
+    context_shift: StrictBool | None = None
+    n_keep: Int = Field(0, ge=-1, le=_MAX_INT)
     # structured outputs (issue 7 hooks them in; accepted here so clients that send them get an answer)
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -91,6 +95,9 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # Ollama's: a conversation longer than the context loses its oldest messages (system messages and the last
+    # one are kept) instead of being refused
+    truncate: StrictBool | None = None
     # reasoning models (vLLM's fields; runlm/server/reasoning.py)
     include_reasoning: StrictBool = True
     reasoning_effort: StrictStr | None = None

@@ -38,6 +38,9 @@ class ServerSettings:
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     # --reasoning-parser: "auto" (from the chat template), "none", or a parser's name (runlm.tools.reasoning)
     reasoning_parser: str = "auto"
+    # --context-shift: generations that fill the context go on (runlm/server/context_shift.py) unless a request
+    # says context_shift: false
+    context_shift: bool = False
     # images: the hosts image URLs are fetched from (--allowed-media-domains), size limits, images per prompt
     media: MediaSettings = field(default_factory=MediaSettings)
 

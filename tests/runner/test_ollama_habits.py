@@ -29,7 +29,7 @@ def test_options_and_format_translate_to_openai_fields() -> None:
                                  "format": "json"})
     assert out == {"max_tokens": 7, "temperature": 0.2, "repetition_penalty": 1.1, "stop": ["\n"], "top_k": 5,
                    "seed": 3, "typical_p": 0.9, "repeat_last_n": 32, "mirostat": 2, "mirostat_tau": 4.0,
-                   "mirostat_eta": 0.2, "response_format": {"type": "json_object"}}
+                   "mirostat_eta": 0.2, "response_format": {"type": "json_object"}, "context_shift": True}
     assert load == LoadOptions(context=4096)
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert sampling_fields({"format": schema})[0]["response_format"]["json_schema"]["schema"] == schema
@@ -37,7 +37,7 @@ def test_options_and_format_translate_to_openai_fields() -> None:
 
 
 @pytest.mark.parametrize("option,value,words", [
-    ("num_gpu", 99, "--device"), ("main_gpu", 1, "cuda:N"), ("num_keep", 4, "shift"), ("use_mmap", False, "maps"),
+    ("num_gpu", 99, "--device"), ("main_gpu", 1, "cuda:N"), ("use_mmap", False, "maps"),
     ("use_mlock", True, "lock"), ("numa", True, "NUMA"), ("num_ctx", 8, "at least 16"), ("num_thread", 0, "at least 1"),
     ("tfs_z", 0.9, "tail-free"), ("bogus", 1, "unknown option")])
 def test_an_option_runlm_cannot_honour_is_refused_by_name(option: str, value: object, words: str) -> None:
@@ -177,6 +177,24 @@ def test_runlm_run_on_the_daemon_takes_the_chat_commands(daemon: Daemon) -> None
         assert "Cleared session context" in chat.send("/clear")
     finally:
         assert chat.close() == 0
+
+
+def test_a_long_answer_shifts_the_context_and_a_long_chat_is_truncated(daemon: Daemon) -> None:
+    c = ollama.Client(host=daemon.url)
+    chat = [{"role": "user", "content": "Tell me a long story."}]
+    long = c.chat(model=MODEL, messages=chat, options={"num_predict": 300, "num_keep": 8, "temperature": 0})
+    assert long.eval_count == 300 and long.prompt_eval_count + 300 > 256  # past the 256-token context
+    # without shift (Ollama's request field; this ollama client does not send it): the limit and the length, named
+    r = daemon.http.post("/api/chat", json={"model": MODEL, "messages": chat, "options": {"num_predict": 300},
+                                            "shift": False, "stream": False})
+    assert r.status_code == 400 and "256" in r.json()["error"], r.text
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "words " * 20}
+             for i in range(21)]
+    kept = c.chat(model=MODEL, messages=turns, options={"num_predict": 2})  # Ollama's default: truncate
+    assert kept.prompt_eval_count is not None and kept.prompt_eval_count <= 254
+    r = daemon.http.post("/api/chat", json={"model": MODEL, "messages": turns, "options": {"num_predict": 2},
+                                            "truncate": False, "stream": False})
+    assert r.status_code == 400 and "context" in r.json()["error"], r.text
 
 
 def test_a_requests_go_template_makes_the_prompt_and_an_old_context_is_refused(daemon: Daemon) -> None:
