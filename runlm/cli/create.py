@@ -41,5 +41,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="the new model's name")
     p.add_argument("-f", "--file", default="Modelfile", help="the Modelfile (default: ./Modelfile)")
     p.add_argument("-q", "--quantize", default=None, metavar="TYPE",
-                   help="quantize the base first (a GGUF F16/BF16/F32 model): Q4_K_M, Q8_0, ... as `runlm quantize`")
+                   help="quantize the base first (GGUF F16/BF16/F32 or safetensors): Q4_K_M, Q8_0... as "
+                        "`runlm quantize`")
     p.set_defaults(func=cmd_create)

@@ -40,9 +40,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("quantize", help="write a GGUF model as Q4_K_M, Q8_0, ... (llama-quantize's types and choices)",
-                       description="Quantize an F16, BF16 or F32 GGUF file (a path or a stored model's) with ggml's "
-                                   "own quantizers and llama.cpp's per-tensor choices.")
-    p.add_argument("source", help="a .gguf file or a stored model's name")
+                       description="Quantize an F16, BF16 or F32 GGUF file or a safetensors model folder (a path or "
+                                   "a stored model's) with ggml's own quantizers and llama.cpp's per-tensor choices.")
+    p.add_argument("source", help="a .gguf file, a safetensors model folder or a stored model's name")
     p.add_argument("target", help="a .gguf path to write, or a name to store the result under")
     p.add_argument("type", help="Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q5_1, Q5_0, Q4_1, Q4_0, F16, BF16")
     p.add_argument("--imatrix", default=None, metavar="FILE",

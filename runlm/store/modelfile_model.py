@@ -198,7 +198,7 @@ def create_from_modelfile(store: ModelStore, name: str, modelfile: Modelfile, fo
                           quantize: str | None = None, progress: ProgressCallback | None = None) -> StoredModel:
     """``runlm create NAME -f Modelfile``: FROM a stored model's name, or a GGUF file or model folder (relative to
     the Modelfile's ``folder``: imported first); ``quantize``: the base quantized
-    (a GGUF F16/BF16/F32 model) before the Modelfile's settings go on it."""
+    (a GGUF F16/BF16/F32 model or a safetensors one) before the Modelfile's settings go on it."""
     assert modelfile.base is not None
     path = (folder / modelfile.base).expanduser()
     local = path.exists() and (modelfile.base.startswith((".", "/", "~")) or "/" in modelfile.base.strip("/")
@@ -207,12 +207,9 @@ def create_from_modelfile(store: ModelStore, name: str, modelfile: Modelfile, fo
     check_spec(spec)  # before anything is imported or quantized
     base = store.pull(str(path), name, progress=progress) if local else store.ensure(modelfile.base, progress)
     if quantize is not None:
-        from runlm.store.quantized import quantize_into_store
+        from runlm.store.quantized import quantize_into_store, source_file
 
-        file = store.model_path(base)
-        if not file.is_file() or file.suffix != ".gguf":
-            raise ModelSpecError(f"--quantize: {modelfile.base} is a {base.info.format} model; runlm quantizes "
-                                 f"GGUF files (F16, BF16 or F32)", "quantize")
+        file = source_file(store, str(base.name), local_files=False)  # a GGUF file or a safetensors folder
         base = store.get(quantize_into_store(store, file, name, quantize, progress=progress)[1])
     return create_model(store, name, base, spec)
 

@@ -5,29 +5,43 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from runlm.formats import ModelFormatError
 from runlm.quantize import QuantizeError, QuantizeReport, quantize_file
 from runlm.store.progress import ProgressCallback, PullProgress
 from runlm.store.store import ModelStore
 
 
 def source_file(store: ModelStore, source: str, local_files: bool) -> Path:
-    """The GGUF file to quantize: a path (where ``local_files``: the CLI's user, not an HTTP client), else the
-    file of the stored model ``source``."""
+    """What to quantize: a GGUF file or a safetensors model folder, as a path (where ``local_files``: the CLI's
+    user, not an HTTP client) or the files of the stored model ``source``."""
     path = Path(source).expanduser()
-    if local_files and path.is_file():
+    if local_files and (path.is_file() or (path / "config.json").is_file()):
         return path
     model = store.ensure(source)
     file = store.model_path(model)
-    if not file.is_file() or file.suffix != ".gguf":
+    if not (file.is_file() and file.suffix == ".gguf" or model.info.format == "safetensors"):
         raise QuantizeError(f"{source!r} is a {model.info.format} model; runlm quantizes GGUF files (F16, BF16 or F32)"
-                            f" — convert a safetensors folder to GGUF first (llama.cpp's convert_hf_to_gguf.py)")
+                            f" and safetensors folders")
     return file
 
 
 def quantize_with_progress(file: Path, target: Path, type_name: str, imatrix: Path | None = None,
                            threads: int | None = None, progress: ProgressCallback | None = None) -> QuantizeReport:
-    """quantize_file, its progress told as pull progress (the CLI's bar, Ollama's NDJSON lines)."""
+    """quantize_file, its progress told as pull progress (the CLI's bar, Ollama's NDJSON lines). A safetensors
+    folder is written as a GGUF file first (runlm/quantize/convert.py), beside the target, then quantized."""
     report = progress or (lambda p: None)
+    if file.is_dir():
+        from runlm.quantize.convert import convert_folder
+
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
+            converted = Path(tmp) / f"{file.name}.gguf"
+            status = f"converting {file.name} to GGUF"
+            try:
+                convert_folder(file, converted, "auto", lambda done, total: report(PullProgress(status, None, total,
+                                                                                                 done)))
+            except ModelFormatError as exc:
+                raise QuantizeError(str(exc)) from None
+            return quantize_with_progress(converted, target, type_name, imatrix, threads, progress)
     status = f"quantizing {file.name} to {type_name.upper()}"
     return quantize_file(file, target, type_name, imatrix, threads,
                          lambda done, total: report(PullProgress(status, None, total, done)))
