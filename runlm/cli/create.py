@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                       "ADAPTER, LICENSE)",
                        description="Make a model from an Ollama Modelfile: its base (FROM a stored model, a GGUF "
                                    "file or a model folder) with the Modelfile's template, system prompt, messages, "
-                                   "parameters and adapters as its defaults wherever it is served.")
+                                   "parameters and LoRA adapter as its defaults wherever it is served.")
     p.add_argument("model", help="the new model's name")
     p.add_argument("-f", "--file", default="Modelfile", help="the Modelfile (default: ./Modelfile)")
     p.add_argument("-q", "--quantize", default=None, metavar="TYPE",

@@ -34,6 +34,7 @@ class LocalModel(NamedTuple):
     sampling: dict[str, float | int]                 # the settings it recommends
     template: str | None = None                      # a Modelfile's TEMPLATE
     chat_defaults: ChatDefaults | None = None        # a Modelfile's SYSTEM, MESSAGE and stop lines
+    adapter: Path | None = None                      # a Modelfile's ADAPTER (a PEFT folder or a .gguf file)
 
 
 def local_model(ref: str) -> LocalModel:
@@ -117,11 +118,15 @@ class Chat:
                  options: ChatOptions | None = None) -> None:
         from runlm.engine.factory import engine_config, engine_from_config
         from runlm.engine.llm import LLM
+        from runlm.engine.types.lora_request import LoRARequest
+        from runlm.runner.backends.native import LORA_RANK
 
         # one conversation at a time; the prefix cache keeps earlier turns, so each turn computes only itself
         model = model or local_model(model_ref)
         self.path = model.path
-        config = engine_config(self.path, max_num_seqs=1, exact_numerics=exact_numerics, threads=threads)
+        lora = {"enable_lora": True, "max_loras": 1, "max_lora_rank": LORA_RANK} if model.adapter else {}
+        config = engine_config(self.path, max_num_seqs=1, exact_numerics=exact_numerics, threads=threads, **lora)
+        self.lora = LoRARequest(model_ref, 1, str(model.adapter)) if model.adapter else None
         self.llm = LLM(engine=engine_from_config(config))
         self.name = model_ref
         self.engine = self.llm.engine
@@ -174,7 +179,7 @@ class Chat:
         splitter = ReasoningSplitter(parser, parser.starts_inside(tok.decode(ids[-32:]))) if parser else None
         printer = TurnPrinter(out, Turn(prompt_tokens=len(ids)), self.options.hide_thinking)
         try:
-            self.engine.add_request(rid, prompt, params, output_kind=DELTA)
+            self.engine.add_request(rid, prompt, params, output_kind=DELTA, lora_request=self.lora)
         except Exception:
             self.history.pop()
             raise

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# a LoRA adapter's files: a PEFT directory's two, or one GGUF LoRA file (llama.cpp's convert_lora_to_gguf.py)
+PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 MAX_MODELFILE = 4 << 20   # bytes of Modelfile runlm reads (a long SYSTEM or MESSAGE history fits)
 ROLES = ("system", "user", "assistant", "tool")
 INSTRUCTIONS = ("from", "parameter", "template", "system", "message", "adapter", "license", "requires")
@@ -57,6 +59,11 @@ class ChatDefaults:
         if self.system and not any(m.get("role") in ("system", "developer") for m in messages):
             head.append({"role": "system", "content": self.system})
         return [*head, *(dict(m) for m in self.messages), *messages]
+
+
+def is_adapter(names: set[str]) -> bool:
+    """Whether file names are one LoRA adapter's: a PEFT directory's files, or one .gguf file."""
+    return names == set(PEFT_FILES) or len(names) == 1 and next(iter(names)).endswith(".gguf")
 
 
 def parameter_value(name: str, text: str) -> Any:

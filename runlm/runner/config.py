@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from runlm.formats.modelfile import PEFT_FILES, is_adapter
 from runlm.store.blobs import check_digest
 
 KEEP_ALIVE_DEFAULT = 300.0  # seconds
@@ -156,15 +157,13 @@ class BackendConfig:
 
 
 # LoRA adapters in a configuration (runlm/runner/lora.py imports and serves them)
-PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def _check_files(name: str, files: Any) -> dict[str, str]:
     if not isinstance(files, dict) or not files:
         raise ConfigError(f"loras.{name}: must map file names to blob digests")
-    names = set(files)
-    if names != set(PEFT_FILES) and not (len(names) == 1 and next(iter(names)).endswith(".gguf")):
+    if not is_adapter(set(files)):
         raise ConfigError(f"loras.{name}: files must be {' and '.join(PEFT_FILES)}, or one .gguf file")
     for file, digest in files.items():
         plain = isinstance(file, str) and "/" not in file and "\\" not in file and not file.startswith(".")

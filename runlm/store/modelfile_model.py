@@ -3,7 +3,8 @@ files under a new name, with defaults of its own that follow it everywhere it is
 
 The new ref lists the base model's files (no weight is copied) and, as blobs of their own, the TEMPLATE
 (``modelfile/template``: Jinja, or Ollama's Go, told apart by runlm/formats/go_template.looks_like_go), the
-SYSTEM prompt and MESSAGE history (``modelfile/defaults.json``, with PARAMETER stop). Its ``info`` carries the
+SYSTEM prompt and MESSAGE history (``modelfile/defaults.json``, with PARAMETER stop) and the ADAPTER's files
+(``modelfile/adapter/``: applied to every request for the model). Its ``info`` carries the
 template and the PARAMETER sampling settings over the base's, so ``show`` and ``/api/show`` see them; the
 manifest's ``modelfile`` entry keeps what the Modelfile said (``runlm show --modelfile`` writes it back out) and
 its num_ctx, the context the daemon loads it with unless asked for another. ADAPTER is refused, not dropped.
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runlm.formats.modelfile import ROLES, ChatDefaults, Modelfile
+from runlm.formats.modelfile import PEFT_FILES, ROLES, ChatDefaults, Modelfile, is_adapter
 from runlm.formats.sampling_defaults import OLLAMA_NAMES, checked
 from runlm.store.metadata import ModelInfo
 from runlm.store.names import ModelName
@@ -26,6 +27,8 @@ from runlm.store.store import ModelStore
 
 TEMPLATE_FILE = "modelfile/template"
 DEFAULTS_FILE = "modelfile/defaults.json"
+ADAPTER_DIR = "modelfile/adapter/"
+ADAPTER_TYPE = "application/vnd.ollama.image.adapter"
 OLLAMA_TEMPLATE = "application/vnd.ollama.image.template"
 DEFAULTS_TYPE = "application/vnd.runlm.model.defaults+json"
 MAX_STOPS = 16
@@ -99,10 +102,12 @@ def _check_text(value: Any, what: str, param: str) -> str | None:
 def check_spec(spec: ModelSpec) -> None:
     from runlm.formats.template_render import check_template
 
-    if spec.adapters:  # refused rather than dropped: a model that silently lacked its adapter would mislead
-        raise ModelSpecError("ADAPTER (adapters) with other settings is not something runlm stores yet: make the "
-                             "adapter a model of its own with `ollama create NAME --from BASE` and adapters only "
-                             "(or `runlm configure BASE --lora NAME=PATH`), then use NAME", "adapters")
+    if spec.adapters and not is_adapter(set(spec.adapters)):
+        raise ModelSpecError(f"adapters: one LoRA adapter, its files {' and '.join(PEFT_FILES)} or one .gguf file",
+                             "adapters")
+    for file_name in spec.adapters:
+        if Path(file_name).name != file_name or file_name.startswith("."):
+            raise ModelSpecError(f"adapters: {file_name!r} is not a plain file name", "adapters")
 
     if _check_text(spec.template, "TEMPLATE", "template"):
         try:
@@ -141,10 +146,19 @@ def create_model(store: ModelStore, name: str, base: StoredModel, spec: ModelSpe
             data = json.dumps({"system": system, "messages": messages, "stop": stops}).encode()
             digest, size = store.blobs.put_bytes(data)
             files.append({"path": DEFAULTS_FILE, "digest": digest, "size": size, "media_type": DEFAULTS_TYPE})
+        adapters = spec.adapters or dict(old.get("adapters") or {})
+        if adapters and base.info.format not in ("gguf", "safetensors"):
+            raise ModelSpecError(f"a LoRA adapter goes on a GGUF or safetensors model, not {base.info.format}",
+                                 "adapters")
+        for file_name, digest in adapters.items():
+            if not store.blobs.has(digest):
+                raise ModelSpecError(f"adapters: {file_name}: no blob {digest} (upload it first)", "adapters")
+            files.append({"path": ADAPTER_DIR + file_name, "digest": digest,
+                          "size": store.blobs.path(digest).stat().st_size, "media_type": ADAPTER_TYPE})
         info.sampling = {**info.sampling, **sampling}
         entry = {"from": old.get("from") or str(base.name), "parameters": parameters, "template": template,
                  "system": system, "messages": messages, "license": [*(old.get("license") or []), *spec.license],
-                 "num_ctx": num_ctx}
+                 "num_ctx": num_ctx, "adapters": adapters}
         identity = "modelfile:" + hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()
         manifest = model_manifest(files, base.manifest["layout"], info,
                                   {"kind": "modelfile", "location": entry["from"], "identity": identity},
@@ -153,20 +167,23 @@ def create_model(store: ModelStore, name: str, base: StoredModel, spec: ModelSpe
         return store.write_ref(name, manifest)
 
 
-def chat_settings(model: StoredModel, model_path: Path) -> tuple[str | None, ChatDefaults | None]:
-    """The template and chat defaults a model made from a Modelfile brings (None, None for any other): what a
-    process that loads it itself (``runlm run`` without a daemon) puts on its tokenizer."""
-    template, defaults = model_files(model, model_path)
-    return (template.read_text() if template else None), (ChatDefaults.read(defaults) if defaults else None)
+def chat_settings(model: StoredModel, model_path: Path) -> tuple[str | None, ChatDefaults | None, Path | None]:
+    """The template, chat defaults and LoRA adapter a model made from a Modelfile brings (None for any other):
+    what a process that loads it itself (``runlm run`` without a daemon) runs it with."""
+    template, defaults, adapter = model_files(model, model_path)
+    return (template.read_text() if template else None), (ChatDefaults.read(defaults) if defaults else None), adapter
 
 
-def model_files(model: StoredModel, model_path: Path) -> tuple[Path | None, Path | None]:
-    """A stored model's TEMPLATE file and defaults file (beside ``model_path``, the store's view of it); None for
-    what it does not have."""
+def model_files(model: StoredModel, model_path: Path) -> tuple[Path | None, Path | None, Path | None]:
+    """A stored model's TEMPLATE file, defaults file and LoRA adapter (a PEFT folder or a .gguf file), beside
+    ``model_path``, the store's view of it; None for what it does not have."""
     base = model_path.parent if model.manifest["layout"] == "file" else model_path
     paths = {f["path"] for f in model.manifest["files"]}
+    adapter = sorted(p.removeprefix(ADAPTER_DIR) for p in paths if p.startswith(ADAPTER_DIR))
+    where = None if not adapter else base / ADAPTER_DIR / adapter[0] if adapter[0].endswith(".gguf") \
+        else base / ADAPTER_DIR
     return (base / TEMPLATE_FILE if TEMPLATE_FILE in paths else None,
-            base / DEFAULTS_FILE if DEFAULTS_FILE in paths else None)
+            base / DEFAULTS_FILE if DEFAULTS_FILE in paths else None, where)
 
 
 def parameters_of(model: StoredModel) -> dict[str, Any]:
@@ -203,7 +220,18 @@ def create_from_modelfile(store: ModelStore, name: str, modelfile: Modelfile, fo
     path = (folder / modelfile.base).expanduser()
     local = path.exists() and (modelfile.base.startswith((".", "/", "~")) or "/" in modelfile.base.strip("/")
                                or path.suffix == ".gguf")
-    spec = spec_from_modelfile(modelfile, {Path(a).name: "" for a in modelfile.adapters})
+    if len(modelfile.adapters) > 1:
+        raise ModelSpecError("one ADAPTER per Modelfile (merge several into one first)", "adapters")
+    adapters: dict[str, str] = {}
+    for entry in modelfile.adapters:
+        given = (folder / entry).expanduser()
+        files = [given / f for f in PEFT_FILES] if given.is_dir() else [given]
+        if not all(f.is_file() for f in files) or not is_adapter({f.name for f in files}):
+            raise ModelSpecError(f"ADAPTER {entry}: a LoRA adapter is a PEFT folder ({' and '.join(PEFT_FILES)}) or "
+                                 f"a .gguf file", "adapters")
+        with store.adding():
+            adapters = {f.name: store.blobs.put_file(f)[0] for f in files}
+    spec = spec_from_modelfile(modelfile, adapters)
     check_spec(spec)  # before anything is imported or quantized
     base = store.pull(str(path), name, progress=progress) if local else store.ensure(modelfile.base, progress)
     if quantize is not None:

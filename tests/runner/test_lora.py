@@ -84,3 +84,45 @@ def test_ollama_create_with_adapters(lora_daemon: Daemon, qwen2_dir: Path) -> No
     wrong = lora_daemon.http.post("/api/blobs/sha256:" + "3" * 64, content=b"not these bytes",
                                   headers={"Content-Type": "application/json"})
     assert wrong.status_code == 400 and "digest" in wrong.text
+
+
+def test_a_modelfile_adapter_goes_with_its_model_everywhere(lora_daemon: Daemon, qwen2_dir: Path,
+                                                            tmp_path: Path) -> None:
+    """``ADAPTER`` in a Modelfile: stored with the model (not only while the daemon runs) and applied to every
+    request for it, on the daemon and in ``runlm run`` without one."""
+    adapter = peft_adapter("qwen2", 8, seed=5)
+    (tmp_path / "Modelfile").write_text(f"FROM tiny-qwen2\nADAPTER {adapter}\n")
+    made = runlm(lora_daemon.home, "create", "sailor", "-f", str(tmp_path / "Modelfile"))
+    assert made.returncode == 0, made.stderr
+    r = lora_daemon.http.post("/v1/completions", json={"model": "sailor", "prompt": PROMPT, "max_tokens": 6,
+                                                       "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == _offline(qwen2_dir, adapter), r.text
+    def chat(model: str) -> str:
+        return lora_daemon.http.post("/api/chat", json={"model": model, "stream": False, "messages": [
+            {"role": "user", "content": PROMPT}], "options": {"temperature": 0, "num_predict": 6}}).json()["message"][
+            "content"]
+
+    answer = chat("sailor")
+    assert answer != chat("tiny-qwen2")  # (the adapter changes this answer: a local run without it would differ)
+    home = tmp_path / "no-daemon"  # the same model in a store no daemon serves: runlm run loads it itself
+    ModelStore(home).pull(str(qwen2_dir), name="tiny-qwen2")
+    assert runlm(home, "create", "sailor", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    local = runlm(home, "run", "sailor", PROMPT, "--temperature", "0", "--max-tokens", "6")
+    assert local.returncode == 0, local.stderr
+    assert local.stdout.strip() == answer.strip()
+
+
+def test_ollama_create_with_adapters_and_settings_stores_a_model(lora_daemon: Daemon, qwen2_dir: Path) -> None:
+    import ollama
+
+    client = ollama.Client(host=lora_daemon.url)
+    adapter = peft_adapter("qwen2", 8, seed=6)
+    digests = {f: client.create_blob(adapter / f) for f in ("adapter_config.json", "adapter_model.safetensors")}
+    assert client.create(model="bosun", from_="tiny-qwen2", adapters=digests, system="Arr.").status == "success"
+    assert ModelStore(lora_daemon.home).get("bosun").manifest["modelfile"]["adapters"] == digests  # stored
+    r = lora_daemon.http.post("/v1/completions", json={"model": "bosun", "prompt": PROMPT, "max_tokens": 6,
+                                                       "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == _offline(qwen2_dir, adapter), r.text
+    bad = lora_daemon.http.post("/api/create", json={"model": "x", "from": "tiny-qwen2", "system": "s",
+                                                     "adapters": {"adapter_config.json": digests["adapter_config.json"]}})
+    assert bad.status_code == 400 and "adapters" in bad.text

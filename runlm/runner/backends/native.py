@@ -177,12 +177,16 @@ class NativeBackend(ProcessBackend):
                 argv += ["--kv-cache-memory", str(kv_cache_bytes(stored, context, config))]
             if stored.info.sampling:  # what the store knows the model recommends (the built-in catalogue's too)
                 argv += ["--override-generation-config", json.dumps(stored.info.sampling)]
-            template, defaults = model_files(stored, Path(model))  # a model made from a Modelfile
+            template, defaults, adapter = model_files(stored, Path(model))  # a model made from a Modelfile
             argv += ["--chat-template-file", str(template)] if template else []
             argv += ["--model-defaults-file", str(defaults)] if defaults else []
-        if config.lora_paths:  # every configured adapter may run in one step; a runtime flag may say otherwise
-            argv += ["--enable-lora", "--max-loras", str(len(config.lora_paths)), "--max-lora-rank", str(LORA_RANK),
-                     "--lora-modules", *[f"{n}={p}" for n, p in config.lora_paths.items()]]
+            # its ADAPTER: a LoRA named as the model itself is, so every request for the model runs with it
+            loras = {**({model_ref: str(adapter)} if adapter else {}), **config.lora_paths}
+        else:
+            loras = dict(config.lora_paths)
+        if loras:  # every configured adapter may run in one step; a runtime flag may say otherwise
+            argv += ["--enable-lora", "--max-loras", str(len(loras)), "--max-lora-rank", str(LORA_RANK),
+                     "--lora-modules", *[f"{n}={p}" for n, p in loras.items()]]
         if flag_value(config.runtime_flags, "--device") is None:
             argv += ["--device", "auto"]  # a GPU where there is one
         return argv + speculative_argv(config) + self.check_flags(config.runtime_flags)
