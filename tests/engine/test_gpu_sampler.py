@@ -121,13 +121,42 @@ def test_what_it_cannot_do_goes_to_the_numpy_sampler_by_name(caplog) -> None:
     assert gpu_sampler.sample_on_device(torch.from_numpy(raw), seqs, None)[0].token == 5
 
 
-def test_xtc_and_mirostat_rows_fall_back_to_the_numpy_sampler_with_the_same_tokens() -> None:
-    params = [SamplingParams(temperature=1.0, xtc_probability=1.0, xtc_threshold=0.05, seed=3),
-              SamplingParams(temperature=1.0, mirostat=2, seed=4)]
-    raw = _logits(2, seed=8)
-    want = [t.token for t in np_sampler.sample_batch(raw, _seqs(params), None)]
-    assert gpu_sampler.fallback_reason(_seqs(params), None) == "XTC"
-    assert [t.token for t in gpu_sampler.sample_on_device(torch.from_numpy(raw), _seqs(params), None)] == want
+def test_xtc_and_mirostat_run_on_the_device_with_the_numpy_tokens_and_targets() -> None:
+    """XTC's coin and mirostat's mu are host state the device sampler keeps as numpy's does: over many steps, mixed
+    with plain rows, the same tokens and the same running targets."""
+    params = [SamplingParams(temperature=1.0, xtc_probability=0.7, xtc_threshold=0.05, seed=3),
+              SamplingParams(temperature=1.0, mirostat=2, mirostat_tau=4.0, seed=4),
+              SamplingParams(temperature=0.8, mirostat=1, mirostat_tau=3.0, mirostat_eta=0.2, seed=5),
+              SamplingParams(temperature=0.9, top_p=0.9, seed=6), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.0, xtc_probability=1.0, xtc_threshold=0.6, seed=7)]  # (no coin > 0.5)
+    assert gpu_sampler.fallback_reason(_seqs(params), None) is None
+    a, b = _seqs(params), _seqs(params)
+    for step in range(30):
+        raw = _logits(len(params), seed=100 + step)
+        want = [t.token for t in np_sampler.sample_batch(raw, a, None)]
+        assert [t.token for t in gpu_sampler.sample_on_device(torch.from_numpy(raw), b, None)] == want, step
+        for x, y in zip(a, b):
+            assert (x.mirostat_mu is None) == (y.mirostat_mu is None)
+            if x.mirostat_mu is not None:
+                assert abs(x.mirostat_mu - y.mirostat_mu) < 1e-6  # (float32 softmaxes summed apart)
+
+
+def test_mirostat_kept_sets_equal_the_numpy_truncation() -> None:
+    raw = _logits(4, seed=21)
+    for version in (1, 2):
+        for mu in (1.0, 3.0, 8.0):
+            probs = torch.softmax(torch.from_numpy(raw), dim=-1)
+            kept = gpu_sampler.mirostat_kept(probs, torch.full((4,), mu, dtype=torch.float64),
+                                             torch.full((4,), version)).numpy()
+            for i in range(4):
+                p = SamplingParams(mirostat=version, mirostat_tau=mu / 2)  # (mu starts at 2 * tau)
+                seq = _seqs([p])[0]
+                gen = np.random.default_rng(0)
+                token = np_sampler.mirostat_draw(np_sampler.softmax(raw[i]), p, seq, gen)
+                assert kept[i, token] > 0  # numpy's draw is inside the device's kept set
+                size = np.count_nonzero(kept[i])
+                assert size >= 1 and (version == 1 or np.all(kept[i][kept[i] > 0] >= 2.0 ** -mu - 1e-12)
+                                      or size == 1)
 
 
 def test_penalty_window_equals_the_numpy_sampler() -> None:

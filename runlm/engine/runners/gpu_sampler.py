@@ -15,9 +15,11 @@ stream in step. Unseeded rows draw from one process-wide generator. The CDF is f
 Structured outputs: the grammar's mask of each constrained row is computed on the host (the structured-output
 manager's own mask_logits, applied to zeros: 0 where allowed, -inf where not) and uploaded as a boolean row.
 
-Everything else falls back to the numpy sampler for that step, by name, logged once per name: logit bias,
-allowed token ids, min_tokens (stop ids masked), DRY, XTC and mirostat (their draws keep host state). Top-n-sigma and
-typical-p run on the device.
+Top-n-sigma, typical-p, XTC and mirostat v1/v2 run on the device too: XTC's coin and mirostat's running target mu
+are the sequence's host state (the coin drawn from its generator before the draw's uniform, as the numpy sampler
+draws it; mu uploaded with the step's knobs and moved on the host once the chosen token's probability comes back
+with the step's one sync). Everything else falls back to the numpy sampler for that step, by name, logged once per
+name: logit bias, allowed token ids, min_tokens (stop ids masked), DRY.
 """
 from __future__ import annotations
 
@@ -53,8 +55,6 @@ def fallback_reason(seqs: Seq[Sequence], structured: StructuredOutputManager | N
             return "min_tokens"
         if p.dry_multiplier > 0.0:
             return "DRY"
-        if p.stateful:
-            return "mirostat" if p.mirostat else "XTC"
     return None
 
 
@@ -166,6 +166,48 @@ def _typical(probs: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
     return torch.where(mass[:, None] < 1.0, kept, probs)
 
 
+def exclude_top_choices(probs: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """XTC on rows whose coin came up (the numpy exclude_top_choices): every token at or above the row's threshold
+    but the least likely of them removed, where two or more pass."""
+    norm = probs / probs.sum(dim=-1, keepdim=True)
+    above = norm >= threshold[:, None]
+    least = torch.where(above, norm, float("inf")).min(dim=-1, keepdim=True).values
+    drop = above & (norm > least) & (above.sum(dim=-1, keepdim=True) >= 2)
+    return probs.masked_fill(drop, 0.0)
+
+
+MIROSTAT_M = np_sampler.MIROSTAT_M
+
+
+def mirostat_kept(probs: torch.Tensor, mu: torch.Tensor, version: torch.Tensor) -> torch.Tensor:
+    """Mirostat's truncation (the numpy mirostat_draw before its draw) on rows [B, V] of softmax(logits / T):
+    v2 keeps the tokens whose surprise (-log2 p) is at most mu (the likeliest if none is), v1 the k likeliest
+    with k from the Zipf exponent of the top MIROSTAT_M; float64, renormalized."""
+    p = probs.double()
+    p = p / p.sum(dim=-1, keepdim=True)
+    n = p.shape[-1]
+    surprise = -torch.log2(p.clamp(min=1e-300))
+    v2 = torch.where(surprise <= mu[:, None], p, 0.0)
+    v2 = torch.where(v2.sum(dim=-1, keepdim=True) > 0, v2, torch.where(p == p.max(dim=-1, keepdim=True).values, p, 0.0))
+    sorted_p, order = torch.sort(p, dim=-1, descending=True, stable=True)
+    sp = sorted_p.clamp(min=1e-300)
+    m = min(MIROSTAT_M, n - 1)
+    if m:
+        i = torch.arange(m, dtype=torch.float64, device=p.device)
+        t = torch.log((i + 2) / (i + 1))
+        s_hat = (t * torch.log(sp[:, :m] / sp[:, 1:m + 1])).sum(dim=-1) / (t * t).sum()
+    else:
+        s_hat = torch.ones(p.shape[0], dtype=torch.float64, device=p.device)
+    eps = s_hat - 1.0
+    k = (eps * 2.0 ** mu / (1.0 - float(n) ** -eps)) ** (1.0 / s_hat)
+    k = torch.where((eps != 0) & (s_hat > 0) & torch.isfinite(k), k, float(n))
+    k = k.clamp(1, n).floor()
+    pos = torch.arange(n, device=p.device)[None, :]
+    v1 = torch.zeros_like(p).scatter_(1, order, sorted_p.masked_fill(pos >= k[:, None], 0.0))
+    kept = torch.where(version[:, None] == 2, v2, v1)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
 def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draws: row i takes the token where its float64 CDF passes uniforms[i] * total (numpy's draw)."""
     cdf = probs.double().cumsum(dim=-1)
@@ -207,21 +249,45 @@ def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
         logits = apply_grammar_masks(logits, raw, seqs, structured)
     tokens = logits.argmax(dim=-1)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
+    mirostat: tuple[list[Sequence], torch.Tensor] | None = None
     if sampled:
         sel = torch.as_tensor(sampled, device=dev)
         sp = [params[i] for i in sampled]
-        # host values, uploaded together (one small copy)
-        knobs = torch.tensor([[p.temperature, p.top_k or 0, p.top_p, p.min_p, p.top_n_sigma, p.typical_p]
-                              for p in sp], dtype=torch.float32)
-        uniforms = torch.tensor([np_sampler.uniform(seqs[i].generator) for i in sampled], dtype=torch.float64)
+        # host values, uploaded together (one small copy); under mirostat only the temperature applies before it
+        knobs = torch.tensor([[p.temperature, 0, 1.0, 0.0, 0.0, 1.0] if p.mirostat else
+                              [p.temperature, p.top_k or 0, p.top_p, p.min_p, p.top_n_sigma, p.typical_p] for p in sp],
+                             dtype=torch.float32)
+        coins, draws = [], []
+        for i in sampled:  # each row's uniforms in the numpy sampler's order: XTC's coin, then the draw's
+            p, gen = params[i], seqs[i].generator
+            xtc = p.xtc_probability > 0.0 and not p.mirostat and p.xtc_threshold <= 0.5
+            coins.append(np_sampler.uniform(gen) <= p.xtc_probability if xtc else False)
+            draws.append(np_sampler.uniform(gen))
+        uniforms = torch.tensor(draws, dtype=torch.float64)
         knobs, uniforms = knobs.to(dev, non_blocking=True), uniforms.to(dev, non_blocking=True)
         vocab = logits.shape[-1]
-        max_top_k = max((p.top_k for p in sp if p.top_k and 0 < p.top_k < vocab), default=0)
+        plain = [p for p in sp if not p.mirostat]
+        max_top_k = max((p.top_k for p in plain if p.top_k and 0 < p.top_k < vocab), default=0)
         probs = probabilities(logits[sel], knobs[:, 0], knobs[:, 1].long(), knobs[:, 2], knobs[:, 3], max_top_k,
-                              any(p.top_p < 1.0 for p in sp),
-                              knobs[:, 4] if any(p.top_n_sigma > 0 for p in sp) else None,
-                              knobs[:, 5] if any(p.typical_p < 1.0 for p in sp) else None)
-        tokens[sel] = draw(probs, uniforms)
+                              any(p.top_p < 1.0 for p in plain),
+                              knobs[:, 4] if any(p.top_n_sigma > 0 for p in plain) else None,
+                              knobs[:, 5] if any(p.typical_p < 1.0 for p in plain) else None)
+        xtc_rows = [j for j, c in enumerate(coins) if c]
+        if xtc_rows:
+            xtc_idx = torch.as_tensor(xtc_rows, device=dev)
+            cut = torch.tensor([sp[j].xtc_threshold for j in xtc_rows], dtype=torch.float32).to(dev)
+            probs = probs.index_copy(0, xtc_idx, exclude_top_choices(probs[xtc_idx], cut))
+        miro_rows = [j for j, p in enumerate(sp) if p.mirostat]
+        final = probs.double()
+        if miro_rows:
+            miro_idx = torch.as_tensor(miro_rows, device=dev)
+            state = torch.tensor([[_mu(seqs[sampled[j]]), sp[j].mirostat] for j in miro_rows], dtype=torch.float64)
+            state = state.to(dev, non_blocking=True)
+            final = final.index_copy(0, miro_idx, mirostat_kept(probs[miro_idx], state[:, 0], state[:, 1]))
+        tokens[sel] = draw(final, uniforms)
+        if miro_rows:  # the chosen token's kept probability moves mu (on the host, after the sync)
+            chosen_p = final[miro_idx].gather(1, tokens[sel][miro_idx][:, None])[:, 0]
+            mirostat = ([seqs[sampled[j]] for j in miro_rows], chosen_p)
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
     lp_parts: tuple[torch.Tensor, ...] = ()
     kmax = 0
@@ -237,8 +303,14 @@ def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
         lps = torch.log_softmax(torch.stack(rows), dim=-1)
         lp_parts = _row_logprobs(lps, tokens[torch.as_tensor(want, device=dev)], kmax)
     # the step's one sync: every result to the host
-    host = [t.to("cpu", non_blocking=dev.type == "cuda") for t in (tokens, *lp_parts)]
+    moved = (tokens, *lp_parts, *((mirostat[1],) if mirostat else ()))
+    host = [t.to("cpu", non_blocking=dev.type == "cuda") for t in moved]
     _sync(dev)
+    if mirostat is not None:
+        for seq, chosen in zip(mirostat[0], host[-1].tolist()):
+            p = seq.params
+            seq.mirostat_mu = _mu(seq) - p.mirostat_eta * (-np.log2(chosen) - p.mirostat_tau)
+        host = host[:-1]
     drawn: list[int] = host[0].tolist()
     out_tokens = list(drawn)
     for i, tracker in enumerate(trackers):
@@ -260,6 +332,11 @@ def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
                 entry.setdefault(tid, Logprob(v, r))
             entries[i] = entry
     return [SampledToken(seq, tok, entries.get(i)) for i, (seq, tok) in enumerate(zip(seqs, out_tokens))]
+
+
+def _mu(seq: Sequence) -> float:
+    """Mirostat's running target (2 * tau at a sequence's first token)."""
+    return seq.mirostat_mu if seq.mirostat_mu is not None else 2.0 * seq.params.mirostat_tau
 
 
 def _forced_entry(raw: torch.Tensor, logits: torch.Tensor, i: int, p: SamplingParams,

@@ -184,7 +184,7 @@ def exclude_top_choices(probs: np.ndarray, p: SamplingParams, generator: np.rand
     return out
 
 
-_MIROSTAT_M = 100  # mirostat v1: the tokens its Zipf exponent is estimated from (llama.cpp's m)
+MIROSTAT_M = 100  # mirostat v1: the tokens its Zipf exponent is estimated from (llama.cpp's m)
 
 
 def mirostat_draw(probs: np.ndarray, p: SamplingParams, seq: Sequence | None,
@@ -201,7 +201,7 @@ def mirostat_draw(probs: np.ndarray, p: SamplingParams, seq: Sequence | None,
     else:
         order = np.argsort(-probs, kind="stable")
         sp = np.maximum(probs[order], 1e-300)
-        m = min(_MIROSTAT_M, sp.size - 1)
+        m = min(MIROSTAT_M, sp.size - 1)
         i = np.arange(m, dtype=np.float64)
         t = np.log((i + 2) / (i + 1))
         s_hat = float(np.sum(t * np.log(sp[:m] / sp[1:m + 1])) / np.sum(t * t)) if m else 1.0
