@@ -82,8 +82,12 @@ def test_commands_on_a_chat_object_and_multiline_reading() -> None:
     commands.run("/set parameter stop END HALT")
     commands.run("/set parameter num_predict 2")
     assert commands.session.params.stop == ["END", "HALT"] and commands.session.params.max_tokens == 2
-    commands.run("/set parameter num_ctx 8192")
-    assert "runlm configure" in out.getvalue()
+    commands.run("/set parameter num_ctx 256")  # the model loaded again with that context, the chat kept
+    assert session.engine.max_model_len == 256 and "Set parameter 'num_ctx' to '256'" in out.getvalue()
+    commands.run("/set parameter num_ctx 100000")  # no more than the model's own (tinycoder: 2048)
+    assert session.engine.max_model_len == 2048
+    commands.run("/set parameter num_ctx many")
+    assert "whole number" in out.getvalue()
     commands.run("/set format json")
     commands.run("/set nothink")
     assert session.options.format_json and session.options.think is False

@@ -32,7 +32,7 @@ _INTS = {"top_k", "seed", "max_tokens", "penalty_last_n", "mirostat"}
 HELP = """Available commands:
   /set parameter NAME VALUE   set a sampling parameter (temperature, top_p, top_k, min_p, seed, num_predict,
                               repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, typical_p,
-                              mirostat, mirostat_tau, mirostat_eta, stop)
+                              mirostat, mirostat_tau, mirostat_eta, stop) or the context length (num_ctx)
   /set system TEXT            set the system message
   /set verbose | quiet        show (or not) the timings after each answer
   /set format json | noformat answer in JSON (or freely)
@@ -57,6 +57,10 @@ class Session(Protocol):
     def template(self) -> str | None: ...
 
     def info(self) -> dict[str, Any]: ...
+
+    def set_context(self, tokens: int) -> int:
+        """Run the model with a context of ``tokens`` (at most its own); returns the context it has now."""
+        ...
 
     def reply(self, user_text: str, out: TextIO, images: list[bytes] | None = None) -> str: ...
 
@@ -137,8 +141,16 @@ class Commands:
             return
         name, text = parts
         if name == "num_ctx":
-            self.say("num_ctx: runlm run keeps the model's context; set it for a model with "
-                     "`runlm configure MODEL --context-size N` (the daemon), or `serve-engine --max-model-len N`")
+            if not text.isdigit() or int(text) < 16:
+                self.say("num_ctx must be a whole number of tokens, at least 16")
+                return
+            try:
+                got = self.session.set_context(int(text))
+            except (ValueError, OSError) as exc:
+                self.say(f"Couldn't set num_ctx: {exc}")
+                return
+            self.changed[name] = got
+            self.say(f"Set parameter 'num_ctx' to '{got}'")
             return
         field = PARAMETERS.get(name)
         if field is None:

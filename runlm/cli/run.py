@@ -116,8 +116,6 @@ class Chat:
     def __init__(self, model_ref: str, params: SamplingParams, system: str | None, exact_numerics: bool = False,
                  threads: int | None = None, model: LocalModel | None = None,
                  options: ChatOptions | None = None) -> None:
-        from runlm.engine.factory import engine_config, engine_from_config
-        from runlm.engine.llm import LLM
         from runlm.engine.types.lora_request import LoRARequest
         from runlm.runner.backends.native import LORA_RANK
 
@@ -125,14 +123,11 @@ class Chat:
         model = model or local_model(model_ref)
         self.path = model.path
         lora = {"enable_lora": True, "max_loras": 1, "max_lora_rank": LORA_RANK} if model.adapter else {}
-        config = engine_config(self.path, max_num_seqs=1, exact_numerics=exact_numerics, threads=threads, **lora)
+        self._engine_args = dict(max_num_seqs=1, exact_numerics=exact_numerics, threads=threads, **lora)
         self.lora = LoRARequest(model_ref, 1, str(model.adapter)) if model.adapter else None
-        self.llm = LLM(engine=engine_from_config(config))
+        self.model = model
         self.name = model_ref
-        self.engine = self.llm.engine
-        if model.template is not None:
-            self.engine.tokenizer.chat_template = model.template
-        self.engine.tokenizer.chat_defaults = model.chat_defaults
+        self._load()
         if model.chat_defaults is not None and model.chat_defaults.stop and not params.stop:
             params = replace(params, stop=list(model.chat_defaults.stop))
         self.params = params
@@ -140,6 +135,25 @@ class Chat:
         self.history: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         self.last_turn: Turn | None = None
         self._turn = 0
+
+    def _load(self, **extra: Any) -> None:
+        from runlm.engine.factory import engine_config, engine_from_config
+        from runlm.engine.llm import LLM
+
+        config = engine_config(self.path, **self._engine_args, **extra)
+        self.llm = LLM(engine=engine_from_config(config))
+        self.engine = self.llm.engine
+        if self.model.template is not None:
+            self.engine.tokenizer.chat_template = self.model.template
+        self.engine.tokenizer.chat_defaults = self.model.chat_defaults
+
+    def set_context(self, tokens: int) -> int:
+        """The model loaded again with a context of ``tokens`` (its own at most), the conversation kept."""
+        from runlm.store.inspect import inspect_model
+
+        tokens = min(tokens, inspect_model(self.path).context_length or tokens)
+        self._load(max_model_len=tokens)
+        return self.engine.max_model_len
 
     @property
     def template(self) -> str | None:

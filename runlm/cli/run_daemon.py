@@ -29,6 +29,7 @@ class DaemonChat:
     options: ChatOptions = field(default_factory=ChatOptions)
     history: list[dict[str, Any]] = field(default_factory=list)
     last_turn: Turn | None = None
+    context: int | None = None  # /set parameter num_ctx: the context the daemon loads the model with
 
     def __post_init__(self) -> None:
         if self.system:
@@ -51,6 +52,21 @@ class DaemonChat:
         return {"architecture": arch, "parameters": d.get("parameter_size"),
                 "context length": (shown.get("model_info") or {}).get(f"{arch}.context_length"),
                 "quantization": d.get("quantization_level")}
+
+    def set_context(self, tokens: int) -> int:
+        """The daemon loads the model with a context of at least ``tokens`` (Ollama's num_ctx), now and again
+        before each answer should it have been unloaded meanwhile."""
+        self.context = tokens
+        self._load()
+        ps = self.daemon.call("GET", "/api/ps").get("models") or []
+        loaded = next((m.get("context_length") for m in ps if m.get("name") in (self.model, f"{self.model}:latest")
+                       or m.get("model") in (self.model, f"{self.model}:latest")), None)
+        return int(loaded or tokens)
+
+    def _load(self) -> None:
+        if self.context is not None:  # an empty /api/generate loads the model as its options ask
+            self.daemon.call("POST", "/api/generate", {"model": self.model, "options": {"num_ctx": self.context},
+                                                       "stream": False})
 
     def _body(self) -> dict:
         p = self.params
@@ -79,6 +95,7 @@ class DaemonChat:
             self.history.append({"role": "user", "content": user_text})
         printer = TurnPrinter(out, Turn(), self.options.hide_thinking)
         try:
+            self._load()
             with self.daemon.http.stream("POST", "/v1/chat/completions", json=self._body()) as resp:
                 if resp.status_code >= 400:
                     resp.read()

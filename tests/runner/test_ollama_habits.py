@@ -171,6 +171,7 @@ def test_runlm_run_on_the_daemon_takes_the_chat_commands(daemon: Daemon) -> None
                 env={**ENV, "RUNLM_HOST": daemon.url.removeprefix("http://")})
     try:
         assert "Set parameter 'repeat_last_n' to '8'" in chat.send("/set parameter repeat_last_n 8")
+        assert "Set parameter 'num_ctx' to '1536'" in chat.send("/set parameter num_ctx 1536")
         assert "2048" in chat.send("/show info")  # the daemon's /api/show: tinycoder's own context length
         answer = chat.send("hello")
         assert "eval count:           3 token(s)" in answer and "prompt eval count:" in answer
@@ -182,16 +183,18 @@ def test_runlm_run_on_the_daemon_takes_the_chat_commands(daemon: Daemon) -> None
 def test_a_long_answer_shifts_the_context_and_a_long_chat_is_truncated(daemon: Daemon) -> None:
     c = ollama.Client(host=daemon.url)
     chat = [{"role": "user", "content": "Tell me a long story."}]
-    long = c.chat(model=MODEL, messages=chat, options={"num_predict": 300, "num_keep": 8, "temperature": 0})
-    assert long.eval_count == 300 and long.prompt_eval_count + 300 > 256  # past the 256-token context
+    c.chat(model=MODEL, messages=chat, options={"num_predict": 1})
+    ctx = _loaded(daemon)["context_length"]  # (whatever earlier tests left it at)
+    long = c.chat(model=MODEL, messages=chat, options={"num_predict": ctx, "num_keep": 8, "temperature": 0})
+    assert long.eval_count == ctx and long.prompt_eval_count + ctx > ctx  # past the context
     # without shift (Ollama's request field; this ollama client does not send it): the limit and the length, named
-    r = daemon.http.post("/api/chat", json={"model": MODEL, "messages": chat, "options": {"num_predict": 300},
+    r = daemon.http.post("/api/chat", json={"model": MODEL, "messages": chat, "options": {"num_predict": ctx},
                                             "shift": False, "stream": False})
-    assert r.status_code == 400 and "256" in r.json()["error"], r.text
+    assert r.status_code == 400 and str(ctx) in r.json()["error"], r.text
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "words " * 20}
-             for i in range(21)]
+             for i in range(ctx // 20 + 1)]
     kept = c.chat(model=MODEL, messages=turns, options={"num_predict": 2})  # Ollama's default: truncate
-    assert kept.prompt_eval_count is not None and kept.prompt_eval_count <= 254
+    assert kept.prompt_eval_count is not None and kept.prompt_eval_count <= ctx - 2
     r = daemon.http.post("/api/chat", json={"model": MODEL, "messages": turns, "options": {"num_predict": 2},
                                             "truncate": False, "stream": False})
     assert r.status_code == 400 and "context" in r.json()["error"], r.text
