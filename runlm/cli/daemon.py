@@ -110,6 +110,13 @@ def cmd_configure(args: argparse.Namespace) -> int:
         body["llamacpp"] = {"reasoning-budget": args.reasoning_budget}
     if args.lora:
         body["loras"] = _import_loras(args.lora)
+    if args.chat_template_file:  # read here, as the user: the daemon takes the text, never a path
+        from runlm.cli.serve_engine import read_chat_template_file
+
+        try:
+            body["chat-template"] = read_chat_template_file(args.chat_template_file)
+        except ValueError as exc:
+            raise CLIError(str(exc), code=2) from None
     if args.gpu_memory_utilization is not None or args.hf_overrides:
         try:
             overrides = json.loads(args.hf_overrides) if args.hf_overrides else None
@@ -215,6 +222,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-tokens", type=int, default=5, help="speculative decoding: tokens drafted per step")
     p.add_argument("--min-acceptance-rate", type=float, default=0.0)
     p.add_argument("--reasoning-budget", type=int, default=None, help="llamacpp: reasoning budget (-1: unlimited)")
+    p.add_argument("--chat-template-file", default=None, metavar="FILE",
+                   help="a chat template (Jinja or Ollama's Go) for the model instead of its own (native backend; a "
+                        "request's own, where the backend trusts them, still wins)")
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="native: serve a LoRA adapter (PEFT directory or GGUF LoRA file) as model NAME; repeatable")
     p.add_argument("--gpu-memory-utilization", type=float, default=None, help="vllm: fraction of GPU memory")

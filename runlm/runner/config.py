@@ -81,6 +81,7 @@ class BackendConfig:
     gpu_memory_utilization: float | None = None  # vllm.gpu_memory_utilization
     hf_overrides: dict[str, Any] | None = None   # vllm.hf_overrides
     loras: dict[str, dict[str, str]] = field(default_factory=dict)  # LoRA name -> {file: blob digest} (runner.lora)
+    chat_template: str | None = None       # a chat template's text (Jinja or Go) instead of the model's
     lora_paths: dict[str, str] = field(default_factory=dict)        # LoRA name -> its files; filled in by the loader
 
     @classmethod
@@ -132,6 +133,9 @@ class BackendConfig:
             cfg.hf_overrides = overrides
         if data.get("loras") is not None:
             cfg.loras = parse_loras(data["loras"])
+        template = pick(data, "chat_template")
+        if template is not None:
+            cfg.chat_template = _checked_template(template)
         return cfg
 
     def to_json(self) -> dict[str, Any]:
@@ -153,7 +157,24 @@ class BackendConfig:
                                              ("hf-overrides", self.hf_overrides)) if v is not None}
         if self.loras:
             out["loras"] = self.loras
+        if self.chat_template is not None:
+            out["chat-template"] = self.chat_template
         return out
+
+
+def _checked_template(template: Any) -> str:
+    """A configured chat template: text (never a path: the daemon reads no file a client names), within the size a
+    model's own may have, that parses (Jinja or Ollama's Go)."""
+    from runlm.formats.template_render import check_template
+    from runlm.formats.tokenizer import MAX_TEMPLATE_FILE
+
+    if not isinstance(template, str) or not template or len(template) > MAX_TEMPLATE_FILE:
+        raise ConfigError(f"chat_template: the template's text, 1 to {MAX_TEMPLATE_FILE} characters")
+    try:
+        check_template(template)
+    except Exception as exc:  # jinja2's TemplateSyntaxError or a GoTemplateError
+        raise ConfigError(f"chat_template: does not parse: {exc}") from None
+    return template
 
 
 # LoRA adapters in a configuration (runlm/runner/lora.py imports and serves them)

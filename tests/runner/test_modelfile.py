@@ -120,3 +120,26 @@ def test_ollama_api_create_fields(home: Path, daemon: Daemon) -> None:
         r = daemon.http.post("/api/create", json={"model": "bad", "from": BASE, **body})
         assert r.status_code == 400, (body, r.text)
         assert param.split(".")[-1].split("[")[0] in r.text, (body, r.text)
+
+
+def test_a_configured_chat_template_replaces_the_models(home: Path, daemon: Daemon, tmp_path: Path) -> None:
+    """``runlm configure MODEL --chat-template-file FILE``: the CLI reads the file, the daemon takes its text (never
+    a path) and the native backend renders every chat with it."""
+    template = "{{ range .Messages }}[{{ .Role }}] {{ .Content }}\n{{ end }}[assistant] "
+    (tmp_path / "t.gotmpl").write_text(template)
+    done = runlm(home, "configure", BASE, "--chat-template-file", str(tmp_path / "t.gotmpl"))
+    assert done.returncode == 0, done.stderr
+    c = ollama.Client(host=daemon.url)
+    store = ModelStore(home)
+    tok = Tokenizer.from_gguf(GGUFFile(store.model_path(store.get(BASE))))
+    out = c.chat(model=BASE, messages=HI, options={"num_predict": 1})
+    assert out.prompt_eval_count == len(encode_chat(tok, HI, template))
+    for bad in ({"chat-template": "{{ range .Messages }}"}, {"chat-template": "/etc/passwd"},
+                {"chat_template": 42}):
+        r = daemon.http.post("/engines/_configure", json={"model": BASE, **bad})
+        if bad.get("chat-template") == "/etc/passwd":  # a path is only text: the template renders it, reads nothing
+            assert r.status_code in (200, 202), r.text
+            continue
+        assert r.status_code == 400 and "chat_template" in r.text, r.text
+    bad_file = runlm(home, "configure", BASE, "--chat-template-file", str(tmp_path / "missing"))
+    assert bad_file.returncode == 2 and "--chat-template-file" in bad_file.stderr

@@ -126,6 +126,7 @@ class Backend(abc.ABC):
 
     supports_speculative = False
     supports_lora = False
+    takes_chat_template = False
 
     def check_config(self, config: BackendConfig) -> None:
         """Raise ConfigError for settings this backend cannot honour (rather than silently ignoring them)."""
@@ -136,6 +137,8 @@ class Backend(abc.ABC):
             raise ConfigError(f"speculative: the {self.name} backend does not support a draft model")
         if config.loras and not self.supports_lora:
             raise ConfigError(f"loras: the {self.name} backend does not serve LoRA adapters (the native one does)")
+        if config.chat_template is not None and not self.takes_chat_template:
+            raise ConfigError(f"chat_template: the {self.name} backend does not take one (the native one does)")
 
     def check_flags(self, flags: list[str]) -> list[str]:
         """The runtime flags this backend accepts, validated; raises ConfigError for any other."""

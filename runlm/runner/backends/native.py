@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -127,6 +128,11 @@ def on_gpu(config: BackendConfig, gpu_total: int | None = None) -> int | None:
     return int(total * share)
 
 
+def template_file(socket: str) -> Path:
+    """Where a runner's configured chat template is written: beside its socket, in the daemon's own folder."""
+    return Path(socket + ".template")
+
+
 class NativeBackend(ProcessBackend):
     name = "native"
     supports_speculative = True
@@ -142,6 +148,7 @@ class NativeBackend(ProcessBackend):
                      is not None and len(v) <= 253,
                      "--max-loras": is_int, "--max-lora-rank": is_int, "--max-cpu-loras": is_int}
     supports_lora = True
+    takes_chat_template = True
 
     async def install(self) -> None:
         return None  # it is runlm itself
@@ -178,6 +185,8 @@ class NativeBackend(ProcessBackend):
             if stored.info.sampling:  # what the store knows the model recommends (the built-in catalogue's too)
                 argv += ["--override-generation-config", json.dumps(stored.info.sampling)]
             template, defaults, adapter = model_files(stored, Path(model))  # a model made from a Modelfile
+            if config.chat_template is not None:  # a configured template, over the Modelfile's and the model's
+                template = template_file(socket)
             argv += ["--chat-template-file", str(template)] if template else []
             argv += ["--model-defaults-file", str(defaults)] if defaults else []
             # its ADAPTER: a LoRA named as the model itself is, so every request for the model runs with it
@@ -193,5 +202,9 @@ class NativeBackend(ProcessBackend):
 
     async def run(self, socket: str, model: str, model_ref: str, mode: BackendMode, config: BackendConfig,
                   stored: StoredModel | None = None) -> None:
+        if config.chat_template is not None:  # its text beside the socket, for --chat-template-file
+            fd = os.open(template_file(socket), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(config.chat_template)
         await self.run_process(self.command(socket, model, model_ref, stored, config), socket,
                                f"native-{model_ref.replace('/', '_').replace(':', '_')}-{mode.value}")
