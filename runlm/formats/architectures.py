@@ -46,6 +46,7 @@ DECODERS: dict[str, DecoderNames] = {
     "arcee": DecoderNames(("ArceeForCausalLM",), ("arcee",), gguf_rope_interleaved=True),
     "seed_oss": DecoderNames(("SeedOssForCausalLM",), ("seed_oss",)),
     "smollm3": DecoderNames(("SmolLM3ForCausalLM",), ("smollm3",), gguf_rope_interleaved=True),
+    "granite": DecoderNames(("GraniteForCausalLM",), ("granite",), gguf_rope_interleaved=True),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.

@@ -52,6 +52,8 @@ class ModelConfig:
     dense_layers: list[int] = field(default_factory=list)  # layers with a dense MLP in a MoE model
     nope_layers: list[int] = field(default_factory=list)  # layers whose q and k RoPE does not rotate (SmolLM3)
     gated_mlp: bool = True                # act(gate) * up; False: act(up) alone (Arcee's ReLU²)
+    residual_scale: float = 1.0           # each layer's attention and MLP output times this before the add (Granite)
+    logit_scale: float = 1.0              # the logits times this (Granite: 1 / logits_scaling)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
