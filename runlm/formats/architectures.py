@@ -47,6 +47,7 @@ DECODERS: dict[str, DecoderNames] = {
     "seed_oss": DecoderNames(("SeedOssForCausalLM",), ("seed_oss",)),
     "smollm3": DecoderNames(("SmolLM3ForCausalLM",), ("smollm3",), gguf_rope_interleaved=True),
     "granite": DecoderNames(("GraniteForCausalLM",), ("granite",), gguf_rope_interleaved=True),
+    "olmo3": DecoderNames(("Olmo3ForCausalLM",)),  # (llama.cpp writes its files as olmo2's)
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.
