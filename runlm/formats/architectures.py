@@ -48,6 +48,7 @@ DECODERS: dict[str, DecoderNames] = {
     "smollm3": DecoderNames(("SmolLM3ForCausalLM",), ("smollm3",), gguf_rope_interleaved=True),
     "granite": DecoderNames(("GraniteForCausalLM",), ("granite",), gguf_rope_interleaved=True),
     "olmo3": DecoderNames(("Olmo3ForCausalLM",)),  # (llama.cpp writes its files as olmo2's)
+    "ernie4_5": DecoderNames(("Ernie4_5ForCausalLM",), ("ernie4_5",), gguf_rope_interleaved=True),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.

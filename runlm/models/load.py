@@ -107,6 +107,8 @@ def load_decoder(model: ModelSpec | str | Path, dtype: torch.dtype | str = "floa
         weights = gguf_weights(gguf, cfg, mode)
     else:
         model_ = _empty_model(cfg)
+        if families.get(cfg.family).hf_rope_interleaved:  # the checkpoint's Q/K rows are in that layout
+            model_.model.rope.use_interleaved_pairs()
         weights = safetensors_weights(spec.safetensors(), "ggml" if gguf_weight_mode(dtype, device, exact_numerics)
                                       == "ggml" else "dense")
         if family is not None:
