@@ -54,6 +54,7 @@ class ModelConfig:
     gated_mlp: bool = True                # act(gate) * up; False: act(up) alone (Arcee's ReLU²)
     residual_scale: float = 1.0           # each layer's attention and MLP output times this before the add (Granite)
     logit_scale: float = 1.0              # the logits times this (Granite: 1 / logits_scaling)
+    parallel_residual: bool = False       # x + attn(norm(x)) + mlp(norm(x)), one norm (StableLM's option)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 

@@ -1,0 +1,57 @@
+"""StableLM: the Llama decoder with LayerNorm (mean-centred, with a bias) for every norm, and optionally the parallel
+residual (transformers' StableLmDecoderLayer: ``x + attn(ln(x)) + mlp(ln(x))``). Attention (partial rotary, q/k/v
+biases) and the gated SiLU MLP are llama.py's, configured by ModelConfig. The layers run on torch (the fused path's
+norms are RMSNorm)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runlm.models.config import ModelConfig
+from runlm.models.llama import DecoderLayer, LlamaForCausalLM, LlamaModel
+from runlm.models.rope import RotaryEmbedding
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.layer_norm(x.float(), self.weight.shape, self.weight.float(), self.bias.float(), self.eps)
+        return out.to(x.dtype)
+
+
+class StableLmDecoderLayer(DecoderLayer):
+    fusable = False
+
+    def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
+        super().__init__(cfg, layer, rope)
+        self.parallel = cfg.parallel_residual
+        self.input_layernorm = LayerNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if self.parallel:  # one norm feeds both branches
+            del self.post_attention_layernorm
+        else:
+            self.post_attention_layernorm = LayerNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.parallel:
+            h = self.input_layernorm(x)
+            return x + self.self_attn(positions, h) + self.mlp(h)
+        x = x + self.self_attn(positions, self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class StableLmModel(LlamaModel):
+    layer_cls = StableLmDecoderLayer
+
+    def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
+        super().__init__(cfg, rope_freq_factors)
+        self.norm = LayerNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class StableLmForCausalLM(LlamaForCausalLM):
+    model_cls = StableLmModel
