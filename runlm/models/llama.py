@@ -36,6 +36,20 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+class LayerNorm(nn.Module):
+    """Mean-centred, with a bias (StableLM's norms: runlm.models.stablelm)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.layer_norm(x.float(), self.weight.shape, self.weight.float(), self.bias.float(), self.eps)
+        return out.to(x.dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
         super().__init__()
@@ -115,8 +129,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg, layer, rope)
         self.mlp: nn.Module = MLP(cfg) if cfg.gated_mlp else UngatedMLP(cfg)  # (experts: runlm.models.moe)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm: RMSNorm | LayerNorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm: RMSNorm | LayerNorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(positions, self.input_layernorm(x))
@@ -140,7 +154,7 @@ class LlamaModel(nn.Module):
         layers = [self.layer_cls(cfg, i, nope if i in cfg.nope_layers else local if cfg.layer_window(i) else rope)
                   for i in range(cfg.num_layers)]
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm: RMSNorm | LayerNorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # whether _forward_fused computes this model's layers (whole-head RoPE tables, a layer class it knows)
         self.supports_fused = (getattr(self.layer_cls, "fusable", False) and cfg.gated_mlp and rope.fusable
                                and local.fusable

@@ -5,24 +5,10 @@ norms are RMSNorm)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from runlm.models.config import ModelConfig
-from runlm.models.llama import DecoderLayer, LlamaForCausalLM, LlamaModel
+from runlm.models.llama import DecoderLayer, LayerNorm, LlamaForCausalLM, LlamaModel
 from runlm.models.rope import RotaryEmbedding
-
-
-class LayerNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.layer_norm(x.float(), self.weight.shape, self.weight.float(), self.bias.float(), self.eps)
-        return out.to(x.dtype)
 
 
 class StableLmDecoderLayer(DecoderLayer):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from runlm.formats import ModelFormatError
+from runlm.models.llama import LayerNorm
 from runlm.models.load import load_decoder
-from runlm.models.stablelm import LayerNorm
 from tests.models.test_families import matches_transformers
 
 
