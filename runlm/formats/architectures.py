@@ -50,6 +50,7 @@ DECODERS: dict[str, DecoderNames] = {
     "olmo3": DecoderNames(("Olmo3ForCausalLM",)),  # (llama.cpp writes its files as olmo2's)
     "ernie4_5": DecoderNames(("Ernie4_5ForCausalLM",), ("ernie4_5",), gguf_rope_interleaved=True),
     "stablelm": DecoderNames(("StableLmForCausalLM",), ("stablelm",)),
+    "phi": DecoderNames(("PhiForCausalLM",), ("phi2",)),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.

@@ -54,7 +54,9 @@ class ModelConfig:
     gated_mlp: bool = True                # act(gate) * up; False: act(up) alone (Arcee's ReLU²)
     residual_scale: float = 1.0           # each layer's attention and MLP output times this before the add (Granite)
     logit_scale: float = 1.0              # the logits times this (Granite: 1 / logits_scaling)
-    parallel_residual: bool = False       # x + attn(norm(x)) + mlp(norm(x)), one norm (StableLM's option)
+    parallel_residual: bool = False       # x + attn(norm(x)) + mlp(norm(x)), one norm (StableLM's option, Phi-2)
+    mlp_bias: bool = False                # the MLP's projections have biases (Phi-2)
+    lm_head_bias: bool = False            # the output projection has a bias (Phi-2)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 

@@ -101,12 +101,12 @@ class MLP(nn.Module):
 
 
 class UngatedMLP(nn.Module):
-    """up -> activation -> down, no gate (ModelConfig.gated_mlp False: Arcee's ReLU²)."""
+    """up -> activation -> down, no gate (ModelConfig.gated_mlp False: Arcee's ReLU², Phi-2's GELU with biases)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = _ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -297,7 +297,8 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = self.model_cls(cfg, rope_freq_factors)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size,
+                                                                   bias=cfg.lm_head_bias)
         # tied embeddings stored quantized: the logits read the blocks (int8 or as stored)
         self.tied_head: Linear | None = None
 
