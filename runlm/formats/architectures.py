@@ -51,6 +51,7 @@ DECODERS: dict[str, DecoderNames] = {
     "ernie4_5": DecoderNames(("Ernie4_5ForCausalLM",), ("ernie4_5",), gguf_rope_interleaved=True),
     "stablelm": DecoderNames(("StableLmForCausalLM",), ("stablelm",)),
     "phi": DecoderNames(("PhiForCausalLM",), ("phi2",)),
+    "starcoder2": DecoderNames(("Starcoder2ForCausalLM",), ("starcoder2",)),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.
