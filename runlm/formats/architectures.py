@@ -52,6 +52,7 @@ DECODERS: dict[str, DecoderNames] = {
     "stablelm": DecoderNames(("StableLmForCausalLM",), ("stablelm",)),
     "phi": DecoderNames(("PhiForCausalLM",), ("phi2",)),
     "starcoder2": DecoderNames(("Starcoder2ForCausalLM",), ("starcoder2",)),
+    "cohere2": DecoderNames(("Cohere2ForCausalLM",), ("cohere2",), gguf_rope_interleaved=True),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.

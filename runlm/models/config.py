@@ -57,6 +57,7 @@ class ModelConfig:
     parallel_residual: bool = False       # x + attn(norm(x)) + mlp(norm(x)), one norm (StableLM's option, Phi-2)
     mlp_bias: bool = False                # the MLP's projections have biases (Phi-2)
     lm_head_bias: bool = False            # the output projection has a bias (Phi-2)
+    norm_bias: bool = True                # LayerNorm families: their norms have a bias (Cohere's have none)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 

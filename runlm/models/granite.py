@@ -39,7 +39,4 @@ class GraniteModel(LlamaModel):
 
 
 class GraniteForCausalLM(LlamaForCausalLM):
-    model_cls = GraniteModel
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return super().compute_logits(hidden) * self.config.logit_scale
+    model_cls = GraniteModel  # (the logits' multiplier: LlamaForCausalLM.compute_logits)

@@ -37,17 +37,17 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """Mean-centred, with a bias (StableLM's norms: runlm.models.stablelm)."""
+    """Mean-centred, with a bias or without (the norms of runlm.models.stablelm's families), in float32."""
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, bias: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.layer_norm(x.float(), self.weight.shape, self.weight.float(), self.bias.float(), self.eps)
-        return out.to(x.dtype)
+        bias = self.bias.float() if self.bias is not None else None
+        return F.layer_norm(x.float(), self.weight.shape, self.weight.float(), bias, self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -307,10 +307,13 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:
-            return self.lm_head(hidden)
-        if self.tied_head is not None:
-            return self.tied_head(hidden)
-        return linear(hidden, self.model.embed_tokens.weight)
+            logits = self.lm_head(hidden)
+        elif self.tied_head is not None:
+            logits = self.tied_head(hidden)
+        else:
+            logits = linear(hidden, self.model.embed_tokens.weight)
+        scale = self.config.logit_scale  # (Granite's, Cohere's)
+        return logits * scale if scale != 1.0 else logits
 
     def weight_tensors(self) -> list[torch.Tensor]:
         """Every tensor holding weights, each once: parameters, buffers and views of the GGUF file."""
