@@ -53,6 +53,8 @@ DECODERS: dict[str, DecoderNames] = {
     "phi": DecoderNames(("PhiForCausalLM",), ("phi2",)),
     "starcoder2": DecoderNames(("Starcoder2ForCausalLM",), ("starcoder2",)),
     "cohere2": DecoderNames(("Cohere2ForCausalLM",), ("cohere2",), gguf_rope_interleaved=True),
+    # (its GGUF Q/K keep RoPE's pairs too, but only a part of each head rotates: the model rotates pairs instead)
+    "glm4": DecoderNames(("Glm4ForCausalLM",), ("glm4",)),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.

@@ -102,7 +102,8 @@ def load_decoder(model: ModelSpec | str | Path, dtype: torch.dtype | str = "floa
         gguf = spec.gguf
         model_ = _empty_model(cfg, rope_freq_factors(gguf))
         mode = gguf_weight_mode(dtype, device, exact_numerics)
-        if mode == "ggml" and gguf_rope_interleaved(gguf.architecture):
+        permuted = gguf_rope_interleaved(gguf.architecture)  # (dense modes turn its Q/K rows to halves)
+        if mode == "ggml" and permuted or not permuted and families.get(cfg.family).hf_rope_interleaved:
             model_.model.rope.use_interleaved_pairs()
         weights = gguf_weights(gguf, cfg, mode)
     else:

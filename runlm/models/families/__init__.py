@@ -44,7 +44,9 @@ class Family:
     hidden_act: str = "silu"             # the MLP's gate activation, whatever the config calls it
     gated_mlp: bool = True               # the MLP is act(gate) * up (False: act(up), no gate)
     scaled_embeddings: bool = False      # embeddings times sqrt(hidden_size)
-    hf_rope_interleaved: bool = False    # HF checkpoints rotate features (2i, 2i+1) together (ERNIE 4.5), not halves
+    # HF checkpoints rotate features (2i, 2i+1) together (ERNIE 4.5), not halves; so do GGUF files of an architecture
+    # whose Q/K rows are not turned to halves on loading (runlm.formats.architectures: GLM-4's partial rotary)
+    hf_rope_interleaved: bool = False
     hf_norm_offset: float = 0.0          # HF checkpoints store w of an (offset + w) norm; GGUF files the sum
     sandwich_norms: bool = False         # norms after attention and after the MLP as well as before them
     norm_topk_prob: bool = False         # HF: the chosen experts' probabilities renormalized
