@@ -37,14 +37,7 @@ class GemmaDecoderLayer(DecoderLayer):
 
 
 class GemmaModel(LlamaModel):
-    layer_cls: type[DecoderLayer] = GemmaDecoderLayer
-
-    def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
-        super().__init__(cfg, rope_freq_factors)
-        self.embed_scale = cfg.embed_scale or 1.0
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids) * self.embed_scale
+    layer_cls: type[DecoderLayer] = GemmaDecoderLayer  # (the embeddings' scale: LlamaModel.embed)
 
 
 class GemmaForCausalLM(LlamaForCausalLM):

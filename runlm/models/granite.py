@@ -28,14 +28,7 @@ class GraniteDecoderLayer(DecoderLayer):
 
 
 class GraniteModel(LlamaModel):
-    layer_cls: type[DecoderLayer] = GraniteDecoderLayer
-
-    def __init__(self, cfg: ModelConfig, rope_freq_factors: torch.Tensor | None = None) -> None:
-        super().__init__(cfg, rope_freq_factors)
-        self.embed_scale = cfg.embed_scale or 1.0
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids) * self.embed_scale
+    layer_cls: type[DecoderLayer] = GraniteDecoderLayer  # (the embeddings' multiplier: LlamaModel.embed)
 
 
 class GraniteForCausalLM(LlamaForCausalLM):

@@ -161,6 +161,7 @@ class LlamaModel(nn.Module):
                                and not any(layer.self_attn.qk_norm_whole or layer.self_attn.clip
                                            or layer.self_attn.qk_norm_after_rope
                                            for layer in layers))  # (OLMoE's norms, OLMo's clip, Hunyuan's: torch)
+        self.embed_scale = cfg.embed_scale or 1.0
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
         self._plan: list[_FusedLayer] | None = None  # built at the first fused forward
         self._ropes: list[RotaryEmbedding] = []  # the plan's distinct RoPE tables
@@ -172,7 +173,8 @@ class LlamaModel(nn.Module):
         return layer
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids)
+        return x * self.embed_scale if self.embed_scale != 1.0 else x  # (Gemma's sqrt(hidden), Granite's multiplier)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, ctx = self.embed(input_ids), get_forward_context()
