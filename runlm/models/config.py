@@ -72,6 +72,11 @@ class ModelConfig:
         return int(self.head_dim * self.partial_rotary_factor)
 
     @property
+    def layer_norm(self) -> bool:
+        """StableLM's families: LayerNorm (mean-centred, with a bias unless norm_bias says not), not RMSNorm."""
+        return families.get(self.family).layer_norm
+
+    @property
     def sandwich_norms(self) -> bool:
         """Gemma 2/3: norms after attention and after the MLP as well as before them."""
         return families.get(self.family).sandwich_norms
@@ -94,7 +99,8 @@ class ModelConfig:
 
     def _params(self, experts: int) -> int:
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attention = h * (q + 2 * kv) + q * h + (4 if self.sandwich_norms else 2) * h
+        norm = 2 * h if self.layer_norm and self.norm_bias else h  # (a LayerNorm's bias beside its weight)
+        attention = h * (q + 2 * kv) + q * h + (4 if self.sandwich_norms else 1 if self.parallel_residual else 2) * norm
         if self.attention_bias:  # Llama's covers o_proj too, Qwen2's only q, k and v
             attention += q + 2 * kv + (h if self.o_proj_bias else 0)
         if self.qk_norm:
@@ -102,10 +108,12 @@ class ModelConfig:
         moe = experts * 3 * h * self.expert_size + self.num_experts * h \
             + (3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0)
         mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
+        if self.mlp_bias:
+            mlp += (2 if self.gated_mlp else 1) * self.intermediate_size + h
         layers = sum(attention + (moe if self.is_moe_layer(i) else mlp)
                      for i in range(self.num_layers))
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return layers + emb + h
+        return layers + emb + norm + (self.vocab_size if self.lm_head_bias else 0)
 
     @property
     def num_params(self) -> int:

@@ -49,6 +49,7 @@ class Family:
     hf_rope_interleaved: bool = False
     hf_norm_offset: float = 0.0          # HF checkpoints store w of an (offset + w) norm; GGUF files the sum
     sandwich_norms: bool = False         # norms after attention and after the MLP as well as before them
+    layer_norm: bool = False             # LayerNorm, not RMSNorm (runlm.models.stablelm's families)
     norm_topk_prob: bool = False         # HF: the chosen experts' probabilities renormalized
     gguf_norm_topk_prob: bool = False    # GGUF: the same, llama.cpp's choice for the architecture
     gguf_rope_local_theta: float | None = None  # GGUF: the local layers' RoPE base where the file names none

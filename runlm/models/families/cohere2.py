@@ -28,6 +28,7 @@ def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str
             "nope_layers": _nope(fields["layer_types"]) if fields["sliding_window"] else []}
 
 
-FAMILY = Family("cohere2", torch_model="runlm.models.stablelm:StableLmForCausalLM", hf_rope_interleaved=True,
-                sliding_window=True, sliding_pattern=PATTERN, hf_fields=_hf_fields, gguf_fields=_gguf_fields,
+FAMILY = Family("cohere2", torch_model="runlm.models.stablelm:StableLmForCausalLM", layer_norm=True,
+                hf_rope_interleaved=True, sliding_window=True, sliding_pattern=PATTERN, hf_fields=_hf_fields,
+                gguf_fields=_gguf_fields,
                 native=False, native_safetensors=False, gpu_refuses="LayerNorm families (Cohere 2)")

@@ -24,7 +24,8 @@ def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str
     return {"rms_norm_eps": float(get("attention.layer_norm_epsilon", 1e-5)), **_ALWAYS}
 
 
-FAMILY = Family("phi", torch_model="runlm.models.stablelm:StableLmForCausalLM", hidden_act="gelu_tanh",
+FAMILY = Family("phi", torch_model="runlm.models.stablelm:StableLmForCausalLM", layer_norm=True,
+                hidden_act="gelu_tanh",
                 gated_mlp=False, hf_fields=_hf_fields, gguf_fields=_gguf_fields,
                 hf_tensor_names={"self_attn.dense.": "self_attn.o_proj.", "mlp.fc1.": "mlp.up_proj.",
                                  "mlp.fc2.": "mlp.down_proj.", "model.final_layernorm.": "model.norm."},

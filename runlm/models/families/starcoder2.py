@@ -19,7 +19,8 @@ def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str
     return {"rms_norm_eps": float(get("attention.layer_norm_epsilon", 1e-5)), "mlp_bias": fields["attention_bias"]}
 
 
-FAMILY = Family("starcoder2", torch_model="runlm.models.stablelm:StableLmForCausalLM", hidden_act="gelu_tanh",
+FAMILY = Family("starcoder2", torch_model="runlm.models.stablelm:StableLmForCausalLM", layer_norm=True,
+                hidden_act="gelu_tanh",
                 gated_mlp=False, sliding_window=True, hf_fields=_hf_fields, gguf_fields=_gguf_fields,
                 hf_tensor_names={"mlp.c_fc.": "mlp.up_proj.", "mlp.c_proj.": "mlp.down_proj."},
                 native=False, native_safetensors=False, gpu_refuses="LayerNorm families (StarCoder2)")
