@@ -44,6 +44,18 @@ OLLAMA_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"
                 "repeat_last_n": "penalty_last_n", "mirostat": "mirostat", "mirostat_tau": "mirostat_tau",
                 "mirostat_eta": "mirostat_eta"}
 
+# Ollama options runlm has one answer to: accepted at that value, refused at any other (and why)
+OLLAMA_FIXED: dict[str, tuple[Any, str]] = {
+    "use_mmap": (True, "runlm always maps the model file"),
+    "use_mlock": (False, "runlm does not lock model memory"),
+    "numa": (False, "runlm has no NUMA mode"),
+    "low_vram": (False, "runlm has no low-VRAM mode; use a smaller num_ctx"),
+    "vocab_only": (False, "runlm loads whole models"),
+    "penalize_newline": (True, "newlines are penalized as any token (Ollama no longer has the option)"),
+    "tfs_z": (1.0, "tail-free sampling is gone from llama.cpp; 1.0 (off) is the only value"),
+}
+MIN_CONTEXT = 16  # the smallest num_ctx runlm loads a model with
+
 
 def checked(values: Mapping[str, Any], names: Mapping[str, str] | None = None) -> dict[str, float | int]:
     """The recognised, well-typed, in-range settings of ``values`` (renamed through ``names`` when given),

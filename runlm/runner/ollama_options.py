@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from runlm.formats.sampling_defaults import MIN_CONTEXT, OLLAMA_FIXED
 from runlm.runner.backends.native import flag_value
 from runlm.runner.config import BackendConfig
 from runlm.runner.errors import BadRequest
@@ -21,20 +22,9 @@ SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "m
             "frequency_penalty": "frequency_penalty", "repeat_penalty": "repetition_penalty",
             "repeat_last_n": "repeat_last_n", "typical_p": "typical_p", "mirostat": "mirostat",
             "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta", "num_keep": "n_keep"}
-# options runlm has one answer to: accepted at that value, refused at any other (and why)
-FIXED: dict[str, tuple[Any, str]] = {
-    "use_mmap": (True, "runlm always maps the model file"),
-    "use_mlock": (False, "runlm does not lock model memory"),
-    "numa": (False, "runlm has no NUMA mode"),
-    "low_vram": (False, "runlm has no low-VRAM mode; use a smaller num_ctx"),
-    "vocab_only": (False, "runlm loads whole models"),
-    "penalize_newline": (True, "newlines are penalized as any token (Ollama no longer has the option)"),
-    "tfs_z": (1.0, "tail-free sampling is gone from llama.cpp; 1.0 (off) is the only value"),
-}
 LOAD = ("num_ctx", "num_batch", "num_thread")
 REFUSED = {"num_gpu": "choose the device with `runlm configure MODEL --runtime-flags --device cpu|cuda`",
            "main_gpu": "choose the device with `runlm configure MODEL --runtime-flags --device cuda:N`"}
-MIN_CONTEXT = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +93,8 @@ def ollama_options(body: dict) -> tuple[dict[str, Any], LoadOptions]:
             fields[SAMPLING[key]] = value
         elif key in LOAD:
             load[key] = _positive_int(key, value, MIN_CONTEXT if key == "num_ctx" else 1)
-        elif key in FIXED:
-            want, why = FIXED[key]
+        elif key in OLLAMA_FIXED:
+            want, why = OLLAMA_FIXED[key]
             if value != want:
                 raise BadRequest(f"option {key!r} = {value!r} is not supported: {why}", param=f"options.{key}")
         elif key in REFUSED:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runlm.formats.modelfile import PEFT_FILES, ROLES, ChatDefaults, Modelfile, is_adapter
-from runlm.formats.sampling_defaults import OLLAMA_NAMES, checked
+from runlm.formats.sampling_defaults import MIN_CONTEXT, OLLAMA_FIXED, OLLAMA_NAMES, checked
 from runlm.store.metadata import ModelInfo
 from runlm.store.names import ModelName
 from runlm.store.progress import ProgressCallback
@@ -34,10 +34,6 @@ DEFAULTS_TYPE = "application/vnd.runlm.model.defaults+json"
 MAX_STOPS = 16
 MAX_TEXT = 1 << 20            # a TEMPLATE, SYSTEM or MESSAGE (and all MESSAGEs together)
 MAX_MESSAGES = 1024
-# PARAMETERs accepted at one value only (what runlm does), as Ollama's options are (runlm.runner.ollama_options)
-FIXED_PARAMETERS = {"use_mmap": True, "use_mlock": False, "numa": False, "low_vram": False, "vocab_only": False,
-                    "penalize_newline": True, "tfs_z": 1.0}
-MIN_CONTEXT = 16
 _NO_INFO = ModelInfo(format="", architecture="", parameters=0, quantization="", context_length=0)
 
 
@@ -75,9 +71,10 @@ def check_parameters(parameters: dict[str, Any]) -> tuple[dict[str, float | int]
             if isinstance(value, bool) or not isinstance(value, int) or value < MIN_CONTEXT:
                 raise ModelSpecError(f"PARAMETER num_ctx must be an integer of at least {MIN_CONTEXT}", where)
             num_ctx = value
-        elif key in FIXED_PARAMETERS:
-            if value != FIXED_PARAMETERS[key]:
-                raise ModelSpecError(f"PARAMETER {key} {value} is not supported (only {FIXED_PARAMETERS[key]})", where)
+        elif key in OLLAMA_FIXED:  # accepted at one value only (what runlm does), as Ollama's options are
+            want, why = OLLAMA_FIXED[key]
+            if value != want:
+                raise ModelSpecError(f"PARAMETER {key} {value} is not supported (only {want}: {why})", where)
         elif key in OLLAMA_NAMES:
             sampling_in[key] = value
         else:
