@@ -324,15 +324,13 @@ def run_serve_engine(args: argparse.Namespace) -> int:
 def read_chat_template_file(path: str) -> str:
     """--chat-template-file: the file's text, within the size a model's own template may have, and a valid Jinja
     or Go template (a ValueError names what is wrong)."""
-    from runlm.formats.template_render import check_template
+    from runlm.formats.template_render import template_problem
     from runlm.formats.tokenizer import MAX_TEMPLATE_FILE
     from runlm.sizes import read_small_text
 
     text = read_small_text(path, MAX_TEMPLATE_FILE, "--chat-template-file")
-    try:
-        check_template(text)
-    except Exception as exc:  # jinja2's TemplateSyntaxError, or runlm's limits
-        raise ValueError(f"--chat-template-file {path}: not a usable chat template ({exc})") from None
+    if why := template_problem(text, MAX_TEMPLATE_FILE):
+        raise ValueError(f"--chat-template-file {path}: not a usable chat template ({why})")
     return text
 
 

@@ -78,6 +78,18 @@ def check_template(source: str) -> None:
         _compile(source)
 
 
+def template_problem(source: str, limit: int) -> str | None:
+    """Why ``source`` cannot be a chat template (longer than ``limit`` characters, or it does not parse as Jinja or
+    Ollama's Go); None where it can."""
+    if len(source) > limit:
+        return f"is longer than {limit} characters"
+    try:
+        check_template(source)
+    except Exception as exc:  # jinja2's TemplateSyntaxError, a GoTemplateError, or the sandbox's limits
+        return f"does not parse: {exc}"
+    return None
+
+
 def render_in_process(source: str, context: dict[str, Any]) -> str:
     """The render itself, in this process: what a template worker runs. An Ollama (Go) template gets Ollama's
     values (runlm/formats/ollama_template.py) from the same messages and tools."""

@@ -165,15 +165,13 @@ class BackendConfig:
 def _checked_template(template: Any) -> str:
     """A configured chat template: text (never a path: the daemon reads no file a client names), within the size a
     model's own may have, that parses (Jinja or Ollama's Go)."""
-    from runlm.formats.template_render import check_template
+    from runlm.formats.template_render import template_problem
     from runlm.formats.tokenizer import MAX_TEMPLATE_FILE
 
-    if not isinstance(template, str) or not template or len(template) > MAX_TEMPLATE_FILE:
+    if not isinstance(template, str) or not template:
         raise ConfigError(f"chat_template: the template's text, 1 to {MAX_TEMPLATE_FILE} characters")
-    try:
-        check_template(template)
-    except Exception as exc:  # jinja2's TemplateSyntaxError or a GoTemplateError
-        raise ConfigError(f"chat_template: does not parse: {exc}") from None
+    if why := template_problem(template, MAX_TEMPLATE_FILE):
+        raise ConfigError(f"chat_template: {why}")
     return template
 
 

@@ -331,16 +331,12 @@ async def _templated_prompt(request: Request, name: str, body: dict, prompt: str
     from runlm.formats.chat_template import ChatTemplateError, render_chat
     from runlm.formats.modelfile import ChatDefaults
     from runlm.formats.template_limits import RenderLimitError
-    from runlm.formats.template_render import check_template
+    from runlm.formats.template_render import template_problem
     from runlm.formats.tokenizer import MAX_TEMPLATE_FILE
 
     template = body["template"]
-    if len(template) > MAX_TEMPLATE_FILE:
-        raise BadRequest(f"'template' is longer than {MAX_TEMPLATE_FILE} characters", param="template")
-    try:
-        check_template(template)
-    except Exception as exc:  # jinja2's TemplateSyntaxError or a GoTemplateError
-        raise BadRequest(f"'template' does not parse: {exc}", param="template") from None
+    if why := template_problem(template, MAX_TEMPLATE_FILE):
+        raise BadRequest(f"'template' {why}", param="template")
     model = await request.app.state.loader.model(name)
     defaults_file = model_files(model, request.app.state.store.model_path(model))[1]
     defaults = ChatDefaults.read(defaults_file) if defaults_file else ChatDefaults()

@@ -97,7 +97,7 @@ def _check_text(value: Any, what: str, param: str) -> str | None:
 
 
 def check_spec(spec: ModelSpec) -> None:
-    from runlm.formats.template_render import check_template
+    from runlm.formats.template_render import template_problem
 
     if spec.adapters and not is_adapter(set(spec.adapters)):
         raise ModelSpecError(f"adapters: one LoRA adapter, its files {' and '.join(PEFT_FILES)} or one .gguf file",
@@ -106,11 +106,9 @@ def check_spec(spec: ModelSpec) -> None:
         if Path(file_name).name != file_name or file_name.startswith("."):
             raise ModelSpecError(f"adapters: {file_name!r} is not a plain file name", "adapters")
 
-    if _check_text(spec.template, "TEMPLATE", "template"):
-        try:
-            check_template(spec.template or "")
-        except Exception as exc:  # jinja2's TemplateSyntaxError or a GoTemplateError: the template's fault
-            raise ModelSpecError(f"TEMPLATE does not parse: {exc}", "template") from None
+    template = _check_text(spec.template, "TEMPLATE", "template")
+    if template and (why := template_problem(template, MAX_TEXT)):
+        raise ModelSpecError(f"TEMPLATE {why}", "template")
     _check_text(spec.system, "SYSTEM", "system")
     if len(spec.messages) > MAX_MESSAGES or sum(len(str(m.get("content", ""))) for m in spec.messages) > MAX_TEXT:
         raise ModelSpecError(f"at most {MAX_MESSAGES} MESSAGEs of {MAX_TEXT} characters in all", "messages")
