@@ -121,7 +121,6 @@ class Chat:
 
         # one conversation at a time; the prefix cache keeps earlier turns, so each turn computes only itself
         model = model or local_model(model_ref)
-        self.path = model.path
         lora = {"enable_lora": True, "max_loras": 1, "max_lora_rank": LORA_RANK} if model.adapter else {}
         self._engine_args = dict(max_num_seqs=1, exact_numerics=exact_numerics, threads=threads, **lora)
         self.lora = LoRARequest(model_ref, 1, str(model.adapter)) if model.adapter else None
@@ -135,6 +134,10 @@ class Chat:
         self.history: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         self.last_turn: Turn | None = None
         self._turn = 0
+
+    @property
+    def path(self) -> Path:
+        return self.model.path
 
     def _load(self, **extra: Any) -> None:
         from runlm.engine.factory import engine_config, engine_from_config

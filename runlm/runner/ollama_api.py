@@ -45,7 +45,7 @@ from runlm.runner.requests import (
 )
 from runlm.store import InvalidNameError, StoredModel
 from runlm.store.capabilities import capabilities
-from runlm.store.modelfile_model import model_files, parameters_of, show_modelfile
+from runlm.store.modelfile_model import chat_defaults, parameters_of, show_modelfile
 from runlm.web.openapi import OllamaError, json_body
 
 router = APIRouter(prefix="/api")
@@ -337,9 +337,7 @@ async def _templated_prompt(request: Request, name: str, body: dict, prompt: str
     template = body["template"]
     if why := template_problem(template, MAX_TEMPLATE_FILE):
         raise BadRequest(f"'template' {why}", param="template")
-    model = await request.app.state.loader.model(name)
-    defaults_file = model_files(model, request.app.state.store.model_path(model))[1]
-    defaults = ChatDefaults.read(defaults_file) if defaults_file else ChatDefaults()
+    defaults = chat_defaults(await request.app.state.loader.model(name)) or ChatDefaults()
     system = [{"role": "system", "content": body["system"]}] if body.get("system") else []
     messages = defaults.chat([*system, {"role": "user", "content": prompt}])
     try:

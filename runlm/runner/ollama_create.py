@@ -29,7 +29,7 @@ from runlm.runner.ollama_stream import NDJSON
 from runlm.runner.pulling import progress_response, transfer_events
 from runlm.runner.requests import _Body
 from runlm.store.blobs import check_digest
-from runlm.store.modelfile_model import ModelSpec, ModelSpecError, check_spec, create_model, model_from_blobs
+from runlm.store.modelfile_model import ModelSpec, ModelSpecError, build_model, check_spec, model_from_blobs
 from runlm.store.progress import ProgressCallback, PullProgress
 from runlm.web.openapi import OllamaError, json_body
 
@@ -137,7 +137,6 @@ def _spec(body: dict) -> ModelSpec:
 async def _create_model(request: Request, body: dict) -> Response:
     """A new stored model: ``from`` (quantized first with ``quantize``) or ``files``, with the body's defaults."""
     from runlm.quantize.plan import file_type
-    from runlm.store.quantized import quantize_into_store, source_file
 
     spec, name = _spec(body), body["model"]
     if (body.get("from") is None) == (body.get("files") is None):
@@ -153,11 +152,7 @@ async def _create_model(request: Request, body: dict) -> Response:
 
     def job(put: ProgressCallback) -> str:  # (a QuantizeError or ModelSpecError is a ValueError: the client's 400)
         base = model_from_blobs(store, name, files) if files else store.ensure(body["from"], put)
-        if body.get("quantize") is not None:
-            file = source_file(store, str(base.name), local_files=False)
-            base = store.get(quantize_into_store(store, file, name, body["quantize"], progress=put)[1])
-        put(PullProgress("writing manifest"))
-        model = create_model(store, name, base, spec)
+        model = build_model(store, name, base, spec, body.get("quantize"), put)
         put(PullProgress("success"))
         return str(model.name)
 

@@ -21,7 +21,7 @@ from runlm.formats.modelfile import PEFT_FILES, ROLES, ChatDefaults, Modelfile, 
 from runlm.formats.sampling_defaults import MIN_CONTEXT, OLLAMA_FIXED, OLLAMA_NAMES, checked
 from runlm.store.metadata import ModelInfo
 from runlm.store.names import ModelName
-from runlm.store.progress import ProgressCallback
+from runlm.store.progress import ProgressCallback, PullProgress
 from runlm.store.refs import StoredModel, model_manifest
 from runlm.store.store import ModelStore
 
@@ -96,6 +96,11 @@ def _check_text(value: Any, what: str, param: str) -> str | None:
     return value
 
 
+def _plain_name(file_name: str) -> bool:
+    """A file's own name, not hidden and without a folder in it (what a store path may take from a client)."""
+    return bool(file_name) and Path(file_name).name == file_name and not file_name.startswith(".")
+
+
 def check_spec(spec: ModelSpec) -> None:
     from runlm.formats.template_render import template_problem
 
@@ -103,7 +108,7 @@ def check_spec(spec: ModelSpec) -> None:
         raise ModelSpecError(f"adapters: one LoRA adapter, its files {' and '.join(PEFT_FILES)} or one .gguf file",
                              "adapters")
     for file_name in spec.adapters:
-        if Path(file_name).name != file_name or file_name.startswith("."):
+        if not _plain_name(file_name):
             raise ModelSpecError(f"adapters: {file_name!r} is not a plain file name", "adapters")
 
     template = _check_text(spec.template, "TEMPLATE", "template")
@@ -162,11 +167,21 @@ def create_model(store: ModelStore, name: str, base: StoredModel, spec: ModelSpe
         return store.write_ref(name, manifest)
 
 
+def chat_defaults(model: StoredModel) -> ChatDefaults | None:
+    """The SYSTEM prompt, MESSAGEs and stop strings of a model made from a Modelfile, from its manifest (what its
+    defaults file holds for an engine in another process); None for a model without them."""
+    entry = model.manifest.get("modelfile") or {}
+    stop = (entry.get("parameters") or {}).get("stop") or []
+    if not (entry.get("system") or entry.get("messages") or stop):
+        return None
+    return ChatDefaults(entry.get("system"), tuple(entry.get("messages") or ()), tuple(stop))
+
+
 def chat_settings(model: StoredModel, model_path: Path) -> tuple[str | None, ChatDefaults | None, Path | None]:
     """The template, chat defaults and LoRA adapter a model made from a Modelfile brings (None for any other):
     what a process that loads it itself (``runlm run`` without a daemon) runs it with."""
-    template, defaults, adapter = model_files(model, model_path)
-    return (template.read_text() if template else None), (ChatDefaults.read(defaults) if defaults else None), adapter
+    template, _, adapter = model_files(model, model_path)
+    return (model.info.template if template else None), chat_defaults(model), adapter
 
 
 def model_files(model: StoredModel, model_path: Path) -> tuple[Path | None, Path | None, Path | None]:
@@ -229,11 +244,20 @@ def create_from_modelfile(store: ModelStore, name: str, modelfile: Modelfile, fo
     spec = spec_from_modelfile(modelfile, adapters)
     check_spec(spec)  # before anything is imported or quantized
     base = store.pull(str(path), name, progress=progress) if local else store.ensure(modelfile.base, progress)
+    return build_model(store, name, base, spec, quantize, progress)
+
+
+def build_model(store: ModelStore, name: str, base: StoredModel, spec: ModelSpec, quantize: str | None = None,
+                progress: ProgressCallback | None = None) -> StoredModel:
+    """``base``, quantized first where ``quantize`` names a type (a GGUF F16/BF16/F32 model or a safetensors one),
+    stored as ``name`` with ``spec``'s changes: what ``runlm create`` and ``/api/create`` both make."""
     if quantize is not None:
         from runlm.store.quantized import quantize_into_store, source_file
 
         file = source_file(store, str(base.name), local_files=False)  # a GGUF file or a safetensors folder
         base = store.get(quantize_into_store(store, file, name, quantize, progress=progress)[1])
+    if progress is not None:
+        progress(PullProgress("writing manifest"))
     return create_model(store, name, base, spec)
 
 
@@ -246,7 +270,7 @@ def model_from_blobs(store: ModelStore, name: str, files: dict[str, str]) -> Sto
 
     entries: list[dict[str, Any]] = []
     for file_name, digest in files.items():
-        if Path(file_name).name != file_name or file_name.startswith(".") or not file_name:
+        if not _plain_name(file_name):
             raise ModelSpecError(f"files: {file_name!r} is not a plain file name", "files")
         if not store.blobs.has(digest):
             raise ModelSpecError(f"files: {file_name}: no blob {digest} (upload it first)", "files")
