@@ -14,6 +14,7 @@ import torch
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import ggml_type
+from runlm.formats.gguf_names import GGUF_GLOBAL_NAMES, GGUF_LAYER_NAMES
 from runlm.formats.safetensors import SafetensorsDir
 from runlm.formats.safetensors import read_hf_config as read_hf_config  # (its home: torch-free readers)
 from runlm.kernels import ggml
@@ -25,33 +26,20 @@ from runlm.models.linear import BlockQuantized, GGMLWeight, Weight
 if TYPE_CHECKING:
     from runlm.formats.gguf import GGUFFile
 
-_GGUF_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    # mixtures of experts: the router, each layer's experts stacked in one tensor per projection ({e}: the
-    # expert), and Qwen2-MoE's shared expert with its gate
-    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
-    "ffn_down_exps": "mlp.experts.{e}.down_proj", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
-    "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
-    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-}
 # tensors that configure the model rather than weigh it (RoPE factors: see ModelConfig.from_gguf)
 _GGUF_NOT_WEIGHTS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
-_GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
 def hf_name_for_gguf(name: str, arch: str = "llama") -> str | None:
     """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None for non-weights)."""
     family = families.for_gguf(arch)  # its own names where they differ from Llama's (Gemma's norms, Phi-3's fused)
-    layer_names = {**_GGUF_LAYER_NAMES, **family.gguf_tensor_names} if family else _GGUF_LAYER_NAMES
+    layer_names = {**GGUF_LAYER_NAMES, **family.gguf_tensor_names} if family else GGUF_LAYER_NAMES
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
     if m and m.group(2) in layer_names:
         return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{m.group(3)}"
     m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
-    if m and m.group(1) in _GGUF_GLOBAL_NAMES:
-        return f"{_GGUF_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
+    if m and m.group(1) in GGUF_GLOBAL_NAMES:
+        return f"{GGUF_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
     return None
 
 

@@ -16,17 +16,15 @@ from typing import Any
 import numpy as np
 
 from runlm.formats import ModelFormatError
+from runlm.formats.gguf_names import GGUF_GLOBAL_NAMES, GGUF_LAYER_NAMES
 from runlm.formats.safetensors import SafetensorsDir
 from runlm.formats.tokenizer import PRE_TOKENIZER_SPLITS
 
 # Hugging Face architecture -> (GGUF architecture, whether Q and K are permuted for interleaved RoPE)
 ARCHITECTURES = {"LlamaForCausalLM": ("llama", True), "MistralForCausalLM": ("llama", True),
                  "Qwen2ForCausalLM": ("qwen2", False), "Qwen3ForCausalLM": ("qwen3", False)}
-_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-          "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-          "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-_GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+_LAYER = {hf: gguf for gguf, hf in GGUF_LAYER_NAMES.items() if "{e}" not in hf}  # (no experts here)
+_GLOBAL = {hf: gguf for gguf, hf in GGUF_GLOBAL_NAMES.items()}
 # the canonical llama.cpp name of each split regex runlm knows
 _PRE_NAMES = {"llama-bpe": PRE_TOKENIZER_SPLITS["llama-bpe"], "qwen2": PRE_TOKENIZER_SPLITS["qwen2"],
               "qwen35": PRE_TOKENIZER_SPLITS["qwen35"], "tekken": PRE_TOKENIZER_SPLITS["tekken"],
