@@ -166,7 +166,10 @@ class ModelConfig:
             intermediate_size=int(cfg["intermediate_size"]), num_layers=layers,
             num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(theta or 10000.0),
+            # (LayerNorm families: their own key, StarCoder2's norm_epsilon, and their reference's default)
+            rms_norm_eps=float(cfg.get("layer_norm_eps", cfg.get("norm_epsilon", 1e-5)) if family.layer_norm
+                               else cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta or 10000.0),
             rope_scaling=dict(scaling) if scaling else None,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -243,7 +246,8 @@ class ModelConfig:
             family=family.name, vocab_size=int(vocab), hidden_size=hidden,
             intermediate_size=int(get("feed_forward_length")), num_layers=layers,
             num_heads=heads, num_kv_heads=int(kv_heads if not isinstance(kv_heads, list) else kv_heads[0]),
-            head_dim=head_dim, rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            head_dim=head_dim, rms_norm_eps=float(get("attention.layer_norm_epsilon", 1e-5) if family.layer_norm
+                                                  else get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=scaling,
             max_position_embeddings=int(get("context_length", 2048)),
             tie_word_embeddings="output.weight" not in tensors,

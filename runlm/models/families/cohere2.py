@@ -17,14 +17,12 @@ def _nope(layer_types: list[str] | None) -> list[int]:
 
 
 def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
-    return {"rms_norm_eps": float(cfg.get("layer_norm_eps", 1e-5)), "norm_bias": False, "parallel_residual": True,
-            "logit_scale": float(cfg.get("logit_scale", 1.0)),
+    return {"norm_bias": False, "parallel_residual": True, "logit_scale": float(cfg.get("logit_scale", 1.0)),
             "nope_layers": _nope(fields["layer_types"]) if fields["sliding_window"] else []}
 
 
 def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str, Any]:
-    return {"rms_norm_eps": float(get("attention.layer_norm_epsilon", 1e-5)), "norm_bias": False,
-            "parallel_residual": True, "logit_scale": float(get("logit_scale", 1.0)),
+    return {"norm_bias": False, "parallel_residual": True, "logit_scale": float(get("logit_scale", 1.0)),
             "nope_layers": _nope(fields["layer_types"]) if fields["sliding_window"] else []}
 
 

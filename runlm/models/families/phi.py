@@ -17,11 +17,11 @@ _ALWAYS = {"parallel_residual": True, "mlp_bias": True, "lm_head_bias": True, "a
 def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
     if cfg.get("qk_layernorm"):
         raise ModelFormatError("Phi's per-head q/k LayerNorms (qk_layernorm) are not something runlm runs yet")
-    return {"rms_norm_eps": float(cfg.get("layer_norm_eps", 1e-5)), **_ALWAYS}
+    return dict(_ALWAYS)
 
 
 def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str, Any]:
-    return {"rms_norm_eps": float(get("attention.layer_norm_epsilon", 1e-5)), **_ALWAYS}
+    return dict(_ALWAYS)
 
 
 FAMILY = Family("phi", torch_model="runlm.models.stablelm:StableLmForCausalLM", layer_norm=True,

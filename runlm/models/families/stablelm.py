@@ -14,13 +14,12 @@ from runlm.models.families import Family
 def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
     if cfg.get("qk_layernorm"):
         raise ModelFormatError("StableLM's per-head q/k LayerNorms (qk_layernorm) are not something runlm runs yet")
-    return {"rms_norm_eps": float(cfg.get("layer_norm_eps", 1e-5)), "attention_bias": bool(cfg.get("use_qkv_bias")),
+    return {"attention_bias": bool(cfg.get("use_qkv_bias")),
             "parallel_residual": bool(cfg.get("use_parallel_residual", False))}
 
 
 def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str, Any]:
-    return {"rms_norm_eps": float(get("attention.layer_norm_epsilon", 1e-5)),
-            "parallel_residual": bool(get("use_parallel_residual", False))}
+    return {"parallel_residual": bool(get("use_parallel_residual", False))}
 
 
 FAMILY = Family("stablelm", torch_model="runlm.models.stablelm:StableLmForCausalLM", layer_norm=True,

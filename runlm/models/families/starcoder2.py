@@ -12,11 +12,11 @@ from runlm.models.families import Family
 
 def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
     bias = bool(cfg.get("use_bias", True))
-    return {"rms_norm_eps": float(cfg.get("norm_epsilon", 1e-5)), "attention_bias": bias, "mlp_bias": bias}
+    return {"attention_bias": bias, "mlp_bias": bias}
 
 
 def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str, Any]:
-    return {"rms_norm_eps": float(get("attention.layer_norm_epsilon", 1e-5)), "mlp_bias": fields["attention_bias"]}
+    return {"mlp_bias": fields["attention_bias"]}
 
 
 FAMILY = Family("starcoder2", torch_model="runlm.models.stablelm:StableLmForCausalLM", layer_norm=True,
