@@ -75,6 +75,11 @@ class Family:
         return getattr(importlib.import_module(module), cls)
 
 
+def global_layers(layer_types: list[str] | None) -> list[int]:
+    """The layers ``layer_types`` does not mark sliding-window: those EXAONE 4 and Cohere 2 run without RoPE."""
+    return [i for i, t in enumerate(layer_types or []) if t != "sliding_attention"]
+
+
 # family -> the module declaring it
 FAMILIES: dict[str, str] = {name: f"{__name__}.{name}" for name in DECODERS}
 

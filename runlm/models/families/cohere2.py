@@ -7,23 +7,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from runlm.models.families import Family
+from runlm.models.families import Family, global_layers
 
 PATTERN = 4  # every 4th layer global (transformers' sliding_window_pattern default; llama.cpp's fixed step)
 
 
-def _nope(layer_types: list[str] | None) -> list[int]:
-    return [i for i, t in enumerate(layer_types or []) if t != "sliding_attention"]
-
-
 def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
     return {"norm_bias": False, "parallel_residual": True, "logit_scale": float(cfg.get("logit_scale", 1.0)),
-            "nope_layers": _nope(fields["layer_types"]) if fields["sliding_window"] else []}
+            "nope_layers": global_layers(fields["layer_types"]) if fields["sliding_window"] else []}
 
 
 def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str, Any]:
     return {"norm_bias": False, "parallel_residual": True, "logit_scale": float(get("logit_scale", 1.0)),
-            "nope_layers": _nope(fields["layer_types"]) if fields["sliding_window"] else []}
+            "nope_layers": global_layers(fields["layer_types"]) if fields["sliding_window"] else []}
 
 
 FAMILY = Family("cohere2", torch_model="runlm.models.stablelm:StableLmForCausalLM", layer_norm=True,

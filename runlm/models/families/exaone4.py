@@ -5,12 +5,8 @@ tensor names are OLMo 2's. Not the native runner's yet (its decoder normalizes e
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from runlm.models.families import Family
+from runlm.models.families import Family, global_layers
 from runlm.models.families.olmo2 import FAMILY as OLMO2
-
-
-def _nope(layer_types: list[str] | None) -> list[int]:
-    return [i for i, t in enumerate(layer_types or []) if t != "sliding_attention"]
 
 
 def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -18,11 +14,11 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
         return {}
     types = list(cfg.get("layer_types") or ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention"
                                             for i in range(fields["num_layers"])])
-    return {"layer_types": types, "nope_layers": _nope(types)}
+    return {"layer_types": types, "nope_layers": global_layers(types)}
 
 
 def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str, Any]:
-    return {"nope_layers": _nope(fields["layer_types"])} if fields["sliding_window"] else {}
+    return {"nope_layers": global_layers(fields["layer_types"])} if fields["sliding_window"] else {}
 
 
 FAMILY = Family("exaone4", torch_model=OLMO2.torch_model, qk_norm=True, sliding_window=True,
