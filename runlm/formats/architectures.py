@@ -55,6 +55,10 @@ DECODERS: dict[str, DecoderNames] = {
     "cohere2": DecoderNames(("Cohere2ForCausalLM",), ("cohere2",), gguf_rope_interleaved=True),
     # (its GGUF Q/K keep RoPE's pairs too, but only a part of each head rotates: the model rotates pairs instead)
     "glm4": DecoderNames(("Glm4ForCausalLM",), ("glm4",)),
+    "glm4_moe": DecoderNames(("Glm4MoeForCausalLM",), ("glm4moe",)),
+    "dots1": DecoderNames(("Dots1ForCausalLM",), ("dots1",)),
+    "ernie4_5_moe": DecoderNames(("Ernie4_5_MoeForCausalLM",), ("ernie4_5-moe",), gguf_rope_interleaved=True),
+    "granitemoe": DecoderNames(("GraniteMoeForCausalLM",), ("granitemoe",), gguf_rope_interleaved=True),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.

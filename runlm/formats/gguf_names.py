@@ -9,9 +9,10 @@ GGUF_LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    # mixtures of experts: the router, each layer's experts stacked in one tensor per projection ({e}: the
-    # expert), and Qwen2-MoE's shared expert with its gate
-    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
+    # mixtures of experts: the router (and its choice bias), each layer's experts stacked in one tensor per
+    # projection ({e}: the expert), and the shared expert (with Qwen2-MoE's gate)
+    "ffn_gate_inp": "mlp.gate", "exp_probs_b": "mlp.score_bias",
+    "ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
     "ffn_down_exps": "mlp.experts.{e}.down_proj", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
     "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",

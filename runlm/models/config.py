@@ -47,8 +47,13 @@ class ModelConfig:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0        # each expert's (0: intermediate_size)
-    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert, scaled by a sigmoid gate
+    shared_expert_intermediate_size: int = 0  # the always-on expert(s) beside the routed ones (Qwen2-MoE's gated)
     norm_topk_prob: bool = False          # renormalize the chosen experts' probabilities to sum to 1
+    moe_gating: str = "softmax"           # the router's scores: "softmax" over the experts, or each one's "sigmoid"
+    moe_score_bias: bool = False          # a per-expert bias added to the scores to choose (not to weigh) experts
+    moe_groups: int = 1                   # experts in groups; a token chooses among the moe_groups_used best groups
+    moe_groups_used: int = 1              # (a group's score: its two best experts' biased scores, summed)
+    routed_scaling: float = 1.0           # the chosen experts' weights times this (DeepSeek-V3's routed_scaling_factor)
     dense_layers: list[int] = field(default_factory=list)  # layers with a dense MLP in a MoE model
     nope_layers: list[int] = field(default_factory=list)  # layers whose q and k RoPE does not rotate (SmolLM3)
     gated_mlp: bool = True                # act(gate) * up; False: act(up) alone (Arcee's ReLU²)
@@ -82,6 +87,11 @@ class ModelConfig:
         return families.get(self.family).sandwich_norms
 
     @property
+    def shared_expert_gate(self) -> bool:
+        """Qwen2-MoE: the shared expert's output scaled by a sigmoid gate (the others add theirs as is)."""
+        return families.get(self.family).shared_expert_gate
+
+    @property
     def o_proj_bias(self) -> bool:
         """Whether the attention's output projection has a bias (Llama's attention_bias covers it, Qwen2's not)."""
         return self.attention_bias and families.get(self.family).o_proj_bias
@@ -105,8 +115,9 @@ class ModelConfig:
             attention += q + 2 * kv + (h if self.o_proj_bias else 0)
         if self.qk_norm:
             attention += q + kv if self.qk_norm_whole else 2 * self.head_dim
-        moe = experts * 3 * h * self.expert_size + self.num_experts * h \
-            + (3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0)
+        moe = experts * 3 * h * self.expert_size + self.num_experts * (h + (1 if self.moe_score_bias else 0)) \
+            + 3 * h * self.shared_expert_intermediate_size \
+            + (h if self.shared_expert_intermediate_size and self.shared_expert_gate else 0)
         mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
         if self.mlp_bias:
             mlp += (2 if self.gated_mlp else 1) * self.intermediate_size + h
@@ -151,10 +162,13 @@ class ModelConfig:
             scaling = _longrope_scaling(scaling, cfg)
         pattern = family.sliding_pattern
         local_global = pattern is not None
-        experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+        experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
         layers = int(cfg["num_hidden_layers"])
         step = int(cfg.get("decoder_sparse_step") or 1)
-        dense = [i for i in range(layers) if i in (cfg.get("mlp_only_layers") or []) or (i + 1) % step]
+        first_moe = int(cfg.get("first_k_dense_replace") or 0)  # (DeepSeek's, GLM-4.5's, dots1's leading dense layers)
+        dense = [i for i in range(layers) if i in (cfg.get("mlp_only_layers") or []) or (i + 1) % step
+                 or i < first_moe]
+        expert_size = int(cfg.get("moe_intermediate_size") or 0)
         layer_types = cfg.get("layer_types")
         if pattern is not None and not layer_types:  # configs written before transformers named each layer's type
             n = int(cfg.get("sliding_window_pattern") or pattern)
@@ -177,9 +191,13 @@ class ModelConfig:
             qk_norm=family.qk_norm, qk_norm_whole=family.qk_norm_whole, qk_norm_after_rope=family.qk_norm_after_rope,
             clip_qkv=cfg.get("clip_qkv"),
             num_experts=experts, num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
-            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
-            shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+            moe_intermediate_size=expert_size,
+            shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size")
+                                                or int(cfg.get("n_shared_experts") or 0) * expert_size),
             norm_topk_prob=bool(cfg.get("norm_topk_prob", family.norm_topk_prob)),
+            moe_gating=str(cfg.get("scoring_func", family.moe_gating)), moe_score_bias=family.moe_score_bias,
+            moe_groups=int(cfg.get("n_group") or 1), moe_groups_used=int(cfg.get("topk_group") or 1),
+            routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0),
             dense_layers=dense if experts else [],
             sliding_window=cfg.get("sliding_window") if sliding else None,
             layer_types=list(layer_types) if local_global and layer_types else None,
@@ -232,7 +250,8 @@ class ModelConfig:
         rotary = get("rope.dimension_count")
         eos = gguf.metadata.get("tokenizer.ggml.eos_token_id")
         window, layer_types = get("attention.sliding_window"), None
-        layers = int(get("block_count"))
+        # (GLM-4.5's count includes its multi-token-prediction layers, which the decoder does not run)
+        layers = int(get("block_count")) - int(get("nextn_predict_layers") or 0)
         # local:global layer patterns where the file names none (every n-th layer is global), as llama.cpp fixes them
         pattern = get("attention.sliding_window_pattern", family.sliding_pattern)
         if window and pattern:  # llama.cpp: layer i is local unless i % pattern == pattern - 1
@@ -242,6 +261,8 @@ class ModelConfig:
         if experts and family.gguf_with_experts is not None:
             family = families.get(family.gguf_with_experts)
         q_norm = tensors.get("blk.0.attn_q_norm.weight")
+        moe_layer = next((i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in tensors), 0)
+        shared = tensors.get(f"blk.{moe_layer}.ffn_up_shexp.weight")  # (its rows: the size metadata may misstate)
         fields: dict[str, Any] = dict(
             family=family.name, vocab_size=int(vocab), hidden_size=hidden,
             intermediate_size=int(get("feed_forward_length")), num_layers=layers,
@@ -256,9 +277,13 @@ class ModelConfig:
             qk_norm_after_rope=q_norm is not None and family.qk_norm_after_rope,
             num_experts=experts, num_experts_per_tok=int(get("expert_used_count") or 0),
             moe_intermediate_size=int(get("expert_feed_forward_length") or 0),
-            shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length") or 0),
+            shared_expert_intermediate_size=int(shared.shape[0]) if shared is not None else 0,
             # llama.cpp's per-architecture choice where the file does not say
             norm_topk_prob=bool(get("expert_weights_norm", family.gguf_norm_topk_prob)),
+            moe_gating=_GGUF_GATING.get(get("expert_gating_func"), family.moe_gating),
+            moe_score_bias=f"blk.{moe_layer}.exp_probs_b.bias" in tensors,
+            moe_groups=int(get("expert_group_count") or 1), moe_groups_used=int(get("expert_group_used_count") or 1),
+            routed_scaling=float(get("expert_weights_scale") or 1.0),
             dense_layers=[i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors] if experts else [],
             sliding_window=window or None, layer_types=layer_types,
             partial_rotary_factor=int(rotary) / head_dim if rotary else 1.0,
@@ -275,6 +300,10 @@ class ModelConfig:
         if family.gguf_fields is not None:
             fields.update(family.gguf_fields(get, fields))
         return cls(**fields)
+
+
+# llama.cpp's expert_gating_func values (llama_expert_gating_func_type)
+_GGUF_GATING = {1: "softmax", 2: "sigmoid"}
 
 
 def _longrope_scaling(scaling: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:

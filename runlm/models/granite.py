@@ -8,10 +8,14 @@ query_pre_attn_scalar, logit_scale), as transformers' GraniteForCausalLM compute
 The layers run on torch (the fused path adds branches unscaled)."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 
 from runlm.models.config import ModelConfig
+from runlm.models.linear import Weight
 from runlm.models.llama import DecoderLayer, LlamaForCausalLM, LlamaModel
+from runlm.models.moe import SparseMoeBlock
 from runlm.models.rope import RotaryEmbedding
 
 
@@ -32,4 +36,42 @@ class GraniteModel(LlamaModel):
 
 
 class GraniteForCausalLM(LlamaForCausalLM):
-    model_cls = GraniteModel  # (the logits' multiplier: LlamaForCausalLM.compute_logits)
+    model_cls: type[LlamaModel] = GraniteModel  # (the logits' multiplier: LlamaForCausalLM.compute_logits)
+
+
+class GraniteMoeDecoderLayer(GraniteDecoderLayer):
+    """Granite 3's multipliers around a mixture of experts (GraniteMoE: softmax router, top-k renormalized)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
+        super().__init__(cfg, layer, rope)
+        self.mlp = SparseMoeBlock(cfg)
+
+
+class GraniteMoeModel(GraniteModel):
+    layer_cls: type[DecoderLayer] = GraniteMoeDecoderLayer
+
+
+class GraniteMoeForCausalLM(GraniteForCausalLM):
+    model_cls = GraniteMoeModel
+
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+        super().load_weights(_per_expert(weights, self.config.expert_size))
+
+
+def _per_expert(weights: Iterable[tuple[str, Weight]], size: int) -> Iterator[tuple[str, Weight]]:
+    """GraniteMoE's checkpoint names: each layer's experts stacked, gate and up in one ``input_linear`` [E, 2I, H]
+    (gate first), ``output_linear`` [E, H, I], the router ``router.layer``; as one weight per expert."""
+    for name, tensor in weights:
+        prefix, _, rest = name.partition(".block_sparse_moe.")
+        if not rest:
+            yield name, tensor
+        elif rest == "router.layer.weight":
+            yield f"{prefix}.mlp.gate.weight", tensor
+        else:
+            assert isinstance(tensor, torch.Tensor), name  # (3-D: read dense)
+            for e, w in enumerate(tensor):
+                if rest == "input_linear.weight":
+                    yield f"{prefix}.mlp.experts.{e}.gate_proj.weight", w[:size]
+                    yield f"{prefix}.mlp.experts.{e}.up_proj.weight", w[size:]
+                else:
+                    yield f"{prefix}.mlp.experts.{e}.down_proj.weight", w

@@ -7,6 +7,7 @@ decode step is bound by), and ``load_weights`` stacks the separate checkpoint te
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Container, Iterable
 from typing import Any, NamedTuple
 
@@ -278,6 +279,7 @@ _STACKED = {
 }
 
 
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _WHOLE = -1  # shard key of a checkpoint tensor that is the whole parameter
 
 
@@ -353,6 +355,9 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in weights:
             if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
                 continue  # tied checkpoints sometimes carry a copy
+            layer = _LAYER.match(name)
+            if layer is not None and int(layer.group(1)) >= self.config.num_layers:
+                continue  # multi-token-prediction layers past the decoder's (GLM-4.5's, DeepSeek-V3's)
             # (a fused parameter stored fused, Phi-3's qkv_proj and gate_up_proj, is the whole parameter)
             target, shard = stacked_target(name, params)
             shards.setdefault(target, {})[shard] = tensor

@@ -20,29 +20,63 @@ from runlm.models.llama import MLP, DecoderLayer, LlamaForCausalLM, LlamaModel
 from runlm.models.rope import RotaryEmbedding
 
 
+class ScoreBias(nn.Module):
+    """The per-expert bias a router adds to its scores to choose experts (DeepSeek-V3's e_score_correction_bias)."""
+
+    def __init__(self, experts: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(experts))
+
+
 class SparseMoeBlock(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.sigmoid, self.scaling = cfg.moe_gating == "sigmoid", cfg.routed_scaling
+        self.groups, self.groups_used = cfg.moe_groups, cfg.moe_groups_used
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router
+        self.score_bias = ScoreBias(cfg.num_experts) if cfg.moe_score_bias else None
         self.experts = nn.ModuleList(MLP(cfg, cfg.expert_size) for _ in range(cfg.num_experts))
         self.shared_expert: MLP | None = None
+        self.shared_expert_gate: Linear | None = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = MLP(cfg, cfg.shared_expert_intermediate_size)
-            self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
+            if cfg.shared_expert_gate:
+                self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's experts and their weights ([T, top_k] each), as the family's router picks them: scores by
+        softmax or sigmoid, the choice among the best groups by scores plus the choice bias, the weights the chosen
+        experts' unbiased scores (renormalized and scaled where the family does)."""
+        logits = self.gate(x).float()
+        scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
+        if self.score_bias is None and self.groups == 1:
+            weights, chosen = torch.topk(scores, self.top_k, dim=-1)
+        else:
+            choice = scores if self.score_bias is None else scores + self.score_bias.bias.float()
+            if self.groups > 1:
+                grouped = choice.view(choice.shape[0], self.groups, -1)
+                best = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(self.groups_used, dim=-1).indices
+                keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
+                choice = grouped.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
+            chosen = torch.topk(choice, self.top_k, dim=-1).indices
+            weights = scores.gather(1, chosen)
+        if self.renormalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.scaling if self.scaling != 1.0 else weights, chosen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, chosen = self.route(x)
         weights = weights.to(x.dtype)
         out = torch.zeros_like(x)
         for e in chosen.unique().tolist():  # ascending, as transformers adds them
             token, slot = torch.where(chosen == e)
             out.index_add_(0, token, self.experts[e](x[token]) * weights[token, slot, None])
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            shared = self.shared_expert(x)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
         return out
 
 

@@ -52,6 +52,9 @@ class Family:
     layer_norm: bool = False             # LayerNorm, not RMSNorm (runlm.models.stablelm's families)
     norm_topk_prob: bool = False         # HF: the chosen experts' probabilities renormalized
     gguf_norm_topk_prob: bool = False    # GGUF: the same, llama.cpp's choice for the architecture
+    moe_gating: str = "softmax"          # the router's scores where a config does not say (ModelConfig.moe_gating)
+    moe_score_bias: bool = False         # HF: the router has a choice bias (e_score_correction_bias)
+    shared_expert_gate: bool = False     # the shared expert's output scaled by a sigmoid gate (Qwen2-MoE)
     gguf_rope_local_theta: float | None = None  # GGUF: the local layers' RoPE base where the file names none
     gguf_with_experts: str | None = None  # GGUF: the family a file of this architecture is when it has experts
     hf_fields: FieldsHook | None = None
@@ -73,6 +76,11 @@ class Family:
         """The torch model class (imports torch)."""
         module, _, cls = self.torch_model.partition(":")
         return getattr(importlib.import_module(module), cls)
+
+
+# HF names of DeepSeek-style experts (GLM-4.5, dots1, ERNIE 4.5): "shared_experts", and the choice bias in the router
+SHARED_EXPERTS_NAMES = {".mlp.shared_experts.": ".mlp.shared_expert.",
+                        ".mlp.gate.e_score_correction_bias": ".mlp.score_bias.bias"}
 
 
 def global_layers(layer_types: list[str] | None) -> list[int]:
