@@ -4,9 +4,11 @@ CLI's start-up does not import it."""
 from __future__ import annotations
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
-    """A K and a V vector per layer and KV head."""
-    return 2 * num_layers * num_kv_heads * head_dim * bytes_per_value
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, bytes_per_value: int,
+                       v_dim: int | None = None) -> int:
+    """A K and a V vector per layer and KV head (V ``v_dim`` wide where it differs: 0 for a latent-attention cache,
+    whose one "head" is a K row holding the latent)."""
+    return num_layers * num_kv_heads * (head_dim + (head_dim if v_dim is None else v_dim)) * bytes_per_value
 
 
 # --kv-cache-dtype (vLLM's name): "auto" lets the runner choose (the native runner fp16, llama.cpp's and Ollama's
@@ -29,7 +31,7 @@ def q8_row_bytes(head_dim: int) -> int:
 
 
 def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str,
-                             bytes_per_value: int = 4) -> int:
+                             bytes_per_value: int = 4, v_dim: int | None = None) -> int:
     """kv_bytes_per_token for a cache of kv_cache_dtype ("auto": bytes_per_value per value)."""
     kind = check_kv_cache_dtype(kv_cache_dtype)
     if kind == "q8_0":
@@ -37,4 +39,4 @@ def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, 
             raise ValueError(f"a q8_0 KV cache needs head_dim a multiple of 32, not {head_dim}")
         return 2 * num_layers * num_kv_heads * q8_row_bytes(head_dim)
     size = {"fp16": 2, "fp32": 4}.get(kind, bytes_per_value)
-    return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, size)
+    return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, size, v_dim)

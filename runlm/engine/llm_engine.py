@@ -59,8 +59,9 @@ class LLMEngine(EngineCore):
         mc = self.loaded.config
         self.vocab_size = mc.vocab_size
         self.max_model_len = mc.context_length(config.max_model_len)
+        heads, k_dim, v_dim = mc.kv_cache_shape
         self.kv_bytes_per_token = per_token = kv_cache_bytes_per_token(
-            mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_cache_dtype, dtype_itemsize(config.dtype))
+            mc.num_layers, heads, k_dim, config.kv_cache_dtype, dtype_itemsize(config.dtype), v_dim)
         draft = configured_draft(config, self.loaded, self.threads)  # speculative decoding's draft model, if any
         per_token += draft_kv_bytes_per_token(draft, config)  # its K/V lives in the same blocks
         num_blocks = self.choice.kind.kv_cache_blocks(config, self.loaded, per_token, self.max_model_len)

@@ -58,6 +58,8 @@ DECODERS: dict[str, DecoderNames] = {
     "glm4_moe": DecoderNames(("Glm4MoeForCausalLM",), ("glm4moe",)),
     "dots1": DecoderNames(("Dots1ForCausalLM",), ("dots1",)),
     "ernie4_5_moe": DecoderNames(("Ernie4_5_MoeForCausalLM",), ("ernie4_5-moe",), gguf_rope_interleaved=True),
+    "deepseek": DecoderNames(("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"), ("deepseek2",),
+                             model_types=("deepseek_v2", "deepseek_v3")),
     "granitemoe": DecoderNames(("GraniteMoeForCausalLM",), ("granitemoe",), gguf_rope_interleaved=True),
 }
 

@@ -63,6 +63,13 @@ class ModelConfig:
     mlp_bias: bool = False                # the MLP's projections have biases (Phi-2)
     lm_head_bias: bool = False            # the output projection has a bias (Phi-2)
     norm_bias: bool = True                # LayerNorm families: their norms have a bias (Cohere's have none)
+    # multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none): head_dim is then the query's and key's
+    # (no-RoPE part + qk_rope_head_dim), and the cache holds a kv_lora_rank + qk_rope_head_dim latent per token
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0                  # the query's own low-rank pair (V3; 0: one projection)
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    moe_group_max: bool = False           # a group's score is its best expert's (DeepSeek-V2), not its best two's
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -74,7 +81,15 @@ class ModelConfig:
 
     @property
     def rotary_dim(self) -> int:
-        return int(self.head_dim * self.partial_rotary_factor)
+        return self.qk_rope_head_dim if self.kv_lora_rank else int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def kv_cache_shape(self) -> tuple[int, int, int]:
+        """(heads, K width, V width) of a layer's cache per token: every KV head's K and V, or (latent attention)
+        one latent row and no V."""
+        if self.kv_lora_rank:
+            return 1, self.kv_lora_rank + self.qk_rope_head_dim, 0
+        return self.num_kv_heads, self.head_dim, self.head_dim
 
     @property
     def layer_norm(self) -> bool:
@@ -113,6 +128,8 @@ class ModelConfig:
         attention = h * (q + 2 * kv) + q * h + (4 if self.sandwich_norms else 1 if self.parallel_residual else 2) * norm
         if self.attention_bias:  # Llama's covers o_proj too, Qwen2's only q, k and v
             attention += q + 2 * kv + (h if self.o_proj_bias else 0)
+        if self.kv_lora_rank:  # latent attention's projections instead
+            attention = self._latent_attention_params() + 2 * norm
         if self.qk_norm:
             attention += q + kv if self.qk_norm_whole else 2 * self.head_dim
         moe = experts * 3 * h * self.expert_size + self.num_experts * (h + (1 if self.moe_score_bias else 0)) \
@@ -125,6 +142,14 @@ class ModelConfig:
                      for i in range(self.num_layers))
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return layers + emb + norm + (self.vocab_size if self.lm_head_bias else 0)
+
+    def _latent_attention_params(self) -> int:
+        h, heads, rank, rope = self.hidden_size, self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim
+        ql, bias = self.q_lora_rank, self.attention_bias
+        query = h * ql + (ql if bias else 0) + ql + ql * heads * self.head_dim if ql else h * heads * self.head_dim
+        kv = h * (rank + rope) + (rank + rope if bias else 0) + rank \
+            + rank * heads * (self.head_dim - rope + self.v_head_dim)
+        return query + kv + heads * self.v_head_dim * h + (h if bias else 0)
 
     @property
     def num_params(self) -> int:

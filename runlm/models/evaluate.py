@@ -43,8 +43,8 @@ def all_logits(model, ids: list[int], chunk: int = 512,
         for start in range(0, len(ids), chunk):
             window = ids[start:start + chunk]
             n = len(window)
-            shape = (n, cfg.num_kv_heads, cfg.head_dim)
-            caches = [(torch.empty(shape), torch.empty(shape)) for _ in range(cfg.num_layers)]
+            heads, k_dim, v_dim = cfg.kv_cache_shape
+            caches = [(torch.empty(n, heads, k_dim), torch.empty(n, heads, v_dim)) for _ in range(cfg.num_layers)]
             slots = torch.arange(n)
             ctx = ForwardContext([n], [n], slots, [slots], caches, mm_embeds=mm_embeds)
             with forward_context(ctx):

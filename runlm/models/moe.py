@@ -33,7 +33,7 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.sigmoid, self.scaling = cfg.moe_gating == "sigmoid", cfg.routed_scaling
-        self.groups, self.groups_used = cfg.moe_groups, cfg.moe_groups_used
+        self.groups, self.groups_used, self.group_max = cfg.moe_groups, cfg.moe_groups_used, cfg.moe_group_max
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router
         self.score_bias = ScoreBias(cfg.num_experts) if cfg.moe_score_bias else None
         self.experts = nn.ModuleList(MLP(cfg, cfg.expert_size) for _ in range(cfg.num_experts))
@@ -47,7 +47,8 @@ class SparseMoeBlock(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's experts and their weights ([T, top_k] each), as the family's router picks them: scores by
         softmax or sigmoid, the choice among the best groups by scores plus the choice bias, the weights the chosen
-        experts' unbiased scores (renormalized and scaled where the family does)."""
+        experts' unbiased scores (renormalized and scaled where the family does). A group's score is its two best
+        experts' scores summed (DeepSeek-V3), or its best one's (DeepSeek-V2)."""
         logits = self.gate(x).float()
         scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         if self.score_bias is None and self.groups == 1:
@@ -56,7 +57,8 @@ class SparseMoeBlock(nn.Module):
             choice = scores if self.score_bias is None else scores + self.score_bias.bias.float()
             if self.groups > 1:
                 grouped = choice.view(choice.shape[0], self.groups, -1)
-                best = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(self.groups_used, dim=-1).indices
+                score = grouped.amax(dim=-1) if self.group_max else grouped.topk(2, dim=-1).values.sum(dim=-1)
+                best = score.topk(self.groups_used, dim=-1).indices
                 keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
                 choice = grouped.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
             chosen = torch.topk(choice, self.top_k, dim=-1).indices

@@ -33,6 +33,7 @@ class ModelInfo:
     num_layers: int = 0
     num_kv_heads: int = 0
     head_dim: int = 0
+    value_dim: int | None = None     # V's width per KV head where it is not head_dim (latent attention's cache: 0)
     # for memory estimates: the matrices the native engine computes on as stored (2-D, any type but
     # F32; they stay in the mapped file), their parameter count, and whether the output layer reuses
     # the token embeddings
@@ -55,14 +56,15 @@ class ModelInfo:
         return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
     def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, bytes_per_value)
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, bytes_per_value, self.value_dim)
 
     def kv_cache_bytes_per_token(self, kv_cache_dtype: str = "auto") -> int:
         """The CPU engine's KV bytes per token for --kv-cache-dtype (auto: fp32; a model whose head_dim q8_0 cannot
         hold counts as fp32: its engine refuses to start, and says why)."""
         if kv_cache_dtype == "q8_0" and self.head_dim % 32:
             kv_cache_dtype = "auto"
-        return kv_cache_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_cache_dtype)
+        return kv_cache_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_cache_dtype,
+                                        v_dim=self.value_dim)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,7 +113,9 @@ def inspect_gguf(path: Path) -> ModelInfo:
         template=get("tokenizer.chat_template"),
         capabilities=["embedding"] if arch in ENCODER_GGUF_ARCHS else ["completion"],
         num_layers=int(get(f"{arch}.block_count", 0) or 0), num_kv_heads=kv_heads,
+        # (llama.cpp writes latent attention as one KV head whose K is the latent and whose V is a part of it)
         head_dim=int(get(f"{arch}.attention.key_length", 0) or (hidden // heads if hidden else 0)),
+        value_dim=0 if get(f"{arch}.attention.kv_lora_rank") else None,
         stored_matrix_bytes=sum(int(t.n_bytes) for t in stored),
         stored_matrix_params=sum(t.n_values for t in stored),
         tied_embeddings="output.weight" not in index,
@@ -240,8 +244,11 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
         context_length=int(cfg.get("max_position_embeddings", 2048)),
         template=template if isinstance(template, str) else None, capabilities=caps,
         num_layers=int(cfg.get("num_hidden_layers", 0)),
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or (hidden // heads if hidden else 0)),
+        # (latent attention: one latent row per token, no V)
+        num_kv_heads=1 if cfg.get("kv_lora_rank") else int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0) if cfg.get("kv_lora_rank")
+        else int(cfg.get("head_dim") or (hidden // heads if hidden else 0)),
+        value_dim=0 if cfg.get("kv_lora_rank") else None,
         experts=int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0),
         experts_used=int(cfg.get("num_experts_per_tok") or 0) if cfg.get("num_local_experts") or cfg.get("num_experts")
         else 0, sampling=from_generation_config(directory))

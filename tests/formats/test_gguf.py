@@ -60,9 +60,11 @@ def tiny() -> GGUFFile:
 
 def test_supported_sets() -> None:
     assert SUPPORTED_TYPES == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
-    assert SUPPORTED_ARCHITECTURES == {"llama", "mistral", "qwen2", "qwen3", "smollm", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "exaone4", "hunyuan-dense", "arcee", "seed_oss",
-                                       "qwen2moe", "qwen3moe", "olmoe", "smollm3", "granite", "ernie4_5", "stablelm",
-                                       "phi2", "starcoder2", "cohere2", "glm4", "bert"}
+    assert SUPPORTED_ARCHITECTURES == {
+        "llama", "mistral", "qwen2", "qwen3", "smollm", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "exaone4",
+        "hunyuan-dense", "arcee", "seed_oss", "qwen2moe", "qwen3moe", "olmoe", "smollm3", "granite", "ernie4_5",
+        "stablelm", "phi2", "starcoder2", "cohere2", "glm4", "glm4moe", "dots1", "ernie4_5-moe", "granitemoe",
+        "deepseek2", "bert"}
 
 
 # --- dequantization against the reference ---------------------------------------------------

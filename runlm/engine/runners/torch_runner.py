@@ -59,10 +59,11 @@ class ModelRunner:
         c = self.loaded.config
         # empty, not zeros: attention reads only slots already written, and untouched pages cost no RAM
         self.kv_caches = []
+        heads, k_dim, v_dim = c.kv_cache_shape  # (latent attention: one latent row per token, no V)
         for layer in range(c.num_layers):
-            shape = (self.blocks.layer_blocks(layer) * self.blocks.block_size, c.num_kv_heads, c.head_dim)
-            self.kv_caches.append((torch.empty(shape, dtype=self.dtype, device=self.device),
-                                   torch.empty(shape, dtype=self.dtype, device=self.device)))
+            slots = self.blocks.layer_blocks(layer) * self.blocks.block_size
+            self.kv_caches.append((torch.empty((slots, heads, k_dim), dtype=self.dtype, device=self.device),
+                                   torch.empty((slots, heads, v_dim), dtype=self.dtype, device=self.device)))
 
     def free_kv_cache(self) -> None:
         self.kv_caches = []

@@ -84,7 +84,8 @@ def draft_kv_bytes_per_token(draft: LoadedModel | NativeLoaded | None, config: E
         return 0
     c = draft.config
     dtype = config.kv_cache_dtype if isinstance(draft, NativeLoaded) else "auto"  # a native draft: the target's kind
-    return kv_cache_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, dtype, dtype_itemsize(config.dtype))
+    heads, k_dim, v_dim = c.kv_cache_shape
+    return kv_cache_bytes_per_token(c.num_layers, heads, k_dim, dtype, dtype_itemsize(config.dtype), v_dim)
 
 
 class DraftModelProposer:
