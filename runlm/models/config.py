@@ -138,6 +138,8 @@ class ModelConfig:
         mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
         if self.mlp_bias:
             mlp += (2 if self.gated_mlp else 1) * self.intermediate_size + h
+        if self.hidden_act == "xielu":  # its four learned values
+            mlp += 4
         layers = sum(attention + (moe if self.is_moe_layer(i) else mlp)
                      for i in range(self.num_layers))
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)

@@ -102,16 +102,33 @@ class MLP(nn.Module):
 
 
 class UngatedMLP(nn.Module):
-    """up -> activation -> down, no gate (ModelConfig.gated_mlp False: Arcee's ReLU², Phi-2's GELU with biases)."""
+    """up -> activation -> down, no gate (ModelConfig.gated_mlp False: Arcee's ReLU², Phi-2's GELU with biases,
+    Apertus's xIELU)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.act = _ACTIVATIONS[cfg.hidden_act]
+        self.act: Callable[[torch.Tensor], torch.Tensor] = XIELU() if cfg.hidden_act == "xielu" else \
+            _ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.up_proj(x)))
+
+
+class XIELU(nn.Module):
+    """xIELU (Apertus), its parameters learned per layer: softplus(alpha_p) x² + beta x above zero, below it
+    (expm1(min(x, eps)) - x) (beta + softplus(alpha_n)) + beta x, as transformers' XIELUActivation computes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alpha_p, self.alpha_n = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+        self.beta, self.eps = nn.Parameter(torch.zeros(())), nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha_p, alpha_n = F.softplus(self.alpha_p), self.beta + F.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + self.beta * x,
+                           (torch.expm1(torch.minimum(x, self.eps)) - x) * alpha_n + self.beta * x)
 
 
 def _relu2(x: torch.Tensor) -> torch.Tensor:

@@ -78,6 +78,10 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
         if permute and heads:
             parts = [_unpermute(t, heads) for t in parts]
         yield hf, parts[0] if len(parts) == 1 else BlockQuantized(*parts)
+    family = families.for_gguf(gguf.architecture)
+    if family is not None and family.gguf_metadata_weights is not None:
+        for hf, value in family.gguf_metadata_weights(gguf.metadata, cfg.num_layers).items():
+            yield hf, torch.tensor(value, dtype=torch.float32)
 
 
 def _experts(gguf: GGUFFile, name: str, template: str, mode: str) -> Iterator[tuple[str, Weight]]:

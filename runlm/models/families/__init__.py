@@ -63,6 +63,9 @@ class Family:
     gguf_tensor_names: Mapping[str, str] = field(default_factory=dict)
     # Hugging Face checkpoint name fragments -> the torch model's, where they differ (Hunyuan's query_layernorm)
     hf_tensor_names: Mapping[str, str] = field(default_factory=dict)
+    # GGUF: weights llama.cpp keeps as metadata (Apertus's xIELU parameters): (the file's metadata, the decoder's
+    # layers) -> HF-named values (floats, or lists of them)
+    gguf_metadata_weights: Callable[[Mapping[str, Any], int], dict[str, Any]] | None = None
     # --- runners
     native: bool = True                  # the native runner builds it from a GGUF file
     native_safetensors: bool = True      # ... and from a bf16/fp16 safetensors directory
