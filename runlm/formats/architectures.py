@@ -60,6 +60,7 @@ DECODERS: dict[str, DecoderNames] = {
     "ernie4_5_moe": DecoderNames(("Ernie4_5_MoeForCausalLM",), ("ernie4_5-moe",), gguf_rope_interleaved=True),
     "deepseek": DecoderNames(("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"), ("deepseek2",),
                              model_types=("deepseek_v2", "deepseek_v3")),
+    "gpt_oss": DecoderNames(("GptOssForCausalLM",), ("gpt-oss",)),
     "apertus": DecoderNames(("ApertusForCausalLM",), ("apertus",)),
     "granitemoe": DecoderNames(("GraniteMoeForCausalLM",), ("granitemoe",), gguf_rope_interleaved=True),
 }

@@ -145,7 +145,7 @@ _FLOATS: dict[str, int] = {"F32": 4, "F16": 2, "BF16": 2}  # bytes per value
 
 SUPPORTED_TYPES: frozenset[str] = frozenset(_QUANTS) | frozenset(_FLOATS)
 # Dequantized by gguf-py (exact mode); fast mode computes on them as stored, like every other type.
-_GGUF_PY_TYPES: frozenset[str] = frozenset({"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"})
+_GGUF_PY_TYPES: frozenset[str] = frozenset({"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4"})
 
 
 def ggml_type(qtype: str) -> int:

@@ -109,24 +109,34 @@ def _mask(q_len: int, kv_len: int, window: int | None, device: torch.device,
     return allowed
 
 
-def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-                softcap: float) -> torch.Tensor:
-    """Attention whose scores pass through softcap * tanh(s / softcap) (Gemma 2). q [H, Tq, D]; k, v [KVH, Tk, D]."""
+def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+              softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Attention with its scores written out: passed through softcap * tanh(s / softcap) (Gemma 2), and/or with one
+    more logit per head in the softmax's denominator that attends to nothing (gpt-oss's sinks).
+    q [H, Tq, D]; k, v [KVH, Tk, D]; sinks [H]."""
     repeat = q.shape[0] // k.shape[0]
     k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
-    scores = torch.tanh((q @ k.transpose(1, 2)) * scale / softcap) * softcap
+    scores = (q @ k.transpose(1, 2)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    if sinks is None:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(-1, scores.shape[1], 1)
+    probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+    return probs.to(q.dtype) @ v
 
 
 def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                        window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                        window: int | None = None, softcap: float | None = None,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Store the new tokens' K/V in layer ``layer``'s cache slots, then attend over each sequence's cached
-    context (kernels.paged_attention, or torch). q: [T, H, D]; k, v: [T, KVH, D].
-    Returns [T, H, D]."""
+    context (kernels.paged_attention, or torch). q: [T, H, D]; k, v: [T, KVH, D]; ``sinks`` [H]: each head's
+    attention-sink logit (gpt-oss; computed by torch). Returns [T, H, D]."""
     ctx = get_forward_context()
     if ctx.backend is not None:
+        assert sinks is None, "the runner's own attention takes no sinks"  # (the GPU runner refuses such models)
         return ctx.backend.forward(layer, q, k, v, scale, window, softcap)
     if ctx.kv_caches is not None:
         k_cache, v_cache = ctx.kv_caches[layer]
@@ -135,13 +145,13 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
         k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
         out = kernels.paged_attention(q, k_cache, v_cache, flat_slots, ctx.query_lens, ctx.context_lens, scale,
-                                      window, softcap)
+                                      window, softcap) if sinks is None else None
         if out is not None:
             return redo_bidirectional(layer, q, out, scale, window, softcap)
     out = torch.empty_like(q)
     start = 0
     for i, q_len in enumerate(ctx.query_lens):
-        _attend_one(ctx, layer, i, start, q, k, v, out, scale, window, softcap)
+        _attend_one(ctx, layer, i, start, q, k, v, out, scale, window, softcap, sinks)
         start += q_len
     return out
 
@@ -160,7 +170,8 @@ def redo_bidirectional(layer: int, q: torch.Tensor, out: torch.Tensor, scale: fl
 
 
 def _attend_one(ctx: ForwardContext, layer: int, i: int, start: int, q: torch.Tensor, k: torch.Tensor,
-                v: torch.Tensor, out: torch.Tensor, scale: float, window: int | None, softcap: float | None) -> None:
+                v: torch.Tensor, out: torch.Tensor, scale: float, window: int | None, softcap: float | None,
+                sinks: torch.Tensor | None = None) -> None:
     """Sequence i's rows of ``out`` (from row ``start``): its new queries over its context (the cache's, or
     k, v without one)."""
     q_len, kv_len = ctx.query_lens[i], ctx.context_lens[i]
@@ -177,8 +188,8 @@ def _attend_one(ctx: ForwardContext, layer: int, i: int, start: int, q: torch.Te
     spans = ctx.bidirectional[i] if ctx.bidirectional is not None else []
     mask = _mask(q_len, kv_len, window, q.device, spans)
     ks, vs = ks.transpose(0, 1).to(q.dtype), vs.transpose(0, 1).to(q.dtype)
-    if softcap:
-        o = _softcapped(qs, ks, vs, mask, scale, softcap)
+    if softcap or sinks is not None:
+        o = _explicit(qs, ks, vs, mask, scale, softcap, sinks)
     else:
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
     out[start:end] = o.transpose(0, 1)

@@ -69,6 +69,9 @@ class ModelConfig:
     q_lora_rank: int = 0                  # the query's own low-rank pair (V3; 0: one projection)
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    attention_sinks: bool = False         # a learned logit per head in each softmax's denominator (gpt-oss)
+    swiglu_limit: float | None = None     # gpt-oss's clamped SwiGLU: gate <= limit, |up| <= limit, (up + 1) glu
+    router_bias: bool = False             # the router has a bias (gpt-oss)
     moe_group_max: bool = False           # a group's score is its best expert's (DeepSeek-V2), not its best two's
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
@@ -128,11 +131,14 @@ class ModelConfig:
         attention = h * (q + 2 * kv) + q * h + (4 if self.sandwich_norms else 1 if self.parallel_residual else 2) * norm
         if self.attention_bias:  # Llama's covers o_proj too, Qwen2's only q, k and v
             attention += q + 2 * kv + (h if self.o_proj_bias else 0)
+        if self.attention_sinks:
+            attention += self.num_heads
         if self.kv_lora_rank:  # latent attention's projections instead
             attention = self._latent_attention_params() + 2 * norm
         if self.qk_norm:
             attention += q + kv if self.qk_norm_whole else 2 * self.head_dim
-        moe = experts * 3 * h * self.expert_size + self.num_experts * (h + (1 if self.moe_score_bias else 0)) \
+        expert = 3 * h * self.expert_size + (2 * self.expert_size + h if self.mlp_bias else 0)
+        moe = experts * expert + self.num_experts * (h + self.moe_score_bias + self.router_bias) \
             + 3 * h * self.shared_expert_intermediate_size \
             + (h if self.shared_expert_intermediate_size and self.shared_expert_gate else 0)
         mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size

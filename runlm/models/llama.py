@@ -51,6 +51,15 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x.float(), self.weight.shape, self.weight.float(), bias, self.eps).to(x.dtype)
 
 
+class Held(nn.Module):
+    """A tensor a layer uses as is (not as a linear map's weight), under the name ``<module>.weight``, held dense
+    whatever the file stores: gpt-oss's attention sinks, latent attention's per-head matrices."""
+
+    def __init__(self, *shape: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(shape))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
         super().__init__()
@@ -68,6 +77,7 @@ class Attention(nn.Module):
         self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
         self.window = cfg.layer_window(layer)
         self.softcap = cfg.attn_logit_softcap
+        self.sinks = Held(cfg.num_heads) if cfg.attention_sinks else None  # (gpt-oss)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
@@ -84,7 +94,8 @@ class Attention(nn.Module):
         q, k = self.rope(positions, q, k)
         if self.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
-        o = write_kv_and_attend(self.layer, q, k, v, self.scale, self.window, self.softcap)
+        o = write_kv_and_attend(self.layer, q, k, v, self.scale, self.window, self.softcap,
+                                None if self.sinks is None else self.sinks.weight)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -92,13 +103,20 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
         size = intermediate_size or cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * size, bias=False)
-        self.down_proj = Linear(size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * size, bias=cfg.mlp_bias)
+        self.down_proj = Linear(size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = _ACTIVATIONS[cfg.hidden_act]
+        self.limit = cfg.swiglu_limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        if self.limit is not None:  # gpt-oss: both clamped, (up + 1) * gate * sigmoid(1.702 gate)
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+            return self.down_proj((up + 1) * (gate * torch.sigmoid(gate * _SWIGLU_ALPHA)))
         return self.down_proj(self.act(gate) * up)
+
+
+_SWIGLU_ALPHA = 1.702  # gpt-oss's (transformers' swiglu_alpha default, llama.cpp's constant)
 
 
 class UngatedMLP(nn.Module):
@@ -177,8 +195,8 @@ class LlamaModel(nn.Module):
         self.supports_fused = (getattr(self.layer_cls, "fusable", False) and cfg.gated_mlp and rope.fusable
                                and local.fusable
                                and not any(layer.self_attn.qk_norm_whole or layer.self_attn.clip
-                                           or layer.self_attn.qk_norm_after_rope
-                                           for layer in layers))  # (OLMoE's norms, OLMo's clip, Hunyuan's: torch)
+                                           or layer.self_attn.qk_norm_after_rope or layer.self_attn.sinks
+                                           for layer in layers))  # (OLMoE's norms, OLMo's clip, Hunyuan's, sinks)
         self.embed_scale = cfg.embed_scale or 1.0
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
         self._plan: list[_FusedLayer] | None = None  # built at the first fused forward

@@ -26,17 +26,9 @@ from runlm.kernels.triton.reference import causal_mask
 from runlm.models.attention import get_forward_context
 from runlm.models.config import ModelConfig
 from runlm.models.linear import Linear, Weight
-from runlm.models.llama import RMSNorm
+from runlm.models.llama import Held, RMSNorm
 from runlm.models.moe import MoeDecoderLayer, MoeForCausalLM, MoeModel
 from runlm.models.rope import RotaryEmbedding
-
-
-class Matrices(nn.Module):
-    """Per-head matrices the attention multiplies by directly: held dense (a GGUF file's blocks dequantized)."""
-
-    def __init__(self, *shape: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(shape))
 
 
 def softmax_scale(cfg: ModelConfig) -> float:
@@ -65,8 +57,8 @@ class LatentAttention(nn.Module):
             self.q_proj = Linear(h, heads * cfg.head_dim, bias=False)
         self.kv_a_proj_with_mqa = Linear(h, self.rank + self.rope_dim, bias=cfg.attention_bias)
         self.kv_a_layernorm = RMSNorm(self.rank, cfg.rms_norm_eps)
-        self.k_b_proj = Matrices(heads, self.nope_dim, self.rank)  # W_UK: the latent's keys, per head
-        self.v_b_proj = Matrices(heads, self.v_dim, self.rank)  # W_UV: its values
+        self.k_b_proj = Held(heads, self.nope_dim, self.rank)  # W_UK: the latent's keys, per head
+        self.v_b_proj = Held(heads, self.v_dim, self.rank)  # W_UV: its values
         self.o_proj = Linear(heads * self.v_dim, h, bias=cfg.attention_bias)
         self.scale = softmax_scale(cfg)
         self.q_lora = bool(cfg.q_lora_rank)

@@ -34,7 +34,7 @@ class SparseMoeBlock(nn.Module):
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.sigmoid, self.scaling = cfg.moe_gating == "sigmoid", cfg.routed_scaling
         self.groups, self.groups_used, self.group_max = cfg.moe_groups, cfg.moe_groups_used, cfg.moe_group_max
-        self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)  # the router
         self.score_bias = ScoreBias(cfg.num_experts) if cfg.moe_score_bias else None
         self.experts = nn.ModuleList(MLP(cfg, cfg.expert_size) for _ in range(cfg.num_experts))
         self.shared_expert: MLP | None = None

@@ -88,6 +88,10 @@ def _experts(gguf: GGUFFile, name: str, template: str, mode: str) -> Iterator[tu
     """One weight per expert of a stacked [experts, rows, cols] tensor: views of the file's blocks in "ggml"
     mode (the experts stay quantized), dequantized fp32 otherwise."""
     info = gguf.tensors[name]
+    if len(info.shape) == 2:  # the experts' biases (gpt-oss): [experts, rows]
+        for e, bias in enumerate(gguf.load(name)):
+            yield template.format(e=e), bias
+        return
     experts, rows, cols = info.shape
     if mode == "ggml" and info.qtype != "F32" and ggml.supported(ggml_type(info.qtype)):
         raw = gguf.raw_tensor(name).view(experts, rows, -1)

@@ -1,0 +1,50 @@
+"""gpt-oss, a family added as one module (runlm/families/gpt_oss.py, runlm/models/gpt_oss.py): attention sinks (random
+in the test model), sliding layers alternating with global ones, q/k/v/o biases, untruncated YaRN, and experts in every
+layer with biases (random), a router with a bias, the clamped SwiGLU. Exact mode within 1e-4 of transformers and its
+greedy tokens, from safetensors (experts stacked, gate and up interleaved) and from llama.cpp's converter's GGUF (read
+with the model's own YaRN); fast mode held to llama.cpp's KL on the same Q8_0 file."""
+from __future__ import annotations
+
+import pytest
+
+from runlm.kernels import ggml
+from runlm.models.evaluate import all_logits, english_text, mean_kl
+from runlm.models.load import load_decoder
+from tests.fixtures.gguf_convert import converted_gguf
+from tests.models.test_families import matches_transformers
+
+# Mean KL on the converter's Q8_0 file against exact mode on its f32 file, first 512 tokens of english_text().
+# llama.cpp (llama-cpp-python 0.3.36, logits_all, one context): 0.448, of which its truncated YaRN alone (its f32 file)
+# is 0.180; runlm 0.398 (AMD EPYC, AVX-512). Random routers choosing 4 of 8 experts flip under any rounding.
+LLAMA_CPP_Q8_0_KL = 0.448
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+def test_gpt_oss_matches_transformers(fmt: str, tiny_model) -> None:
+    loaded = matches_transformers("gpt-oss", fmt, tiny_model)
+    cfg = loaded.config
+    assert cfg.family == "gpt_oss" and cfg.attention_sinks and cfg.swiglu_limit == 7.0
+    assert cfg.layer_types == ["sliding_attention", "full_attention"] * 2 and cfg.sliding_window == 16
+    assert cfg.rope_scaling is not None and cfg.rope_scaling["truncate"] is False
+
+
+@pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
+def test_fast_mode_kl_divergence_is_llama_cpps() -> None:
+    fast = load_decoder(converted_gguf("gpt-oss", "q8_0"))
+    experts = fast.model.model.layers[0].mlp.experts
+    assert all(e.gate_up_proj.ggml and e.gate_up_proj.weight is None for e in experts)  # the file's blocks
+    exact = load_decoder(converted_gguf("gpt-oss"), exact_numerics=True)
+    ids = exact.tokenizer.encode(english_text())[:512]
+    kl = mean_kl(all_logits(exact.model, ids), all_logits(fast.model, ids))
+    assert 0 < kl < LLAMA_CPP_Q8_0_KL, f"fast mode's KL divergence {kl:.6f}"
+
+
+def test_the_gpu_runner_refuses_it_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runlm.engine.runners.select import select_runner
+    from runlm.engine.types.config import EngineConfig
+    from runlm.models.spec import read_spec
+
+    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
+    path = converted_gguf("gpt-oss", "q8_0")
+    with pytest.raises(ValueError, match="the GPU runner does not run (attention sinks|models whose layers keep KV)"):
+        select_runner(read_spec(path), EngineConfig(model=str(path)))
