@@ -61,6 +61,7 @@ DECODERS: dict[str, DecoderNames] = {
     "deepseek": DecoderNames(("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"), ("deepseek2",),
                              model_types=("deepseek_v2", "deepseek_v3")),
     "gpt_oss": DecoderNames(("GptOssForCausalLM",), ("gpt-oss",)),
+    "llama4_text": DecoderNames(("Llama4ForCausalLM",), ("llama4",)),
     "apertus": DecoderNames(("ApertusForCausalLM",), ("apertus",)),
     "granitemoe": DecoderNames(("GraniteMoeForCausalLM",), ("granitemoe",), gguf_rope_interleaved=True),
 }

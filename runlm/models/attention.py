@@ -95,15 +95,18 @@ def get_forward_context() -> ForwardContext:
 
 
 def _mask(q_len: int, kv_len: int, window: int | None, device: torch.device,
-          spans: Sequence[tuple[int, int]] = ()) -> torch.Tensor | None:
+          spans: Sequence[tuple[int, int]] = (), chunk: int | None = None) -> torch.Tensor | None:
     """Causal mask for the last q_len of kv_len positions (None where SDPA needs none); within each of
-    ``spans`` every position sees every other (an image's tokens on Gemma 3)."""
+    ``spans`` every position sees every other (an image's tokens on Gemma 3); with ``chunk``, a position sees only
+    those of its own chunk of that many (Llama 4's chunked local attention)."""
     causal = causal_mask(q_len, kv_len, window, device)
-    if not spans:
+    if not spans and chunk is None:
         return causal
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
     k_pos = torch.arange(kv_len, device=device)[None, :]
     allowed = causal if causal is not None else torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
+    if chunk is not None:
+        allowed = allowed & (q_pos // chunk == k_pos // chunk)
     for start, end in spans:
         allowed |= (q_pos >= start) & (q_pos < end) & (k_pos >= start) & (k_pos < end)
     return allowed
@@ -130,13 +133,15 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                         window: int | None = None, softcap: float | None = None,
-                        sinks: torch.Tensor | None = None) -> torch.Tensor:
+                        sinks: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
     """Store the new tokens' K/V in layer ``layer``'s cache slots, then attend over each sequence's cached
     context (kernels.paged_attention, or torch). q: [T, H, D]; k, v: [T, KVH, D]; ``sinks`` [H]: each head's
-    attention-sink logit (gpt-oss; computed by torch). Returns [T, H, D]."""
+    attention-sink logit (gpt-oss); ``chunk``: attention within chunks of that many positions (Llama 4); both
+    computed by torch. Returns [T, H, D]."""
     ctx = get_forward_context()
+    torch_only = sinks is not None or chunk is not None
     if ctx.backend is not None:
-        assert sinks is None, "the runner's own attention takes no sinks"  # (the GPU runner refuses such models)
+        assert not torch_only, "the runner's own attention takes no sinks or chunks"  # (the GPU runner refuses them)
         return ctx.backend.forward(layer, q, k, v, scale, window, softcap)
     if ctx.kv_caches is not None:
         k_cache, v_cache = ctx.kv_caches[layer]
@@ -145,13 +150,13 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
         k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
         out = kernels.paged_attention(q, k_cache, v_cache, flat_slots, ctx.query_lens, ctx.context_lens, scale,
-                                      window, softcap) if sinks is None else None
+                                      window, softcap) if not torch_only else None
         if out is not None:
             return redo_bidirectional(layer, q, out, scale, window, softcap)
     out = torch.empty_like(q)
     start = 0
     for i, q_len in enumerate(ctx.query_lens):
-        _attend_one(ctx, layer, i, start, q, k, v, out, scale, window, softcap, sinks)
+        _attend_one(ctx, layer, i, start, q, k, v, out, scale, window, softcap, sinks, chunk)
         start += q_len
     return out
 
@@ -171,7 +176,7 @@ def redo_bidirectional(layer: int, q: torch.Tensor, out: torch.Tensor, scale: fl
 
 def _attend_one(ctx: ForwardContext, layer: int, i: int, start: int, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, out: torch.Tensor, scale: float, window: int | None, softcap: float | None,
-                sinks: torch.Tensor | None = None) -> None:
+                sinks: torch.Tensor | None = None, chunk: int | None = None) -> None:
     """Sequence i's rows of ``out`` (from row ``start``): its new queries over its context (the cache's, or
     k, v without one)."""
     q_len, kv_len = ctx.query_lens[i], ctx.context_lens[i]
@@ -186,7 +191,7 @@ def _attend_one(ctx: ForwardContext, layer: int, i: int, start: int, q: torch.Te
         ks, vs = k[start:end], v[start:end]
     qs = q[start:end].transpose(0, 1)
     spans = ctx.bidirectional[i] if ctx.bidirectional is not None else []
-    mask = _mask(q_len, kv_len, window, q.device, spans)
+    mask = _mask(q_len, kv_len, window, q.device, spans, chunk)
     ks, vs = ks.transpose(0, 1).to(q.dtype), vs.transpose(0, 1).to(q.dtype)
     if softcap or sinks is not None:
         o = _explicit(qs, ks, vs, mask, scale, softcap, sinks)

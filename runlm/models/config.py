@@ -72,6 +72,11 @@ class ModelConfig:
     attention_sinks: bool = False         # a learned logit per head in each softmax's denominator (gpt-oss)
     swiglu_limit: float | None = None     # gpt-oss's clamped SwiGLU: gate <= limit, |up| <= limit, (up + 1) glu
     router_bias: bool = False             # the router has a bias (gpt-oss)
+    moe_weight_input: bool = False        # each chosen expert's input scaled by its weight, not its output (Llama 4)
+    attention_chunk: int | None = None    # layers typed "chunked_attention" attend within chunks of this many (Llama 4)
+    qk_l2_norm: bool = False              # q and k RMS-normalized without a weight after RoPE, RoPE layers only
+    attn_floor_scale: float = 0.0         # Llama 4's temperature tuning on its no-RoPE layers (0: none): queries
+    attn_temperature_scale: float = 0.0   # times log1p(floor((pos + 1) / floor_scale)) * scale + 1
     moe_group_max: bool = False           # a group's score is its best expert's (DeepSeek-V2), not its best two's
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
@@ -81,6 +86,12 @@ class ModelConfig:
         if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
             return None
         return self.sliding_window
+
+    def layer_chunk(self, layer: int) -> int | None:
+        """The attention chunk of ``layer`` (None: it attends to its whole context, or its window)."""
+        if self.layer_types is not None and self.layer_types[layer] == "chunked_attention":
+            return self.attention_chunk
+        return None
 
     @property
     def rotary_dim(self) -> int:

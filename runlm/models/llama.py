@@ -78,6 +78,16 @@ class Attention(nn.Module):
         self.window = cfg.layer_window(layer)
         self.softcap = cfg.attn_logit_softcap
         self.sinks = Held(cfg.num_heads) if cfg.attention_sinks else None  # (gpt-oss)
+        # Llama 4: chunked local attention, weightless q/k norms after RoPE on its RoPE layers, and on the others the
+        # queries scaled up with the position (its attention temperature tuning)
+        self.chunk = cfg.layer_chunk(layer)
+        self.l2_norm = cfg.qk_l2_norm and layer not in cfg.nope_layers
+        self.temperature = (cfg.attn_floor_scale, cfg.attn_temperature_scale) \
+            if cfg.attn_floor_scale and layer in cfg.nope_layers else None
+        self.eps = cfg.rms_norm_eps
+        # what only this torch forward computes (the fused loop does not)
+        self.torch_only = bool(self.qk_norm_whole or self.clip or self.qk_norm_after_rope or self.sinks is not None
+                               or self.chunk or self.l2_norm or self.temperature)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
@@ -94,8 +104,14 @@ class Attention(nn.Module):
         q, k = self.rope(positions, q, k)
         if self.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.l2_norm:
+            q, k = F.rms_norm(q.float(), (self.head_dim,), eps=self.eps).to(q.dtype), \
+                F.rms_norm(k.float(), (self.head_dim,), eps=self.eps).to(k.dtype)
+        if self.temperature is not None:
+            floor, scale = self.temperature
+            q = q * (torch.log1p(torch.floor((positions.float() + 1.0) / floor)) * scale + 1.0).view(-1, 1, 1)
         o = write_kv_and_attend(self.layer, q, k, v, self.scale, self.window, self.softcap,
-                                None if self.sinks is None else self.sinks.weight)
+                                None if self.sinks is None else self.sinks.weight, self.chunk)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -194,9 +210,7 @@ class LlamaModel(nn.Module):
         # whether _forward_fused computes this model's layers (whole-head RoPE tables, a layer class it knows)
         self.supports_fused = (getattr(self.layer_cls, "fusable", False) and cfg.gated_mlp and rope.fusable
                                and local.fusable
-                               and not any(layer.self_attn.qk_norm_whole or layer.self_attn.clip
-                                           or layer.self_attn.qk_norm_after_rope or layer.self_attn.sinks
-                                           for layer in layers))  # (OLMoE's norms, OLMo's clip, Hunyuan's, sinks)
+                               and not any(layer.self_attn.torch_only for layer in layers))
         self.embed_scale = cfg.embed_scale or 1.0
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
         self._plan: list[_FusedLayer] | None = None  # built at the first fused forward

@@ -34,6 +34,7 @@ class SparseMoeBlock(nn.Module):
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.sigmoid, self.scaling = cfg.moe_gating == "sigmoid", cfg.routed_scaling
         self.groups, self.groups_used, self.group_max = cfg.moe_groups, cfg.moe_groups_used, cfg.moe_group_max
+        self.weight_input = cfg.moe_weight_input
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)  # the router
         self.score_bias = ScoreBias(cfg.num_experts) if cfg.moe_score_bias else None
         self.experts = nn.ModuleList(MLP(cfg, cfg.expert_size) for _ in range(cfg.num_experts))
@@ -73,7 +74,8 @@ class SparseMoeBlock(nn.Module):
         out = torch.zeros_like(x)
         for e in chosen.unique().tolist():  # ascending, as transformers adds them
             token, slot = torch.where(chosen == e)
-            out.index_add_(0, token, self.experts[e](x[token]) * weights[token, slot, None])
+            w, expert = weights[token, slot, None], self.experts[e]
+            out.index_add_(0, token, expert(x[token] * w) if self.weight_input else expert(x[token]) * w)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             if self.shared_expert_gate is not None:
@@ -112,3 +114,26 @@ def _hf_moe_names(weights: Iterable[tuple[str, Weight]]) -> Iterator[tuple[str, 
             for old, new in _MIXTRAL_NAMES.items():
                 name = name.replace(old, new)
         yield name, tensor
+
+
+def stacked_experts(weights: Iterable[tuple[str, Weight]], interleaved: bool) -> Iterator[tuple[str, Weight]]:
+    """Checkpoints that stack each layer's experts input side first (gpt-oss, Llama 4): ``mlp.experts.gate_up_proj``
+    [E, H, 2I] (gate and up interleaved column by column, or gate's half first), ``down_proj`` [E, I, H] and the
+    biases beside them, as one weight per expert under the names the modules use."""
+    for name, tensor in weights:
+        prefix, _, rest = name.partition(".mlp.experts.")
+        if not rest or "." in rest:  # (already per expert)
+            yield name, tensor
+            continue
+        assert isinstance(tensor, torch.Tensor), name  # (3-D or 2-D: read dense)
+        for e, w in enumerate(tensor):
+            base = f"{prefix}.mlp.experts.{e}"
+            if rest in ("gate_up_proj", "gate_up_proj_bias"):
+                kind, w = ("bias", w) if rest.endswith("bias") else ("weight", w.T)
+                gate, up = (w[0::2], w[1::2]) if interleaved else w.chunk(2)
+                yield f"{base}.gate_proj.{kind}", gate
+                yield f"{base}.up_proj.{kind}", up
+            elif rest in ("down_proj", "down_proj_bias"):
+                yield f"{base}.down_proj.{'bias' if rest.endswith('bias') else 'weight'}", w if w.ndim == 1 else w.T
+            else:
+                raise KeyError(f"unexpected weight {name!r}")

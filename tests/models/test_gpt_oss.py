@@ -1,4 +1,4 @@
-"""gpt-oss, a family added as one module (runlm/families/gpt_oss.py, runlm/models/gpt_oss.py): attention sinks (random
+"""gpt-oss, a family added as one module (runlm/models/families/gpt_oss.py, runlm/models/stacked_moe.py): attention sinks (random
 in the test model), sliding layers alternating with global ones, q/k/v/o biases, untruncated YaRN, and experts in every
 layer with biases (random), a router with a bias, the clamped SwiGLU. Exact mode within 1e-4 of transformers and its
 greedy tokens, from safetensors (experts stacked, gate and up interleaved) and from llama.cpp's converter's GGUF (read

@@ -1,8 +1,8 @@
-"""gpt-oss (OpenAI's open-weight models): runlm.models.gpt_oss says what is particular. Sliding-window layers alternate
-with global ones from layer 0 (llama.cpp's fixed pattern of 2). Its YaRN does not truncate the correction range (its
-checkpoints' config says ``truncate: false``, OpenAI's reference computes so); a GGUF file cannot say it, and llama.cpp
-always truncates, so its files are read with the model's own rotation, not llama.cpp's (the difference shows in the
-logits). Not the native runner's, nor the GPU runner's yet."""
+"""gpt-oss (OpenAI's open-weight models): runlm.models.stacked_moe says what is particular. Sliding-window layers
+alternate with global ones from layer 0 (llama.cpp's fixed pattern of 2). Its YaRN does not truncate the correction
+range (its checkpoints' config says ``truncate: false``, OpenAI's reference computes so); a GGUF file cannot say it,
+and llama.cpp always truncates, so its files are read with the model's own rotation, not llama.cpp's (the difference
+shows in the logits). Not the native runner's, nor the GPU runner's yet."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -26,7 +26,7 @@ def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str
     return out
 
 
-FAMILY = Family("gpt_oss", torch_model="runlm.models.gpt_oss:GptOssForCausalLM", attention_bias=True,
+FAMILY = Family("gpt_oss", torch_model="runlm.models.stacked_moe:GptOssForCausalLM", attention_bias=True,
                 sliding_window=True, sliding_pattern=2, hf_fields=_hf_fields, gguf_fields=_gguf_fields,
                 hf_tensor_names={".mlp.router.": ".mlp.gate.", ".self_attn.sinks": ".self_attn.sinks.weight"},
                 gguf_tensor_names={"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},

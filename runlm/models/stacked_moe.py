@@ -1,0 +1,25 @@
+"""Mixtures of experts whose checkpoints stack each layer's experts input side first.
+
+gpt-oss: Llama's layer with q/k/v/o biases, attention sinks (runlm.models.attention: a learned logit per head in
+the softmax's denominator), sliding-window layers alternating with global ones, and a mixture of experts in every layer
+(runlm.models.moe: a router with a bias, softmax over the chosen logits; experts with biases and the clamped SwiGLU of
+runlm.models.llama.MLP). Its checkpoints stack each layer's experts, gate and up interleaved (runlm.models.moe.
+stacked_experts); llama.cpp's files split them already. Its MXFP4 checkpoints are read from GGUF files."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from runlm.models.linear import Weight
+from runlm.models.moe import MoeForCausalLM, stacked_experts
+
+
+class GptOssForCausalLM(MoeForCausalLM):
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+        super().load_weights(stacked_experts(weights, interleaved=True))
+
+
+class Llama4ForCausalLM(MoeForCausalLM):
+    """Llama 4's text decoder (runlm.models.families.llama4_text): its stacked experts have gate's half first."""
+
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+        super().load_weights(stacked_experts(weights, interleaved=False))
