@@ -175,7 +175,7 @@ class Chat:
         from runlm.engine.llm import encode_chat
         from runlm.engine.types.structured_params import StructuredOutputsParams
         from runlm.formats.chat_images import take_images
-        from runlm.tools.reasoning import ReasoningSplitter, parser_for_template
+        from runlm.tools.reasoning import parser_for_template
 
         if images and "image" not in self.engine.modalities:
             raise ValueError(f"the model {self.name} does not accept images (it is a text-only model)")
@@ -193,7 +193,7 @@ class Chat:
         if self.options.format_json:
             params.structured_outputs = StructuredOutputsParams(json_object=True)
         parser = parser_for_template(tok.chat_template)
-        splitter = ReasoningSplitter(parser, parser.starts_inside(tok.decode(ids[-32:]))) if parser else None
+        splitter = parser.splitter(parser.starts_inside(tok.decode(ids[-32:]))) if parser else None
         printer = TurnPrinter(out, Turn(prompt_tokens=len(ids)), self.options.hide_thinking)
         try:
             self.engine.add_request(rid, prompt, params, output_kind=DELTA, lora_request=self.lora)

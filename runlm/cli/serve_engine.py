@@ -118,7 +118,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profiler-dir", default=os.environ.get("RUNLM_TORCH_PROFILER_DIR"), metavar="DIR",
                    help="where POST /start_profile and /stop_profile write torch.profiler traces "
                         "(default: $RUNLM_TORCH_PROFILER_DIR; none: profiling is off)")
-    p.add_argument("--reasoning-parser", default="auto", choices=("auto", "none", "qwen3", "deepseek_r1"),
+    p.add_argument("--reasoning-parser", default="auto", choices=("auto", "none", "qwen3", "deepseek_r1",
+                                                                     "openai_gptoss"),
                    help="where a reasoning model's thinking is in its output, moved to the answer's 'reasoning' "
                         "(vLLM's names; default 'auto': read from the chat template; 'none': all is content)")
     add_numerics_arguments(p)

@@ -79,6 +79,8 @@ async def start_chat(request: Request, req: ChatCompletionRequest) -> ChatRun:
         prompt, images = await fit_to_context(render, req.messages, (prompt, images),
                                               engine.max_model_len - (params.max_tokens or 1))
     reasoning = reasoning_plan(req, state, engine, prompt)
+    if reasoning is not None and reasoning.parser.harmony:
+        params.skip_special_tokens = False  # gpt-oss's channels are special tokens
     params.thinking = thinking_params(reasoning, req, engine, params.structured_outputs is not None)
     shift = shift_keep(req, state.settings)
     if shift is None:

@@ -15,6 +15,7 @@ from runlm.server.errors import bad_request
 from runlm.server.protocol import ChatCompletionRequest
 from runlm.server.state import ServerState
 from runlm.tools.reasoning import (
+    HarmonySplitter,
     ReasoningParser,
     ReasoningSplitter,
     parser_for_template,
@@ -34,8 +35,8 @@ class ReasoningPlan:
     inside: bool          # the prompt opened the thinking
     include: bool         # the client wants the thinking (vLLM's include_reasoning)
 
-    def splitter(self) -> ReasoningSplitter:
-        return ReasoningSplitter(self.parser, self.inside)
+    def splitter(self) -> ReasoningSplitter | HarmonySplitter:
+        return self.parser.splitter(self.inside)
 
     def split(self, text: str) -> tuple[str | None, str]:
         return split_reasoning(self.parser, self.inside, text)
@@ -90,6 +91,10 @@ def thinking_params(plan: ReasoningPlan | None, req: ChatCompletionRequest, engi
     """What the engine must know of the thinking: for a budget, and for a grammar that starts after it."""
     budget = thinking_budget(req)
     if plan is None or (budget is None and not constrained):
+        return None
+    if plan.parser.harmony and constrained:
+        # gpt-oss's answer is a channel's message, not what follows a closing tag: a grammar there constrains the
+        # whole output (channels and all), and the splitter reads whatever it wrote
         return None
     tok = engine.tokenizer
 

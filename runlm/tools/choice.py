@@ -126,4 +126,4 @@ def plan_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any, temp
         if parallel_tool_calls is False:
             schema["maxItems"] = 1
         return ToolPlan(ForcedRequiredParser(), {"json": schema}, tools, True)
-    return ToolPlan(parser_for_template(template), None, tools)
+    return ToolPlan(parser_for_template(template, tools), None, tools)

@@ -8,13 +8,17 @@ streaming: content that might still turn out to be the start of a call is held b
 - llama3_json: the whole answer is ``{"name": ..., "parameters": {...}}`` (``;`` between calls),
   optionally after ``<|python_tag|>``;
 - mistral: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]`` or ``[TOOL_CALLS]name[ARGS]{...}``;
-- forced_named / forced_required: the JSON that ``tool_choice`` forces with a grammar (choice.py).
+- forced_named / forced_required: the JSON that ``tool_choice`` forces with a grammar (choice.py);
+- the formats of the 2025-2026 families (Qwen3-Coder's XML, GLM-4.5's, DeepSeek-V3's, pythonic, gpt-oss's harmony):
+  runlm.tools.formats.
 """
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from runlm.tools.json_scan import PartialCall, scan_call, scan_calls, scan_value, skip_ws
 
@@ -141,9 +145,16 @@ class ForcedRequiredParser(ToolParser):
 TOOL_PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser)}
 
 
-def parser_for_template(template: str | None) -> ToolParser:
-    """The format a chat template teaches its model; Hermes when it teaches none (runlm's own prompt)."""
+def parser_for_template(template: str | None, tools: Sequence[Mapping[str, Any]] | None = None) -> ToolParser:
+    """The format a chat template teaches its model; Hermes when it teaches none (runlm's own prompt). ``tools``: the
+    request's, whose schemas type the parameters of the formats that write them as text (runlm.tools.formats)."""
+    from runlm.tools import formats
+
     t = template or ""
+    name = formats.format_for_template(t)
+    if name is not None:
+        cls = formats.FORMAT_PARSERS[name]
+        return cls(formats.tool_schemas(tools)) if issubclass(cls, formats._TaggedParser) else cls()
     if "[TOOL_CALLS]" in t:
         return MistralParser()
     if "<tool_call>" in t:

@@ -52,3 +52,31 @@ def test_templates_name_their_parser() -> None:
     assert parser_for_template("{{ '<|im_start|>assistant\\n' }}") is None
     assert parser_for_template("{%- if enable_thinking is false %}{{ '<think>\\n\\n</think>' }}") is QWEN3
     assert parser_for_template("{{'<｜Assistant｜><think>\\n'}}") is R1
+
+
+HARMONY = REASONING_PARSERS["openai_gptoss"]
+CALL = '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}'
+
+
+@pytest.mark.parametrize("text, thinking, content", [
+    ("<|channel|>analysis<|message|>The user wants <b>weather</b>.<|end|><|start|>assistant<|channel|>final"
+     "<|message|>It is sunny.", "The user wants <b>weather</b>.", "It is sunny."),
+    ("<|channel|>analysis<|message|>Need the tool.<|end|>" + CALL + "<|call|>", "Need the tool.", CALL),
+    ("Plain text from a model that writes no channels.", None, "Plain text from a model that writes no channels."),
+])
+def test_harmony_channels_split_whole_and_in_every_piece(text: str, thinking: str | None, content: str) -> None:
+    from runlm.tools.formats import HarmonyParser
+    from runlm.tools.parsers import parse_tool_calls
+
+    assert split_reasoning(HARMONY, False, text) == (thinking, content)
+    for size in (1, 2, 3, 7):
+        splitter = HARMONY.splitter(False)
+        pieces = [splitter.push(text[i:i + size], final=i + size >= len(text)) for i in range(0, len(text), size)]
+        assert "".join(p[0] for p in pieces) == (thinking or "") and "".join(p[1] for p in pieces) == content
+    if content == CALL:  # the call reaches the tool parser whole
+        assert [(c.name, c.arguments) for c in parse_tool_calls(HarmonyParser(), content)[1]] == \
+            [("get_weather", '{"city": "Paris"}')]
+
+
+def test_gpt_oss_templates_name_the_harmony_parser() -> None:
+    assert parser_for_template("<|start|>{{ role }}<|channel|>final<|message|>{{ content }}<|end|>") is HARMONY
