@@ -16,7 +16,7 @@ import numpy as np
 
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import DECODER_GGUF_ARCHS
-from runlm.formats.gguf_header import TensorInfo, read_header
+from runlm.formats.gguf_header import TensorInfo, read_model
 
 if TYPE_CHECKING:  # torch is imported by the methods that return tensors: reading a file's metadata needs none
     import torch
@@ -224,7 +224,7 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         try:
-            self._data, self.metadata, self.tensors = read_header(self.path)
+            self._maps, self.metadata, self.tensors = read_model(self.path)
         except OSError:
             raise  # missing or unreadable file: not a format problem
         except (ValueError, IndexError, KeyError) as e:  # truncated or corrupt bytes
@@ -235,9 +235,9 @@ class GGUFFile:
         self.architecture: str = arch
 
     @property
-    def data(self) -> np.ndarray:
-        """The whole file, mapped read-only (uint8)."""
-        return self._data
+    def maps(self) -> list[np.ndarray]:
+        """Each file of the model (one, or a split model's shards), mapped read-only (uint8)."""
+        return self._maps
 
     def __repr__(self) -> str:
         return f"GGUFFile({str(self.path)!r}, architecture={self.architecture!r}, tensors={len(self.tensors)})"
@@ -252,14 +252,14 @@ class GGUFFile:
         info = self.tensors.get(name)
         if info is None:
             raise ModelFormatError(f"{self.path}: no tensor named {name!r}")
-        if info.offset + info.n_bytes > self._data.nbytes:
+        if info.offset + info.n_bytes > self._maps[info.part].nbytes:
             raise ModelFormatError(f"{self.path}: tensor {name!r} runs past the end of the file")
         return info
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 view of the mapped file (no copy)."""
         info = self._info(name)
-        return self._data[info.offset:info.offset + info.n_bytes]
+        return self._maps[info.part][info.offset:info.offset + info.n_bytes]
 
     def raw_array(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 numpy view [rows, row_bytes] of the mapped file: no

@@ -6,8 +6,10 @@ Numeric arrays (token types, scores) are read with one ``np.frombuffer`` each; s
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ class TensorInfo:
     qtype: str
     n_bytes: int
     offset: int
+    part: int = 0  # which file of a split model holds it (read_model)
 
     @property
     def n_values(self) -> int:
@@ -184,3 +187,47 @@ def read_header(path: str | os.PathLike, spans: dict[str, tuple[int, int]] | Non
                              f"{info.offset + info.n_bytes}, file has {data.nbytes}); truncated download?")
         tensors[name] = info
     return data, metadata, tensors
+
+
+# llama.cpp's names for a model split in several files (gguf-split, convert_hf_to_gguf --split-max-*)
+_SHARD = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+MAX_SHARDS = 1024
+
+
+def shard_paths(path: Path, count: int) -> list[Path]:
+    """The ``count`` files of a split model whose first is ``path`` (``<name>-00001-of-0000N.gguf``)."""
+    m = _SHARD.match(path.name)
+    if m is None or int(m["count"]) != count:
+        raise GGUFHeaderError(f"the model is split into {count} files, but this one is not named "
+                              f"<name>-00001-of-{count:05d}.gguf")
+    if int(m["no"]) != 1:
+        raise GGUFHeaderError(f"this is file {int(m['no'])} of a split model: give the first, "
+                              f"{m['stem']}-00001-of-{count:05d}.gguf")
+    return [path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
+def read_model(path: str | os.PathLike) -> tuple[list[np.ndarray], dict[str, object], dict[str, TensorInfo]]:
+    """``read_header`` over every file of a model: one file, or the shards of a split one (its first given; the
+    others beside it, their tensors' ``part`` saying which file holds them). Metadata is the first file's."""
+    data, metadata, tensors = read_header(path)
+    count = metadata.get("split.count", 1)
+    if count in (None, 0, 1):
+        return [data], metadata, tensors
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 < count <= MAX_SHARDS:
+        raise GGUFHeaderError(f"split.count is not a number of files from 2 to {MAX_SHARDS}")
+    maps = [data]
+    for i, shard in enumerate(shard_paths(Path(path), count)[1:], 1):
+        if not shard.is_file():
+            raise GGUFHeaderError(f"file {i + 1} of the split model, {shard.name}, is missing beside the first")
+        shard_data, shard_meta, shard_tensors = read_header(shard)
+        if shard_meta.get("split.no") != i:
+            raise GGUFHeaderError(f"{shard.name} says it is not file {i + 1} of the split model")
+        for name, info in shard_tensors.items():
+            if name in tensors:
+                raise GGUFHeaderError(f"tensor {name!r} is in two files of the split model")
+            tensors[name] = dataclasses.replace(info, part=i)
+        maps.append(shard_data)
+    expected = metadata.get("split.tensors.count")
+    if isinstance(expected, int) and expected != len(tensors):
+        raise GGUFHeaderError(f"the split model's files hold {len(tensors)} tensors, its first says {expected}")
+    return maps, metadata, tensors

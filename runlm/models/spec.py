@@ -84,7 +84,7 @@ class ModelSpec:
 
     def weight_maps(self) -> list[np.ndarray]:
         """The mapped bytes of the weights' files: the GGUF file's, or each of a directory's *.safetensors."""
-        return [self.gguf.data] if self.gguf is not None else self.safetensors().maps()
+        return self.gguf.maps if self.gguf is not None else self.safetensors().maps()
 
     @property
     def weight_bytes(self) -> int:

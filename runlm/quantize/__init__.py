@@ -88,6 +88,9 @@ def quantize_file(source: Path, target: Path, type_name: str, imatrix: Path | No
         data, metadata, infos_in = read_header(source, spans)
     except (ValueError, IndexError, OSError) as exc:
         raise QuantizeError(f"{source}: not a readable GGUF file ({exc})") from None
+    if metadata.get("split.count", 1) not in (None, 0, 1):
+        raise QuantizeError(f"{source}: one file of a model split in several; quantizing split models is not "
+                            f"supported (merge them first, e.g. llama.cpp's gguf-split --merge)")
     order = llama_order(list(infos_in))
     shapes = [(n, tuple(reversed(infos_in[n].shape)), T[infos_in[n].qtype]) for n in order]
     weights = read_imatrix(imatrix) if imatrix is not None else None

@@ -77,10 +77,10 @@ class ModelInfo:
 def inspect_gguf(path: Path) -> ModelInfo:
     import gguf
 
-    from runlm.formats.gguf_header import read_header
+    from runlm.formats.gguf_header import read_model
 
     try:
-        _, metadata, index = read_header(path)
+        _, metadata, index = read_model(path)  # (every file of a split model)
     except (ValueError, IndexError, KeyError) as exc:
         raise ModelFormatError(f"{path.name}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
     tensors = list(index.values())
