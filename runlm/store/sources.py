@@ -12,6 +12,7 @@ from runlm.catalog import BUILTIN_MODELS, available_models_text
 from runlm.store.mmproj import choose_projector, looks_like_projector
 from runlm.store.names import default_name_for
 
+_SHARD = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")  # (runlm.formats.gguf_header's)
 _HF_REPO = re.compile(r"(?:hf\.co/|huggingface\.co/)?([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([\w.-]+))?")
 # the files of a model directory worth storing; READMEs, images and other formats' weights are not
 HF_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model", "*/config.json"]
@@ -117,6 +118,14 @@ def resolve_source(text: str, access: LocalAccess = ANY_LOCAL) -> Source:
                       f"id (org/name) or a built-in model.\n{available_models_text()}")
 
 
+def hub_repo(text: str) -> tuple[str, str | None] | None:
+    """(repo, tag) of a Hugging Face repo id (``org/name``, ``hf.co/org/name:Q4_K_M``); None for anything else."""
+    m = _HF_REPO.fullmatch(text.strip())
+    if m is None or text.startswith((".", "/", "~")):
+        return None
+    return m.group(1), m.group(2)
+
+
 def _local_path(text: str, access: LocalAccess) -> Path | None:
     """The local path a source names when this caller may read it; None when it names none here. A path it
     may not read is refused with one message, whatever is on disk."""
@@ -174,11 +183,23 @@ def hf_patterns(files: list[str], tag: str | None, repo: str) -> list[str]:
         folder, _, name = pick.rpartition("/")
         beside = [f.rsplit("/", 1)[-1] for f in ggufs if f.rpartition("/")[0] == folder]
         projector = choose_projector(name, beside)
-        return [pick] + ([f"{folder}/{projector}" if folder else projector] if projector else [])
+        shards = _shards_of(pick, models)
+        return shards + ([f"{folder}/{projector}" if folder else projector] if projector else [])
     return HF_PATTERNS
 
 
+def _shards_of(pick: str, names: list[str]) -> list[str]:
+    """Every file of a split model whose first file is ``pick`` (just ``pick`` for a one-file model)."""
+    m = _SHARD.fullmatch(pick)
+    if m is None:
+        return [pick]
+    return sorted(n for n in names if (s := _SHARD.fullmatch(n)) and s["stem"] == m["stem"]
+                  and s["count"] == m["count"])
+
+
 def _pick_gguf(names: list[str], tag: str | None, repo: str) -> str:
+    # a split model is its first file (the loader finds the others beside it)
+    names = [n for n in names if (s := _SHARD.fullmatch(n)) is None or int(s["no"]) == 1]
     if tag and tag != "latest":
         hits = [n for n in names if tag.lower() in n.lower()]
         if not hits:
