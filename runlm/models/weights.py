@@ -121,15 +121,29 @@ def safetensors_weights(source: Path | SafetensorsDir, mode: str) -> Iterator[tu
 def safetensors_weights(source: Path | SafetensorsDir, mode: str = "dense") -> Iterator[tuple[str, Weight]]:
     """HF-named tensors of a model directory (its files mapped once: a ModelSpec's SafetensorsDir, or the
     directory's path), as float32; in "ggml" mode bf16/fp16 matrices come as GGMLWeight views of the mapped file
-    instead (half the bytes, pages shared between processes)."""
+    instead (half the bytes, pages shared between processes). FP8 matrices with their scales (runlm.models.
+    prequantized) come dequantized, or in "ggml" mode repacked to Q8_0 blocks."""
     import warnings
 
+    from runlm.models import prequantized as fp8
+
     st = source if isinstance(source, SafetensorsDir) else SafetensorsDir(source)
+    block = fp8.block_size(read_hf_config(st.directory)) if (st.directory / "config.json").is_file() else None
+    scales = {fp8.scale_name(n, st.tensors) for n in st.tensors if st.tensors[n].qtype.startswith("F8_")}
+    repacker = fp8.Q8Repacker()
     for name in sorted(st.tensors):
         info = st.tensors[name]
+        if name in scales or name.endswith(fp8.SKIPPED_SUFFIXES):
+            continue  # (read with the weight they scale)
         with warnings.catch_warnings():  # read-only memory: torch warns, nothing writes it
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.from_numpy(st.raw(name))
+        scale = fp8.scale_name(name, st.tensors) if info.qtype.startswith("F8_") else None
+        if scale is not None:  # an FP8 matrix and its scale: their product, as dense or Q8_0 blocks
+            values = raw.reshape(-1).view(_TORCH_DTYPES[info.qtype]).reshape(info.shape).to(torch.float32)
+            dense = fp8.dequantize_fp8(values, torch.from_numpy(st.load_array(scale)), block)
+            yield name, repacker.repack(dense) if mode == "ggml" and dense.shape[1] % 32 == 0 else dense
+            continue
         if mode == "ggml" and info.qtype in _HALF_TYPES and len(info.shape) == 2 and name.endswith(".weight") \
                 and ggml.supported(ggml_type(info.qtype)):
             yield name, GGMLWeight(raw, ggml_type(info.qtype), *info.shape)
@@ -138,6 +152,7 @@ def safetensors_weights(source: Path | SafetensorsDir, mode: str = "dense") -> I
         else:
             yield name, raw.reshape(-1).view(_TORCH_DTYPES[info.qtype]).reshape(info.shape).to(torch.float32,
                                                                                                 copy=True)
+    repacker.log(st.directory)
 
 
 _W = TypeVar("_W")
