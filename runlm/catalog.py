@@ -73,13 +73,13 @@ def resolve_model(ref: str) -> Path:
     path = Path(ref).expanduser()
     if path.is_file() or (path.is_dir() and (path / "config.json").exists()):
         return path
-    from runlm.store.sources import SourceError, fetch_hf, hub_repo
+    from runlm.hub import HubError, fetch_hf, hub_repo
 
     repo = hub_repo(ref)
     if repo is not None and not path.exists():
         try:
             return fetch_hf(*repo)
-        except SourceError as exc:
+        except HubError as exc:
             raise UnknownModelError(f"{exc}\n{available_models_text()}") from None
     raise UnknownModelError(f"no model named {ref!r}.\n{available_models_text()}")
 

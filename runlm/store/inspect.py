@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runlm.formats.projector_names import looks_like_projector
 from runlm.store.metadata import ModelInfo, inspect_gguf, inspect_safetensors_dir
-from runlm.store.mmproj import looks_like_projector
 from runlm.store.pipeline_info import inspect_diffusers_dir
 
 

@@ -16,12 +16,12 @@ import os
 from pathlib import Path
 
 from runlm.formats import ModelFormatError
+from runlm.formats.projector_names import choose_projector
 
 DMR_MMPROJ = "application/vnd.docker.ai.mmproj"
 OLLAMA_PROJECTOR = "application/vnd.ollama.image.projector"
 PROJECTOR_TYPES = (DMR_MMPROJ, OLLAMA_PROJECTOR)
 PROJECTOR_ARCHITECTURE = "clip"
-MAX_PROJECTOR_NAME = 255
 
 
 def is_projector_entry(entry: dict) -> bool:
@@ -58,32 +58,6 @@ def check_projector(path: Path) -> None:
         what = "not a readable GGUF file" if arch is None else f"a GGUF of architecture {arch[:40]!r}"
         raise ModelFormatError(f"{path.name}: {what}, not a multimodal projector (an mmproj GGUF's architecture "
                                f"is 'clip': convert_hf_to_gguf.py --mmproj writes one)")
-
-
-def looks_like_projector(name: str) -> bool:
-    lower = name.lower()
-    return lower.endswith(".gguf") and "mmproj" in lower and not name.startswith(".") \
-        and len(name) <= MAX_PROJECTOR_NAME
-
-
-def choose_projector(model_name: str, names: list[str]) -> str | None:
-    """Which of a folder's file names is the projector of the GGUF ``model_name``: the only ``*mmproj*.gguf``,
-    or among several the one named after the model (``mmproj-<model stem>...``); None when there is none or
-    the names do not say which (a folder of several models and projectors)."""
-    candidates = sorted(n for n in names if n != model_name and looks_like_projector(n))
-    if len(candidates) <= 1:
-        return candidates[0] if candidates else None
-    stem = model_name.lower().removesuffix(".gguf")
-    # llama.cpp's layout: Model-Q4_K_M.gguf beside mmproj-Model-f16.gguf; the longest shared prefix of the
-    # names with "mmproj" taken out wins, when one name wins alone
-    def shared(name: str) -> int:
-        rest = name.lower().removesuffix(".gguf").replace("mmproj-", "").replace("-mmproj", "").replace("mmproj", "")
-        return len(os.path.commonprefix([stem, rest]))
-
-    scores = sorted(((shared(n), n) for n in candidates), reverse=True)
-    if scores[0][0] > 0 and scores[0][0] > scores[1][0]:
-        return scores[0][1]
-    return None
 
 
 def projector_beside(model: Path) -> Path | None:

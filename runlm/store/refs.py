@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runlm.catalog import BUILTIN_MODELS
+from runlm.formats.projector_names import looks_like_projector
 from runlm.store.blobs import BlobStore
 from runlm.store.download import DownloadLimits, discard, download
 from runlm.store.inspect import inspect_model
@@ -36,7 +37,6 @@ from runlm.store.mmproj import (
     DMR_MMPROJ,
     check_projector,
     is_projector_entry,
-    looks_like_projector,
     projector_beside,
     projector_entry,
 )

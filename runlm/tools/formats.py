@@ -21,8 +21,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from runlm.tools.base import ToolParser, ToolScan, held_back
 from runlm.tools.json_scan import PartialCall, scan_value, skip_ws
-from runlm.tools.parsers import ToolParser, ToolScan, held_back
 
 Schemas = Mapping[str, Mapping[str, Any]]  # tool name -> its parameters' JSON schema properties
 

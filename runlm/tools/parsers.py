@@ -15,48 +15,13 @@ streaming: content that might still turn out to be the start of a call is held b
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from runlm.tools.base import ToolCall, ToolParser, ToolScan, held_back, new_call_id
 from runlm.tools.json_scan import PartialCall, scan_call, scan_calls, scan_value, skip_ws
 
-
-@dataclass(slots=True)
-class ToolScan:
-    content: str
-    calls: list[PartialCall]
-
-
-@dataclass(slots=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text of an object, as OpenAI sends it
-
-    def to_openai(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def held_back(text: str, marker: str) -> str:
-    """``text`` minus a tail that could be the start of ``marker``."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return text[:-k]
-    return text
-
-
-class ToolParser:
-    name = "base"
-    needs_special_tokens = False  # the call markers are special tokens the detokenizer would drop
-
-    def scan(self, text: str, final: bool) -> ToolScan:
-        raise NotImplementedError
+__all__ = ["ToolCall", "ToolParser", "ToolScan", "held_back", "new_call_id", "parse_tool_calls", "parser_for_template"]
 
 
 class HermesParser(ToolParser):
