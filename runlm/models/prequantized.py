@@ -1,8 +1,10 @@
-"""Checkpoints whose matrices are stored in FP8 (e4m3) with scales, as vLLM users bring them: DeepSeek-V3's and
-Qwen3's ``fp8`` (``weight_scale_inv`` per 128x128 block, ``quantization_config.weight_block_size``) and
-compressed-tensors' float-quantized (``weight_scale`` per tensor or per output channel). Each such matrix is its FP8
-values times its scale (the checkpoint's own definition); exact mode computes on that, and fast mode repacks it once
-to GGUF's Q8_0 blocks (an 8-bit format like the stored one: a scale per 32 values), the bytes logged."""
+"""Pre-quantized checkpoints, as vLLM users bring them: FP8 (e4m3) with scales, DeepSeek-V3's and Qwen3's ``fp8``
+(``weight_scale_inv`` per 128x128 block, ``quantization_config.weight_block_size``) and compressed-tensors'
+float-quantized (``weight_scale`` per tensor or per output channel); and 4-bit GPTQ (act-order ``g_idx``, v1 and v2
+zeros) and AWQ (GEMM packing), groups of any size. Each matrix is what the checkpoint defines it as (FP8 value times
+scale; scale * (q - zero)); exact mode computes on that, and fast mode repacks it once to GGUF's Q8_0 blocks (a scale
+per 32 values: the nearest type that holds an act-order GPTQ's scattered groups too), the bytes logged. A repack into
+Q4_1 (4-bit, exact for groups in order) is not done."""
 from __future__ import annotations
 
 import logging
@@ -66,5 +68,57 @@ class Q8Repacker:
 
     def log(self, directory: object) -> None:
         if self.matrices:
-            logger.info("%s: %d FP8 matrices repacked to Q8_0 (%.1f MiB)", directory, self.matrices,
+            logger.info("%s: %d pre-quantized matrices repacked to Q8_0 (%.1f MiB)", directory, self.matrices,
                         self.bytes / 2**20)
+
+
+# --- 4-bit integer checkpoints: GPTQ and AWQ -----------------------------------------------------------------------
+# ``<module>.qweight`` (int32, eight 4-bit values each), ``qzeros`` (int32, packed alike), ``scales`` (fp16, per group
+# of input rows and output column), GPTQ's ``g_idx`` (each input row's group). A weight is scale * (q - zero).
+INT4_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
+_AWQ_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # AWQ packs output columns 0 2 4 6 1 3 5 7 into a word's nibbles
+_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+
+
+def int4_method(hf_config: Mapping[str, Any] | None) -> tuple[str, Mapping[str, Any]] | None:
+    """("gptq" or "awq", the quantization config) for a 4-bit checkpoint; None for any other."""
+    q = (hf_config or {}).get("quantization_config") or {}
+    method = str(q.get("quant_method", "")).lower()
+    if method not in ("gptq", "awq"):
+        return None
+    if int(q.get("bits", q.get("w_bit", 4))) != 4:
+        raise ValueError(f"{method} checkpoints of {q.get('bits', q.get('w_bit'))} bits are not supported (4 are)")
+    if method == "awq" and str(q.get("version", "gemm")).lower() != "gemm":
+        raise ValueError(f"AWQ's {q.get('version')} packing is not supported (GEMM's is)")
+    return method, q
+
+
+def _nibbles(packed: torch.Tensor, dim: int) -> torch.Tensor:
+    """int32 words -> their eight 4-bit values, lowest first, along ``dim`` (0: rows, 1: columns)."""
+    values = (packed.unsqueeze(-1) >> _SHIFTS) & 0xF  # [..., 8]
+    if dim == 0:
+        return values.permute(0, 2, 1).reshape(-1, packed.shape[1])
+    return values.reshape(packed.shape[0], -1)
+
+
+def dequantize_int4(method: str, config: Mapping[str, Any], qweight: torch.Tensor, qzeros: torch.Tensor,
+                    scales: torch.Tensor, g_idx: torch.Tensor | None) -> torch.Tensor:
+    """The [out, in] float32 weight of a GPTQ or AWQ module."""
+    scales = scales.float()
+    if method == "gptq":  # qweight [in / 8, out]: packed along the input rows
+        q = _nibbles(qweight, 0)
+        zeros = _nibbles(qzeros, 1)
+        if str(config.get("checkpoint_format", "gptq")).lower() != "gptq_v2":
+            zeros = zeros + 1  # GPTQ's v1 files store each zero less one
+        in_features = q.shape[0]
+        groups = g_idx.long() if g_idx is not None else \
+            torch.arange(in_features) // int(config.get("group_size", 128) if config.get("group_size", 128) > 0
+                                              else in_features)
+    else:  # AWQ: qweight [in, out / 8], packed along the output columns in its own order
+        order = torch.tensor(_AWQ_ORDER)
+        q = _nibbles(qweight, 1).view(qweight.shape[0], -1, 8)[..., order].reshape(qweight.shape[0], -1)
+        zeros = _nibbles(qzeros, 1).view(qzeros.shape[0], -1, 8)[..., order].reshape(qzeros.shape[0], -1)
+        in_features = q.shape[0]
+        groups = torch.arange(in_features) // (in_features // scales.shape[0])
+    w = (q.float() - zeros[groups].float()) * scales[groups]  # [in, out]
+    return w.T.contiguous()

@@ -128,13 +128,23 @@ def safetensors_weights(source: Path | SafetensorsDir, mode: str = "dense") -> I
     from runlm.models import prequantized as fp8
 
     st = source if isinstance(source, SafetensorsDir) else SafetensorsDir(source)
-    block = fp8.block_size(read_hf_config(st.directory)) if (st.directory / "config.json").is_file() else None
+    hf_config = read_hf_config(st.directory) if (st.directory / "config.json").is_file() else None
+    block, int4 = fp8.block_size(hf_config), fp8.int4_method(hf_config)
     scales = {fp8.scale_name(n, st.tensors) for n in st.tensors if st.tensors[n].qtype.startswith("F8_")}
     repacker = fp8.Q8Repacker()
     for name in sorted(st.tensors):
         info = st.tensors[name]
         if name in scales or name.endswith(fp8.SKIPPED_SUFFIXES):
             continue  # (read with the weight they scale)
+        if int4 is not None and name.endswith(fp8.INT4_SUFFIXES):
+            if name.endswith(".qweight"):  # GPTQ's or AWQ's 4-bit matrix: its weight, as dense or Q8_0 blocks
+                base = name[:-len("qweight")]
+                g_idx = _int32(st, base + "g_idx") if base + "g_idx" in st.tensors else None
+                dense = fp8.dequantize_int4(int4[0], int4[1], _int32(st, name), _int32(st, base + "qzeros"),
+                                            torch.from_numpy(st.load_array(base + "scales")), g_idx)
+                yield base + "weight", repacker.repack(dense) if mode == "ggml" and dense.shape[1] % 32 == 0 \
+                    else dense
+            continue
         with warnings.catch_warnings():  # read-only memory: torch warns, nothing writes it
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.from_numpy(st.raw(name))
@@ -153,6 +163,12 @@ def safetensors_weights(source: Path | SafetensorsDir, mode: str = "dense") -> I
             yield name, raw.reshape(-1).view(_TORCH_DTYPES[info.qtype]).reshape(info.shape).to(torch.float32,
                                                                                                 copy=True)
     repacker.log(st.directory)
+
+
+def _int32(st: SafetensorsDir, name: str) -> torch.Tensor:
+    """A packed int32 tensor as stored (load_array would widen it to floats)."""
+    info = st.tensors[name]
+    return torch.from_numpy(st.raw(name).copy()).view(torch.int32).reshape(info.shape)
 
 
 _W = TypeVar("_W")
