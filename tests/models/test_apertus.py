@@ -7,10 +7,7 @@ from __future__ import annotations
 import pytest
 
 from runlm.kernels import ggml
-from runlm.models.evaluate import all_logits, english_text, mean_kl
-from runlm.models.load import load_decoder
-from tests.fixtures.gguf_convert import converted_gguf
-from tests.models.test_families import matches_transformers
+from tests.models.test_families import fast_mode_kl, matches_transformers
 
 # llama.cpp (llama-cpp-python 0.3.36, logits_all, one 512-token context) on the converter's Q8_0 file against exact
 # mode on its f32 file, first 512 tokens of english_text(): 0.00221 (its f32 logits: 4e-7); runlm 0.00222
@@ -26,8 +23,5 @@ def test_apertus_matches_transformers(fmt: str, tiny_model) -> None:
 
 @pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
 def test_fast_mode_kl_divergence_is_llama_cpps() -> None:
-    fast = load_decoder(converted_gguf("apertus", "q8_0"))
-    exact = load_decoder(converted_gguf("apertus"), exact_numerics=True)
-    ids = exact.tokenizer.encode(english_text())[:512]
-    kl = mean_kl(all_logits(exact.model, ids), all_logits(fast.model, ids))
+    kl = fast_mode_kl("apertus")
     assert 0 < kl < 1.25 * LLAMA_CPP_Q8_0_KL, f"fast mode's KL divergence {kl:.6f}"

@@ -11,11 +11,9 @@ from runlm.engine.llm import LLM
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.kernels import ggml
 from runlm.models.config import ModelConfig
-from runlm.models.evaluate import all_logits, english_text, mean_kl
-from runlm.models.load import load_decoder
 from runlm.store.inspect import inspect_model
 from tests.fixtures.gguf_convert import converted_gguf
-from tests.models.test_families import matches_transformers
+from tests.models.test_families import fast_mode_kl, matches_transformers
 from tests.models.test_llama import _prompt
 
 RECIPES = ("deepseek-v2", "deepseek-v3")
@@ -78,10 +76,7 @@ def test_fast_mode_is_batch_invariant_and_reuses_prefixes() -> None:
 @pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_fast_mode_kl_divergence_is_llama_cpps(recipe: str) -> None:
-    fast = load_decoder(converted_gguf(recipe, "q8_0"))
-    exact = load_decoder(converted_gguf(recipe), exact_numerics=True)
-    ids = exact.tokenizer.encode(english_text())[:512]
-    kl = mean_kl(all_logits(exact.model, ids), all_logits(fast.model, ids))
+    kl = fast_mode_kl(recipe)
     assert 0 < kl < 1.25 * Q8_0_KL[recipe], f"fast mode's KL divergence {kl:.6f}"
 
 

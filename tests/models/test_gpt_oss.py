@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 
 from runlm.kernels import ggml
-from runlm.models.evaluate import all_logits, english_text, mean_kl
 from runlm.models.load import load_decoder
 from tests.fixtures.gguf_convert import converted_gguf
-from tests.models.test_families import matches_transformers
+from tests.models.test_families import fast_mode_kl, matches_transformers
 
 # Mean KL on the converter's Q8_0 file against exact mode on its f32 file, first 512 tokens of english_text().
 # llama.cpp (llama-cpp-python 0.3.36, logits_all, one context): 0.448, of which its truncated YaRN alone (its f32 file)
@@ -33,9 +32,7 @@ def test_fast_mode_kl_divergence_is_llama_cpps() -> None:
     fast = load_decoder(converted_gguf("gpt-oss", "q8_0"))
     experts = fast.model.model.layers[0].mlp.experts
     assert all(e.gate_up_proj.ggml and e.gate_up_proj.weight is None for e in experts)  # the file's blocks
-    exact = load_decoder(converted_gguf("gpt-oss"), exact_numerics=True)
-    ids = exact.tokenizer.encode(english_text())[:512]
-    kl = mean_kl(all_logits(exact.model, ids), all_logits(fast.model, ids))
+    kl = fast_mode_kl("gpt-oss", fast)
     assert 0 < kl < LLAMA_CPP_Q8_0_KL, f"fast mode's KL divergence {kl:.6f}"
 
 

@@ -20,10 +20,10 @@ from runlm.engine.llm import LLM
 from runlm.formats.gguf import GGUFFile
 from runlm.kernels import ggml
 from runlm.models.config import ModelConfig
-from runlm.models.evaluate import all_logits, english_text, mean_kl
+from runlm.models.evaluate import all_logits
 from runlm.models.load import load_decoder
 from tests.fixtures.gguf_convert import converted_gguf
-from tests.models.test_families import matches_transformers
+from tests.models.test_families import fast_mode_kl, matches_transformers
 from tests.models.test_llama import _prompt
 
 FAMILIES = {"glm4-moe": "glm4_moe", "dots1": "dots1", "ernie4_5-moe": "ernie4_5_moe", "granitemoe": "granitemoe"}
@@ -85,9 +85,7 @@ def test_fast_mode_kl_divergence_is_llama_cpps(recipe: str) -> None:
     fast = load_decoder(converted_gguf(recipe, "q8_0"))
     experts = fast.model.model.layers[-1].mlp.experts
     assert all(e.gate_up_proj.ggml and e.gate_up_proj.weight is None for e in experts)  # the file's blocks
-    exact = load_decoder(converted_gguf(recipe), exact_numerics=True)
-    ids = exact.tokenizer.encode(english_text())[:512]
-    kl = mean_kl(all_logits(exact.model, ids), all_logits(fast.model, ids))
+    kl = fast_mode_kl(recipe, fast)
     assert 0 < kl < 1.25 * LLAMA_CPP_Q8_0_KL[recipe], f"fast mode's KL divergence {kl:.6f}"
 
 

@@ -3,7 +3,6 @@ parameters typed by the tools' schemas, and each chosen from the chat template t
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
@@ -16,7 +15,7 @@ from runlm.tools.formats import (
     typed_value,
 )
 from runlm.tools.parsers import parse_tool_calls, parser_for_template
-from tests.tools.test_parsers import _stream
+from tests.tools.test_parsers import streams_alike_in_every_split
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "zip": {"type": "string"},
@@ -60,12 +59,7 @@ def test_whole_output_parses_to_content_and_calls(parser, text, content, calls) 
 
 @pytest.mark.parametrize("parser, text, content, calls", CASES, ids=[f"{c[0].name}-{i}" for i, c in enumerate(CASES)])
 def test_streamed_deltas_reassemble_to_the_whole_result_for_any_split(parser, text, content, calls) -> None:
-    rng = random.Random(len(text))
-    splits = [list(range(1, len(text)))] + [sorted(rng.sample(range(1, len(text)), 6)) for _ in range(20)]
-    for cuts in splits:
-        got_content, got_calls = _stream(parser, text, cuts)
-        assert (got_content if got_content.strip() else None) == content
-        assert [(c["name"], c["arguments"]) for c in got_calls] == calls
+    streams_alike_in_every_split(parser, text, content, calls)
 
 
 def test_plain_answers_and_unfinished_calls_stay_content() -> None:
