@@ -41,3 +41,9 @@ class ToolParser:
 
     def scan(self, text: str, final: bool) -> ToolScan:
         raise NotImplementedError
+
+
+def no_calls(text: str, marker: str, final: bool) -> ToolScan:
+    """The scan of text in which a format's call ``marker`` does not occur: all content (while streaming, less a tail
+    that may still become the marker)."""
+    return ToolScan(text if final else held_back(text, marker), [])

@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runlm.tools.base import ToolParser, ToolScan, held_back
+from runlm.tools.base import ToolParser, ToolScan, held_back, no_calls
 from runlm.tools.json_scan import PartialCall, scan_value, skip_ws
 
 Schemas = Mapping[str, Mapping[str, Any]]  # tool name -> its parameters' JSON schema properties
@@ -73,7 +73,7 @@ class _TaggedParser(ToolParser):
     def scan(self, text: str, final: bool) -> ToolScan:
         first = text.find(self.START)
         if first < 0:
-            return ToolScan(text if final else held_back(text, self.START), [])
+            return no_calls(text, self.START, final)
         calls, pos = [], first
         while pos >= 0:
             body = pos + len(self.START)
@@ -138,7 +138,7 @@ class DeepSeekV3Parser(_TaggedParser):
     def scan(self, text: str, final: bool) -> ToolScan:
         first = text.find(self.BEGIN)
         if first < 0:
-            return ToolScan(text if final else held_back(text, self.BEGIN), [])
+            return no_calls(text, self.BEGIN, final)
         return ToolScan(text[:first], super().scan(text[first:], final).calls)
 
     def call(self, body: str, closed: bool) -> PartialCall:

@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runlm.tools.base import ToolCall, ToolParser, ToolScan, held_back, new_call_id
+from runlm.tools.base import ToolCall, ToolParser, ToolScan, held_back, new_call_id, no_calls
 from runlm.tools.json_scan import PartialCall, scan_call, scan_calls, scan_value, skip_ws
 
 __all__ = ["ToolCall", "ToolParser", "ToolScan", "held_back", "new_call_id", "parse_tool_calls", "parser_for_template"]
@@ -31,7 +31,7 @@ class HermesParser(ToolParser):
     def scan(self, text: str, final: bool) -> ToolScan:
         first = text.find(self.START)
         if first < 0:
-            return ToolScan(text if final else held_back(text, self.START), [])
+            return no_calls(text, self.START, final)
         calls, pos = [], first
         while pos >= 0:
             body = skip_ws(text, pos + len(self.START))
@@ -66,7 +66,7 @@ class MistralParser(ToolParser):
     def scan(self, text: str, final: bool) -> ToolScan:
         first = text.find(self.TAG)
         if first < 0:
-            return ToolScan(text if final else held_back(text, self.TAG), [])
+            return no_calls(text, self.TAG, final)
         j = skip_ws(text, first + len(self.TAG))
         if j < len(text) and text[j] == "[":  # v3: a JSON array of calls
             return ToolScan(text[:first], scan_calls(text, j + 1, ",")[0])

@@ -1,20 +1,18 @@
 """DeepSeek-V2 and V3 (runlm/models/families/deepseek.py): multi-head latent attention over a cache of latents
 (runlm/models/mla.py) and DeepSeek's experts. Exact mode within 1e-4 of transformers and its greedy tokens through the
 engine (whose cache holds the latents), from safetensors and from llama.cpp's converter's ``deepseek2`` GGUF (its
-split, transposed ``attn_k_b``/``attn_v_b``, YaRN's log multiplier); the cache's size per token; prefix reuse; fast
-mode held to llama.cpp's KL on the same Q8_0 file."""
+split, transposed ``attn_k_b``/``attn_v_b``, YaRN's log multiplier); the cache's size per token; fast mode held to
+llama.cpp's KL on the same Q8_0 file (prefix reuse and batch invariance: tests/models/test_families.py)."""
 from __future__ import annotations
 
 import pytest
 
 from runlm.engine.llm import LLM
-from runlm.engine.types.sampling_params import SamplingParams
 from runlm.kernels import ggml
 from runlm.models.config import ModelConfig
 from runlm.store.inspect import inspect_model
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.models.test_families import fast_mode_kl, matches_transformers
-from tests.models.test_llama import _prompt
 
 RECIPES = ("deepseek-v2", "deepseek-v3")
 # Fast mode's mean KL on the converter's Q8_0 file against exact mode on its f32 file, first 512 tokens of
@@ -58,19 +56,6 @@ def test_deepseek_v2_lites_cache_is_under_an_eighth_of_per_head_k_and_v() -> Non
     heads, k_dim, v_dim = cfg.kv_cache_shape
     per_head = cfg.num_heads * (cfg.head_dim + cfg.v_head_dim)  # 16 x (192 + 128)
     assert heads * (k_dim + v_dim) == 576 and heads * (k_dim + v_dim) <= per_head / 8
-
-
-@pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
-def test_fast_mode_is_batch_invariant_and_reuses_prefixes() -> None:
-    llm = LLM(str(converted_gguf("deepseek-v3", "q8_0")), block_size=4, max_num_batched_tokens=64,
-              kv_cache_memory="8MiB", max_model_len=512)
-    prompts = [{"prompt_token_ids": _prompt(49152, n, seed=n)} for n in (40, 90, 150)]
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
-    together = llm.generate(prompts, params)
-    for prompt, out in zip(prompts, together):
-        alone = llm.generate([prompt], params)[0].outputs[0]  # the prompt's blocks now come from the prefix cache
-        assert alone.token_ids == out.outputs[0].token_ids
-        assert alone.logprobs == out.outputs[0].logprobs
 
 
 @pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")

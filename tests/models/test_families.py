@@ -94,7 +94,7 @@ def fast_mode_kl(recipe: str, fast: LoadedModel | None = None) -> float:
 
 
 @pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
-@pytest.mark.parametrize("recipe", FAMILY_RECIPES)
+@pytest.mark.parametrize("recipe", [*FAMILY_RECIPES, "deepseek-v3"])  # (and latent attention's cache)
 def test_engine_fast_mode_is_batch_invariant_and_reuses_prefixes(recipe: str) -> None:
     llm = LLM(str(converted_gguf(recipe, "q8_0")), block_size=4, max_num_batched_tokens=64,
               kv_cache_memory="64MiB", max_model_len=1024)
