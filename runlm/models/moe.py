@@ -10,6 +10,7 @@ the file's blocks.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -125,6 +126,9 @@ def stacked_experts(weights: Iterable[tuple[str, Weight]], interleaved: bool) ->
         if not rest or "." in rest:  # (already per expert)
             yield name, tensor
             continue
+        if hasattr(tensor, "ggml_rows"):  # MXFP4 blocks kept as stored (runlm.models.prequantized.Mxfp4Stack)
+            yield from _stacked_blocks(prefix, rest, tensor, interleaved)
+            continue
         assert isinstance(tensor, torch.Tensor), name  # (3-D or 2-D: read dense)
         for e, w in enumerate(tensor):
             base = f"{prefix}.mlp.experts.{e}"
@@ -137,3 +141,20 @@ def stacked_experts(weights: Iterable[tuple[str, Weight]], interleaved: bool) ->
                 yield f"{base}.down_proj.{'bias' if rest.endswith('bias') else 'weight'}", w if w.ndim == 1 else w.T
             else:
                 raise KeyError(f"unexpected weight {name!r}")
+
+
+def _stacked_blocks(prefix: str, rest: str, stack: Any, interleaved: bool) -> Iterator[tuple[str, Weight]]:
+    """An MXFP4 stack's experts as ggml blocks: its rows are the output side (gate and up's rows interleaved, or
+    gate's half first), each a row of blocks along the input."""
+    for e in range(stack.blocks.shape[0]):
+        base = f"{prefix}.mlp.experts.{e}"
+        if rest == "gate_up_proj":
+            rows = stack.blocks.shape[1]
+            gate, up = (slice(0, rows, 2), slice(1, rows, 2)) if interleaved else \
+                (slice(0, rows // 2), slice(rows // 2, rows))
+            yield f"{base}.gate_proj.weight", stack.ggml_rows(e, gate)
+            yield f"{base}.up_proj.weight", stack.ggml_rows(e, up)
+        elif rest == "down_proj":
+            yield f"{base}.down_proj.weight", stack.ggml_rows(e, slice(None))
+        else:
+            raise KeyError(f"unexpected MXFP4 weight {prefix}.mlp.experts.{rest}")

@@ -122,3 +122,38 @@ def dequantize_int4(method: str, config: Mapping[str, Any], qweight: torch.Tenso
         groups = torch.arange(in_features) // (in_features // scales.shape[0])
     w = (q.float() - zeros[groups].float()) * scales[groups]  # [in, out]
     return w.T.contiguous()
+
+
+# --- MXFP4 stacks: gpt-oss's Hugging Face checkpoints ---------------------------------------------------------------
+# ``<name>_blocks`` [E, rows, cols / 32, 16] (two e2m1 values a byte, the first in the low nibble) and ``<name>_scales``
+# [E, rows, cols / 32] (e8m0: a power of two, biased by 127). ggml's MXFP4 block is the same scale byte and 16 bytes
+# whose low nibbles are values 0-15 and high nibbles 16-31, its values doubled (its scale read halved).
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+class Mxfp4Stack:
+    """A stacked expert tensor stored as MXFP4: dequantized ([E, cols, rows], the dense checkpoint's input-side-first
+    layout), or each expert's rows as ggml MXFP4 blocks (as stored: fast mode computes on them)."""
+
+    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor) -> None:
+        if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
+            raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} do not match their scales {tuple(scales.shape)}")
+        self.blocks, self.scales = blocks, scales
+
+    def dense(self) -> torch.Tensor:
+        lut = torch.tensor(FP4_VALUES)
+        low, high = lut[(self.blocks & 0x0F).long()], lut[(self.blocks >> 4).long()]
+        values = torch.stack((low, high), dim=-1).flatten(-2)  # [E, rows, groups, 32]
+        values = torch.ldexp(values, self.scales.to(torch.int32)[..., None] - 127)
+        return values.flatten(-2).transpose(1, 2).contiguous()
+
+    def ggml_rows(self, expert: int, rows: slice) -> Any:
+        """Expert ``expert``'s ``rows`` as a GGMLWeight of MXFP4 blocks."""
+        from runlm.formats.gguf import ggml_type
+        from runlm.models.linear import GGMLWeight
+
+        b, s = self.blocks[expert, rows], self.scales[expert, rows]  # [n, groups, 16], [n, groups]
+        pairs = torch.stack((b & 0x0F, b >> 4), dim=-1).flatten(-2)  # the 32 values' nibbles in order
+        qs = pairs[..., :16] | (pairs[..., 16:] << 4)  # ggml's order
+        raw = torch.cat((s[..., None], qs), dim=-1).reshape(b.shape[0], -1).contiguous()
+        return GGMLWeight(raw, ggml_type("MXFP4"), b.shape[0], b.shape[1] * 32)

@@ -4,7 +4,8 @@ gpt-oss: Llama's layer with q/k/v/o biases, attention sinks (runlm.models.attent
 the softmax's denominator), sliding-window layers alternating with global ones, and a mixture of experts in every layer
 (runlm.models.moe: a router with a bias, softmax over the chosen logits; experts with biases and the clamped SwiGLU of
 runlm.models.llama.MLP). Its checkpoints stack each layer's experts, gate and up interleaved (runlm.models.moe.
-stacked_experts); llama.cpp's files split them already. Its MXFP4 checkpoints are read from GGUF files."""
+stacked_experts); llama.cpp's files split them already. Its MXFP4 checkpoints' experts (``*_blocks``/``*_scales``) are
+dequantized in exact mode and kept as ggml MXFP4 blocks in fast mode (runlm.models.prequantized.Mxfp4Stack)."""
 from __future__ import annotations
 
 from collections.abc import Iterable

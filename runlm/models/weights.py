@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Literal, TypeVar, cast, overload
 
 import torch
 
@@ -136,6 +136,17 @@ def safetensors_weights(source: Path | SafetensorsDir, mode: str = "dense") -> I
         info = st.tensors[name]
         if name in scales or name.endswith(fp8.SKIPPED_SUFFIXES):
             continue  # (read with the weight they scale)
+        if name.endswith("_scales") and name[:-len("scales")] + "blocks" in st.tensors:
+            continue  # (an MXFP4 stack's, read with its blocks)
+        if name.endswith("_blocks") and name[:-len("blocks")] + "scales" in st.tensors:
+            base = name[:-len("_blocks")]  # gpt-oss's MXFP4 experts: as stored in fast mode
+            stack = fp8.Mxfp4Stack(torch.from_numpy(st.raw(name).copy()).reshape(info.shape),
+                                   torch.from_numpy(st.raw(base + "_scales").copy()).reshape(
+                                       st.tensors[base + "_scales"].shape))
+            # (a stack runlm.models.moe.stacked_experts splits into experts' blocks)
+            yield base, cast(Weight, stack) if mode == "ggml" and ggml.supported(ggml_type("MXFP4")) \
+                else stack.dense()
+            continue
         if int4 is not None and name.endswith(fp8.INT4_SUFFIXES):
             if name.endswith(".qweight"):  # GPTQ's or AWQ's 4-bit matrix: its weight, as dense or Q8_0 blocks
                 base = name[:-len("qweight")]

@@ -45,3 +45,31 @@ def test_the_gpu_runner_refuses_it_by_name(monkeypatch: pytest.MonkeyPatch) -> N
     path = converted_gguf("gpt-oss", "q8_0")
     with pytest.raises(ValueError, match="the GPU runner does not run (attention sinks|models whose layers keep KV)"):
         select_runner(read_spec(path), EngineConfig(model=str(path)))
+
+
+def test_mxfp4_checkpoints_read_as_transformers_dequantizes_them_and_compute_on_the_blocks() -> None:
+    """gpt-oss's Hugging Face checkpoints keep the experts in MXFP4: exact mode computes on their values (as
+    transformers' own dequantizer gives them), within 1e-4 of transformers on those values, with its greedy tokens; fast
+    mode keeps them as ggml MXFP4 blocks, as stored."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from runlm.models.prequantized import Mxfp4Stack
+    from tests.fixtures.models import mxfp4_gpt_oss
+    from tests.models.test_families import _reference
+    from tests.models.test_llama import _check, _prompt
+
+    path, reference = mxfp4_gpt_oss()
+    stored = load_file(str(path / "model.safetensors"))
+    blocks, scales = (stored[f"model.layers.0.mlp.experts.gate_up_proj_{k}"] for k in ("blocks", "scales"))
+    ours = Mxfp4Stack(blocks, scales).dense()
+    assert torch.equal(ours, convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    loaded = load_decoder(path, exact_numerics=True)
+    _check(loaded, _reference(reference), _prompt(loaded.config.vocab_size, 200))
+    if ggml.available():
+        expert = load_decoder(path).model.model.layers[0].mlp.experts[0]
+        assert expert.gate_up_proj.weight is None and [g.qtype for g in expert.gate_up_proj.ggml] == [39, 39]
+        x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+        exact = loaded.model.model.layers[0].mlp.experts[0].gate_up_proj(x)
+        assert (expert.gate_up_proj(x) - exact).abs().max() / exact.abs().max() < 0.02  # (8-bit activations)
