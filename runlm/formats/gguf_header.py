@@ -231,3 +231,10 @@ def read_model(path: str | os.PathLike) -> tuple[list[np.ndarray], dict[str, obj
     if isinstance(expected, int) and expected != len(tensors):
         raise GGUFHeaderError(f"the split model's files hold {len(tensors)} tensors, its first says {expected}")
     return maps, metadata, tensors
+
+
+def model_files(path: Path) -> list[Path]:
+    """The files of the model whose (first) file is ``path``: itself, or a split model's every shard."""
+    _, metadata, _ = read_header(path)
+    count = metadata.get("split.count", 1)
+    return shard_paths(path, count) if isinstance(count, int) and not isinstance(count, bool) and count > 1 else [path]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runlm.catalog import BUILTIN_MODELS
+from runlm.formats.gguf_header import model_files
 from runlm.formats.projector_names import looks_like_projector
 from runlm.store.blobs import BlobStore
 from runlm.store.download import DownloadLimits, discard, download
@@ -249,8 +250,11 @@ class RefStore:
             return self._ingest_under(source, source.access.root, report)
         path = fetch_hf(source.location, source.tag) if source.kind == "hf" else Path(source.location)
         info = inspect_model(path)  # refuse what is not a model before copying anything
-        # a single file's name is not part of its identity: the same bytes are the same model
-        entries = [(SINGLE_FILE_NAME, path)] if path.is_file() else [
+        # a single file's name is not part of its identity: the same bytes are the same model (a split model's files
+        # keep theirs: the loader finds the others beside the first by them)
+        shards = model_files(path) if path.is_file() and path.suffix == ".gguf" else [path]
+        entries = [(SINGLE_FILE_NAME, path)] if path.is_file() and len(shards) == 1 else \
+            [(p.name, p) for p in shards] if path.is_file() else [
             (str(p.relative_to(path)), p) for p in sorted(path.rglob("*"))
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)]
         projector = projector_beside(path) if source.kind in ("local", "hf") and path.is_file() else None

@@ -56,3 +56,17 @@ def test_a_later_missing_or_foreign_shard_is_refused_by_name(tmp_path: Path) -> 
         GGUFFile(renamed)
     with pytest.raises(QuantizeError, match="split in several"):
         quantize_file(first, tmp_path / "q.gguf", "Q8_0")
+
+
+def test_the_store_keeps_every_shard_under_its_name(tmp_path: Path) -> None:
+    from runlm.store import ModelStore
+
+    store = ModelStore(tmp_path / "home")
+    stored = store.pull(str(split_gguf("llama")), name="split")
+    assert [f["path"] for f in stored.manifest["files"]] == [f"llama-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    path = store.model_path(stored)
+    assert path.name == "llama-00001-of-00003.gguf" and stored.info.parameters == \
+        inspect_model(converted_gguf("llama")).parameters
+    ids = _prompt(49152, 20)
+    assert torch.equal(all_logits(load_decoder(path, exact_numerics=True).model, ids),
+                       all_logits(load_decoder(converted_gguf("llama"), exact_numerics=True).model, ids))
