@@ -29,6 +29,7 @@ class OpenedFile:
     fd: int
     size: int
     projector: bool = False  # the multimodal projector (mmproj GGUF) found beside a one-file model
+    shard: bool = False      # one of a split GGUF model's files, kept under its own name
 
 
 def _real_path(fd: int) -> Path:
@@ -70,6 +71,25 @@ def _open_file(parent: int, name: str, shown: str, root: Path) -> int | None:
         with contextlib.suppress(OSError):
             os.close(fd)
         raise
+
+
+def _shard_names(fd: int, name: str) -> list[str]:
+    """A split GGUF model's file names when the open file ``name`` is its first (read through the handle); [] else."""
+    from runlm.formats.gguf_header import read_header, shard_paths
+
+    if not name.endswith(".gguf"):
+        return []
+    try:
+        _, metadata, _ = read_header(f"/proc/self/fd/{fd}")
+    except (OSError, ValueError, IndexError, KeyError):
+        return []  # (inspecting the model says what is wrong with it)
+    count = metadata.get("split.count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 2:
+        return []
+    try:
+        return [p.name for p in shard_paths(Path(name), count)]
+    except ValueError as exc:
+        raise SourceError(f"{name}: {exc}") from None
 
 
 def _walk(dir_fd: int, prefix: str, root: Path, out: list[OpenedFile]) -> None:
@@ -145,13 +165,20 @@ def open_model(root: Path, location: Path, single_name: str) -> Iterator[tuple[l
             file_fd = _open_file(fd, last, str(rel), root)
             if file_fd is None:
                 raise SourceError(f"{rel}: not a file")
-            opened.append(OpenedFile(single_name, file_fd, os.fstat(file_fd).st_size))
+            shards = _shard_names(file_fd, last)
+            opened.append(OpenedFile(last if shards else single_name, file_fd, os.fstat(file_fd).st_size,
+                                     shard=bool(shards)))
+            for name in shards[1:]:  # a split model's other files, beside its first, under the same checks
+                shard_fd = _open_file(fd, name, str(rel.parent / name), root)
+                if shard_fd is None:
+                    raise SourceError(f"{rel.parent / name}: not a file")
+                opened.append(OpenedFile(name, shard_fd, os.fstat(shard_fd).st_size, shard=True))
             model = view / last
             projector = _projector_beside(fd, last, root)
             if projector is not None:
                 opened.append(projector)
         for f in opened:
-            link = view / f.rel if f.projector else (model / f.rel) if is_dir else model
+            link = view / f.rel if f.projector or f.shard else (model / f.rel) if is_dir else model
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(f"/proc/self/fd/{f.fd}")
         yield opened, model

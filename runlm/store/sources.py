@@ -63,14 +63,24 @@ class Source:
             path = Path(self.location)
             stat = path.stat()
             identity = f"{self.kind}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-            if self.kind == "local" and path.is_file():  # a projector put beside it since makes another pull
-                identity += "".join(f":{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
-                                    for p in _projectors_beside(path))
+            if self.kind == "local" and path.is_file():  # a projector put beside it since makes another pull,
+                beside = _projectors_beside(path) + _other_shards(path)  # and so does a split model's file changed
+                identity += "".join(f":{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in beside)
             return identity
         return f"{self.kind}:{self.location}:{self.tag or ''}:{self.expected_digest or ''}"
 
     def lock_key(self) -> str:
         return hashlib.sha256(f"{self.kind}:{self.location}:{self.tag}".encode()).hexdigest()[:24]
+
+
+def _other_shards(path: Path) -> list[Path]:
+    """A split GGUF model's files after the first (``path``); [] for any other file (or one that cannot be read)."""
+    from runlm.formats.gguf_header import model_files
+
+    try:
+        return model_files(path)[1:] if path.suffix == ".gguf" else []
+    except (OSError, ValueError, IndexError, KeyError):
+        return []
 
 
 def _projectors_beside(path: Path) -> list[Path]:

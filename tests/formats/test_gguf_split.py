@@ -70,3 +70,22 @@ def test_the_store_keeps_every_shard_under_its_name(tmp_path: Path) -> None:
     ids = _prompt(49152, 20)
     assert torch.equal(all_logits(load_decoder(path, exact_numerics=True).model, ids),
                        all_logits(load_decoder(converted_gguf("llama"), exact_numerics=True).model, ids))
+
+
+def test_a_daemons_local_import_takes_every_shard_under_the_allowed_folder(tmp_path: Path) -> None:
+    from runlm.store import ModelStore
+    from runlm.store.sources import LocalAccess, SourceError
+
+    allowed = tmp_path / "imports"
+    allowed.mkdir()
+    for shard in split_gguf("llama").parent.glob("*.gguf"):
+        shutil.copy(shard, allowed / shard.name)
+    store = ModelStore(tmp_path / "home")
+    stored = store.pull("llama-00001-of-00003.gguf", name="split", access=LocalAccess.under(allowed))
+    assert [f["path"] for f in stored.manifest["files"]] == [f"llama-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert load_decoder(store.model_path(stored), exact_numerics=True).config.num_layers == 2
+    outside = tmp_path / "outside.gguf"
+    (allowed / "llama-00003-of-00003.gguf").rename(outside)
+    (allowed / "llama-00003-of-00003.gguf").symlink_to(outside)  # a shard that leads out of the folder
+    with pytest.raises(SourceError, match="leaves the folder local imports are allowed from"):
+        ModelStore(tmp_path / "home2").pull("llama-00001-of-00003.gguf", name="out", access=LocalAccess.under(allowed))
