@@ -110,8 +110,8 @@ def load_decoder(model: ModelSpec | str | Path, dtype: torch.dtype | str = "floa
         model_ = _empty_model(cfg)
         if families.get(cfg.family).hf_rope_interleaved:  # the checkpoint's Q/K rows are in that layout
             model_.model.rope.use_interleaved_pairs()
-        weights = safetensors_weights(spec.safetensors(), "ggml" if gguf_weight_mode(dtype, device, exact_numerics)
-                                      == "ggml" else "dense")
+        mode = "ggml" if gguf_weight_mode(dtype, device, exact_numerics) == "ggml" else "dense"
+        weights = safetensors_weights(spec.safetensors(), mode, spec.hf_config)  # (config.json read once)
         if family is not None:
             weights = _split_vision(weights, family.text_weight, vision_weights)
         weights = hf_renamed(weights, cfg.family)

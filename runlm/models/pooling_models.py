@@ -122,7 +122,7 @@ def load_pooling_model(source: ModelSpec | str | Path, task: str = "auto", dtype
         model = model.to_empty(device="cpu")
         hidden, vocab, max_len = dcfg.hidden_size, dcfg.vocab_size, dcfg.max_position_embeddings
     tokenizer = spec.tokenizer()
-    weights = safetensors_weights(spec.safetensors())
+    weights = safetensors_weights(spec.safetensors(), hf_config=spec.hf_config)
     if from_tokens and task == "score" and not is_bert:
         weights = _score_from_token_logits(weights, _token_ids(tokenizer, from_tokens, source),
                                            bool(hf.get("tie_word_embeddings", False)))

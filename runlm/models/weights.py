@@ -5,9 +5,9 @@ Weights are yielded under Hugging Face names so one ``load_weights`` serves both
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import torch
 
@@ -112,23 +112,27 @@ _TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloa
 
 
 @overload
-def safetensors_weights(source: Path | SafetensorsDir, mode: Literal["dense"] = ...
-                        ) -> Iterator[tuple[str, torch.Tensor]]: ...
+def safetensors_weights(source: Path | SafetensorsDir, mode: Literal["dense"] = ...,
+                        hf_config: Mapping[str, Any] | None = None) -> Iterator[tuple[str, torch.Tensor]]: ...
 @overload
-def safetensors_weights(source: Path | SafetensorsDir, mode: str) -> Iterator[tuple[str, Weight]]: ...
+def safetensors_weights(source: Path | SafetensorsDir, mode: str,
+                        hf_config: Mapping[str, Any] | None = None) -> Iterator[tuple[str, Weight]]: ...
 
 
-def safetensors_weights(source: Path | SafetensorsDir, mode: str = "dense") -> Iterator[tuple[str, Weight]]:
+def safetensors_weights(source: Path | SafetensorsDir, mode: str = "dense",
+                        hf_config: Mapping[str, Any] | None = None) -> Iterator[tuple[str, Weight]]:
     """HF-named tensors of a model directory (its files mapped once: a ModelSpec's SafetensorsDir, or the
     directory's path), as float32; in "ggml" mode bf16/fp16 matrices come as GGMLWeight views of the mapped file
     instead (half the bytes, pages shared between processes). FP8 matrices with their scales (runlm.models.
-    prequantized) come dequantized, or in "ggml" mode repacked to Q8_0 blocks."""
+    prequantized) come dequantized, or in "ggml" mode repacked to Q8_0 blocks. ``hf_config``: the directory's
+    config.json as read already (its quantization_config says how such matrices are stored)."""
     import warnings
 
     from runlm.models import prequantized as fp8
 
     st = source if isinstance(source, SafetensorsDir) else SafetensorsDir(source)
-    hf_config = read_hf_config(st.directory) if (st.directory / "config.json").is_file() else None
+    if hf_config is None and (st.directory / "config.json").is_file():
+        hf_config = read_hf_config(st.directory)
     block, int4 = fp8.block_size(hf_config), fp8.int4_method(hf_config)
     scales = {fp8.scale_name(n, st.tensors) for n in st.tensors if st.tensors[n].qtype.startswith("F8_")}
     repacker = fp8.Q8Repacker()
