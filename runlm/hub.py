@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from runlm.formats.gguf_header import SHARD_NAME
 from runlm.formats.projector_names import choose_projector, looks_like_projector
 
-_SHARD = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")  # (runlm.formats.gguf_header's)
 _HF_REPO = re.compile(r"(?:hf\.co/|huggingface\.co/)?([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([\w.-]+))?")
 HF_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model", "*/config.json"]
 # a diffusers pipeline: the index, each component's configs, tokenizer files and plain weights; not the
@@ -82,16 +82,16 @@ def hf_patterns(files: list[str], tag: str | None, repo: str) -> list[str]:
 
 def _shards_of(pick: str, names: list[str]) -> list[str]:
     """Every file of a split model whose first file is ``pick`` (just ``pick`` for a one-file model)."""
-    m = _SHARD.fullmatch(pick)
+    m = SHARD_NAME.fullmatch(pick)
     if m is None:
         return [pick]
-    return sorted(n for n in names if (s := _SHARD.fullmatch(n)) and s["stem"] == m["stem"]
+    return sorted(n for n in names if (s := SHARD_NAME.fullmatch(n)) and s["stem"] == m["stem"]
                   and s["count"] == m["count"])
 
 
 def _pick_gguf(names: list[str], tag: str | None, repo: str) -> str:
     # a split model is its first file (the loader finds the others beside it)
-    names = [n for n in names if (s := _SHARD.fullmatch(n)) is None or int(s["no"]) == 1]
+    names = [n for n in names if (s := SHARD_NAME.fullmatch(n)) is None or int(s["no"]) == 1]
     if tag and tag != "latest":
         hits = [n for n in names if tag.lower() in n.lower()]
         if not hits:

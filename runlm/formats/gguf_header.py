@@ -190,13 +190,13 @@ def read_header(path: str | os.PathLike, spans: dict[str, tuple[int, int]] | Non
 
 
 # llama.cpp's names for a model split in several files (gguf-split, convert_hf_to_gguf --split-max-*)
-_SHARD = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+SHARD_NAME = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 MAX_SHARDS = 1024
 
 
 def shard_paths(path: Path, count: int) -> list[Path]:
     """The ``count`` files of a split model whose first is ``path`` (``<name>-00001-of-0000N.gguf``)."""
-    m = _SHARD.match(path.name)
+    m = SHARD_NAME.match(path.name)
     if m is None or int(m["count"]) != count:
         raise GGUFHeaderError(f"the model is split into {count} files, but this one is not named "
                               f"<name>-00001-of-{count:05d}.gguf")
