@@ -60,11 +60,17 @@ class LLMEngine(EngineCore):
         self.vocab_size = mc.vocab_size
         self.max_model_len = mc.context_length(config.max_model_len)
         heads, k_dim, v_dim = mc.kv_cache_shape
+        if mc.recurrent_layers and config.speculative_config is not None:
+            raise ValueError(f"speculative_config: the {mc.family} family's Mamba2 layers keep one state per sequence, "
+                             "which cannot take back rejected draft tokens; serve it without speculative decoding")
         self.kv_bytes_per_token = per_token = kv_cache_bytes_per_token(
-            mc.num_layers, heads, k_dim, config.kv_cache_dtype, dtype_itemsize(config.dtype), v_dim)
+            len(mc.kv_layers), heads, k_dim, config.kv_cache_dtype, dtype_itemsize(config.dtype), v_dim)
         draft = configured_draft(config, self.loaded, self.threads)  # speculative decoding's draft model, if any
         per_token += draft_kv_bytes_per_token(draft, config)  # its K/V lives in the same blocks
-        num_blocks = self.choice.kind.kv_cache_blocks(config, self.loaded, per_token, self.max_model_len)
+        if per_token:
+            num_blocks = self.choice.kind.kv_cache_blocks(config, self.loaded, per_token, self.max_model_len)
+        else:  # no layer keeps K/V (Mamba2): the blocks only count positions, every sequence at full length
+            num_blocks = config.max_num_seqs * -(-self.max_model_len // config.block_size)
         # sliding-window layers give back the blocks behind their window as sequences run
         self.blocks = block_manager(mc, num_blocks, config.block_size, config.enable_prefix_caching,
                                     config.max_num_seqs, config.max_num_batched_tokens)
@@ -88,8 +94,9 @@ class LLMEngine(EngineCore):
         self.requests: dict[str, RequestState] = {}
         self.num_preemptions = 0
         self.sleep_level = 0
-        layer_blocks = sum(self.blocks.layer_blocks(i) for i in range(mc.num_layers))
-        self.log_start(layer_blocks * config.block_size * per_token // mc.num_layers)
+        layer_blocks = sum(self.blocks.layer_blocks(i) for i in mc.kv_layers)
+        self.log_start(layer_blocks * config.block_size * per_token // max(len(mc.kv_layers), 1)
+                       + self.blocks.state_slots * mc.state_bytes_per_seq)
 
     def _load(self, spec: ModelSpec) -> Any:
         """The chosen runner's model (LoadedModel or NativeLoaded), its threads set."""

@@ -64,6 +64,7 @@ DECODERS: dict[str, DecoderNames] = {
     "llama4_text": DecoderNames(("Llama4ForCausalLM",), ("llama4",)),
     "apertus": DecoderNames(("ApertusForCausalLM",), ("apertus",)),
     "granitemoe": DecoderNames(("GraniteMoeForCausalLM",), ("granitemoe",), gguf_rope_interleaved=True),
+    "granitemoehybrid": DecoderNames(("GraniteMoeHybridForCausalLM",), ("granitehybrid",), gguf_rope_interleaved=True),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.

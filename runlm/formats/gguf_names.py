@@ -16,6 +16,11 @@ GGUF_LAYER_NAMES = {
     "ffn_down_exps": "mlp.experts.{e}.down_proj", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
     "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    # Mamba2 mixers (their HF module: Granite 4's and Bamba's name)
+    "ssm_in": "mamba.in_proj", "ssm_out": "mamba.out_proj", "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm",
 }
+# per layer, tensors that are one parameter each, not a module's weight or bias: ``blk.N.<gguf>`` <->
+# ``model.layers.N.<hf>``. (llama.cpp stores a Mamba2 mixer's A = -exp(A_log), not A_log.)
+GGUF_LAYER_PARAMS = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_dt.bias": "mamba.dt_bias"}
 # the model's own: ``<gguf>`` <-> ``<hf>``
 GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}

@@ -56,6 +56,12 @@ class ForwardContext:
     # a runner's own attention (the GPU runner's paged kernels): write_kv_and_attend hands every layer to
     # ``backend.forward(layer, q, k, v, scale, window, softcap) -> [T, H, D]``
     backend: AttentionBackend | None = None
+    # recurrent layers (Mamba2 mixers: runlm.models.mamba2): per layer its (conv, ssm) state tensors, one row per
+    # state slot (None for an attention layer), and per sequence its slot and whether its state starts from zero
+    # (its first tokens). Without them every sequence starts from zero and nothing is kept.
+    states: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+    state_slots: list[int] | None = None
+    state_fresh: list[bool] | None = None
 
     def slots_of(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor, list[torch.Tensor] | None]:
         """(slot_mapping, flat context slots, per-sequence context slots) addressing layer ``layer``'s cache."""

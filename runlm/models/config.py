@@ -78,6 +78,18 @@ class ModelConfig:
     attn_floor_scale: float = 0.0         # Llama 4's temperature tuning on its no-RoPE layers (0: none): queries
     attn_temperature_scale: float = 0.0   # times log1p(floor((pos + 1) / floor_scale)) * scale + 1
     moe_group_max: bool = False           # a group's score is its best expert's (DeepSeek-V2), not its best two's
+    # Mamba2 mixers (runlm.models.mamba2) in place of attention on these layers (Granite 4, Bamba, ...): ssm_heads
+    # heads of ssm_head_dim, a state of ssm_state per head, B and C in ssm_groups groups, a causal convolution of
+    # ssm_conv_kernel taps; each sequence keeps a recurrent state per such layer instead of a KV cache
+    recurrent_layers: list[int] = field(default_factory=list)
+    ssm_heads: int = 0
+    ssm_head_dim: int = 0
+    ssm_state: int = 0
+    ssm_groups: int = 1
+    ssm_conv_kernel: int = 4
+    ssm_conv_bias: bool = True
+    ssm_proj_bias: bool = False
+    ssm_dt_limit: tuple[float, float] = (0.0, float("inf"))  # the step size dt clamped to this range
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -104,6 +116,29 @@ class ModelConfig:
         if self.kv_lora_rank:
             return 1, self.kv_lora_rank + self.qk_rope_head_dim, 0
         return self.num_kv_heads, self.head_dim, self.head_dim
+
+    @property
+    def kv_layers(self) -> list[int]:
+        """The layers that keep a KV cache (all but the recurrent ones)."""
+        recurrent = set(self.recurrent_layers)
+        return [i for i in range(self.num_layers) if i not in recurrent]
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """The channels a Mamba2 mixer convolves: its inner width, then B's and C's groups."""
+        return self.ssm_heads * self.ssm_head_dim + 2 * self.ssm_groups * self.ssm_state
+
+    @property
+    def state_shapes(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        """One sequence's recurrent state in one Mamba2 layer: the convolution's last inputs [conv_dim, taps - 1]
+        and the SSM state [heads, head_dim, state]."""
+        return (self.ssm_conv_dim, self.ssm_conv_kernel - 1), (self.ssm_heads, self.ssm_head_dim, self.ssm_state)
+
+    @property
+    def state_bytes_per_seq(self) -> int:
+        """What one sequence's recurrent states take, in float32, over every recurrent layer."""
+        (c, k), (h, p, n) = self.state_shapes
+        return len(self.recurrent_layers) * 4 * (c * k + h * p * n)
 
     @property
     def layer_norm(self) -> bool:
@@ -157,10 +192,19 @@ class ModelConfig:
             mlp += (2 if self.gated_mlp else 1) * self.intermediate_size + h
         if self.hidden_act == "xielu":  # its four learned values
             mlp += 4
-        layers = sum(attention + (moe if self.is_moe_layer(i) else mlp)
-                     for i in range(self.num_layers))
+        recurrent = set(self.recurrent_layers)
+        layers = sum((self._mamba_params() + 2 * norm if i in recurrent else attention)
+                     + (moe if self.is_moe_layer(i) else mlp) for i in range(self.num_layers))
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return layers + emb + norm + (self.vocab_size if self.lm_head_bias else 0)
+
+    def _mamba_params(self) -> int:
+        h, heads, conv = self.hidden_size, self.ssm_heads, self.ssm_conv_dim
+        inner = heads * self.ssm_head_dim
+        proj = inner + conv + heads
+        bias = (proj + h) if self.ssm_proj_bias else 0
+        return h * proj + conv * self.ssm_conv_kernel + (conv if self.ssm_conv_bias else 0) + 3 * heads + inner \
+            + inner * h + bias
 
     def _latent_attention_params(self) -> int:
         h, heads, rank, rope = self.hidden_size, self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim
@@ -310,7 +354,8 @@ class ModelConfig:
         fields: dict[str, Any] = dict(
             family=family.name, vocab_size=int(vocab), hidden_size=hidden,
             intermediate_size=int(get("feed_forward_length")), num_layers=layers,
-            num_heads=heads, num_kv_heads=int(kv_heads if not isinstance(kv_heads, list) else kv_heads[0]),
+            # (a list: per layer, 0 for a recurrent one)
+            num_heads=heads, num_kv_heads=int(kv_heads if not isinstance(kv_heads, list) else max(kv_heads)),
             head_dim=head_dim, rms_norm_eps=float(get("attention.layer_norm_epsilon", 1e-5) if family.layer_norm
                                                   else get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=scaling,

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
+from torch import nn
 
 from runlm.models.config import ModelConfig
 from runlm.models.linear import Weight
-from runlm.models.llama import DecoderLayer, LlamaForCausalLM, LlamaModel
+from runlm.models.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, LlamaModel, RMSNorm
+from runlm.models.mamba2 import Mamba2Mixer
 from runlm.models.moe import SparseMoeBlock
 from runlm.models.rope import RotaryEmbedding
 
@@ -58,12 +60,59 @@ class GraniteMoeForCausalLM(GraniteForCausalLM):
         super().load_weights(_per_expert(weights, self.config.expert_size))
 
 
-def _per_expert(weights: Iterable[tuple[str, Weight]], size: int) -> Iterator[tuple[str, Weight]]:
+class GraniteHybridDecoderLayer(GraniteDecoderLayer):
+    """Granite 4 (GraniteMoeHybrid): a Mamba2 mixer (runlm.models.mamba2) or attention, then experts beside an
+    always-on MLP (the checkpoint's ``shared_mlp``), or that MLP alone; Granite's multipliers around both."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
+        nn.Module.__init__(self)
+        self.residual_scale = cfg.residual_scale
+        self.mamba: Mamba2Mixer | None = None
+        self.self_attn: Attention | None = None  # type: ignore[assignment]
+        if layer in cfg.recurrent_layers:
+            self.mamba = Mamba2Mixer(cfg, layer)
+        else:
+            self.self_attn = Attention(cfg, layer, rope)
+        self.mlp: nn.Module = SparseMoeBlock(cfg) if cfg.num_experts else MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        mixer = self.mamba if self.mamba is not None else self.self_attn
+        assert mixer is not None
+        x = x + mixer(positions, self.input_layernorm(x)) * self.residual_scale
+        return x + self.mlp(self.post_attention_layernorm(x)) * self.residual_scale
+
+
+class GraniteHybridModel(GraniteModel):
+    layer_cls: type[DecoderLayer] = GraniteHybridDecoderLayer
+
+
+class GraniteHybridForCausalLM(GraniteForCausalLM):
+    model_cls = GraniteHybridModel
+
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+        cfg = self.config
+        shared = "mlp.shared_expert" if cfg.num_experts else "mlp"  # (a model without experts: the MLP alone)
+        super().load_weights(_per_expert(weights, cfg.expert_size, shared, cfg.shared_expert_intermediate_size))
+
+
+def _per_expert(weights: Iterable[tuple[str, Weight]], size: int, shared: str = "",
+                shared_size: int = 0) -> Iterator[tuple[str, Weight]]:
     """GraniteMoE's checkpoint names: each layer's experts stacked, gate and up in one ``input_linear`` [E, 2I, H]
-    (gate first), ``output_linear`` [E, H, I], the router ``router.layer``; as one weight per expert."""
+    (gate first), ``output_linear`` [E, H, I], the router ``router.layer``; as one weight per expert. Granite 4's
+    ``shared_mlp`` (``input_linear`` [2S, H], ``output_linear``) as the module ``shared``'s gate, up and down."""
     for name, tensor in weights:
         prefix, _, rest = name.partition(".block_sparse_moe.")
-        if not rest:
+        head, _, mlp = name.partition(".shared_mlp.")
+        if mlp:
+            assert isinstance(tensor, torch.Tensor), name  # (llama.cpp's files split it: ffn_*_shexp)
+            if mlp == "input_linear.weight":
+                yield f"{head}.{shared}.gate_proj.weight", tensor[:shared_size]
+                yield f"{head}.{shared}.up_proj.weight", tensor[shared_size:]
+            else:
+                yield f"{head}.{shared}.down_proj.weight", tensor
+        elif not rest:
             yield name, tensor
         elif rest == "router.layer.weight":
             yield f"{prefix}.mlp.gate.weight", tensor

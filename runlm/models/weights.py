@@ -14,7 +14,7 @@ import torch
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import ggml_type
-from runlm.formats.gguf_names import GGUF_GLOBAL_NAMES, GGUF_LAYER_NAMES
+from runlm.formats.gguf_names import GGUF_GLOBAL_NAMES, GGUF_LAYER_NAMES, GGUF_LAYER_PARAMS
 from runlm.formats.safetensors import SafetensorsDir
 from runlm.formats.safetensors import read_hf_config as read_hf_config  # (its home: torch-free readers)
 from runlm.kernels import ggml
@@ -37,6 +37,10 @@ def hf_name_for_gguf(name: str, arch: str = "llama") -> str | None:
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
     if m and m.group(2) in layer_names:
         return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{m.group(3)}"
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+(?:\.bias)?)", name)
+    params = {**GGUF_LAYER_PARAMS, **family.gguf_tensor_names} if family else GGUF_LAYER_PARAMS
+    if m and m.group(2) in params:
+        return f"model.layers.{m.group(1)}.{params[m.group(2)]}"
     m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
     if m and m.group(1) in GGUF_GLOBAL_NAMES:
         return f"{GGUF_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
@@ -77,6 +81,8 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
         heads = cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads if ".k_proj." in hf else 0
         if permute and heads:
             parts = [_unpermute(t, heads) for t in parts]
+        if hf.endswith(".A_log"):  # (the file's A = -exp(A_log))
+            parts = [torch.log(-parts[0].float())]
         yield hf, parts[0] if len(parts) == 1 else BlockQuantized(*parts)
     family = families.for_gguf(gguf.architecture)
     if family is not None and family.gguf_metadata_weights is not None:

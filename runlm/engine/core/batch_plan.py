@@ -42,6 +42,9 @@ class BatchPlan:
     prompt_logprob_rows: list[PromptLogprobRows] = field(default_factory=list)
     # a cache in groups of layers: per group after the first, per sequence (new tokens' slots, context slots)
     group_slots: list[list[tuple[np.ndarray, np.ndarray]]] | None = None
+    # recurrent layers: per sequence, its state slot and whether its state starts from zero (its first tokens)
+    state_slots: list[int] = field(default_factory=list)
+    state_fresh: list[bool] = field(default_factory=list)
 
 
 def plan_batch(sched: SchedulerOutput, blocks: AnyBlockManager) -> BatchPlan:
@@ -65,6 +68,8 @@ def plan_batch(sched: SchedulerOutput, blocks: AnyBlockManager) -> BatchPlan:
         slot_maps.append(context[start:])
         context_slots.append(context)
         plan.context_lens.append(end)
+        plan.state_slots.append(seq.table.state_slot)
+        plan.state_fresh.append(start == 0)
         if hybrid is not None:
             per_seq_groups.append([(c[start:], c) for c in (np.asarray(g, dtype=np.int64)
                                                              for g in hybrid.group_slots(seq.table, 0, end))])

@@ -64,6 +64,7 @@ class BlockTable:
     groups: list[BlockTable] = field(default_factory=list)  # hybrid caches: the other KV groups' tables
     # the prompt's images: (start, end, content hash); a block over an image's positions is keyed by the image too
     mm_keys: tuple[tuple[int, int, bytes], ...] = ()
+    state_slot: int = -1  # recurrent layers: the slot of the sequence's state (-1: none held)
 
 
 def image_keys(mm_keys: tuple[tuple[int, int, bytes], ...], start: int, end: int) -> bytes:
@@ -73,9 +74,13 @@ def image_keys(mm_keys: tuple[tuple[int, int, bytes], ...], start: int, end: int
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 window: int | None = None) -> None:
+                 window: int | None = None, state_slots: int = 0) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache budget holds no block; raise kv_cache_memory")
+        # recurrent layers (runlm.models.mamba2): one state slot per running sequence, taken on admission and given
+        # back with its blocks (a state is not a prefix's: such a cache is never shared)
+        self.state_slots = state_slots
+        self.free_states = list(range(state_slots - 1, -1, -1))
         self.window = window  # every layer attends to at most this many positions (None: all)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -132,6 +137,8 @@ class BlockManager:
 
     def fits_prompt(self, hits: list[int], num_tokens: int) -> bool:
         """Whether a sequence whose prefix hit ``hits`` finds room for num_tokens in all."""
+        if self.state_slots and not self.free_states:
+            return False
         need = self.blocks_needed(num_tokens) - len(hits)
         return need <= len(self.free) - sum(1 for b in hits if self.blocks[b].ref_count == 0)
 
@@ -159,6 +166,8 @@ class BlockManager:
             table.hashes.append(self.blocks[block_id].hash)  # type: ignore[arg-type]  # a cached block has one
         table.blocks = list(hits) + [self._take_free() for _ in range(need)]
         table.num_cached_tokens = cached
+        if self.state_slots and table.state_slot < 0:
+            table.state_slot = self.free_states.pop()
         return n
 
     def grow(self, table: BlockTable, num_tokens: int) -> bool:
@@ -198,6 +207,9 @@ class BlockManager:
             if block_id != RELEASED:
                 self._unref(block_id)
         table.blocks, table.hashes, table.num_cached_tokens, table.num_released = [], [], 0, 0
+        if table.state_slot >= 0:
+            self.free_states.append(table.state_slot)
+            table.state_slot = -1
 
     def release_outside_window(self, table: BlockTable, num_computed: int) -> None:
         """Give back the blocks no later token can attend to: the next one, at position num_computed, sees

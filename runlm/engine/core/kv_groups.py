@@ -45,6 +45,10 @@ class HybridBlockManager:
         return self.main.num_free_blocks
 
     @property
+    def state_slots(self) -> int:
+        return self.main.state_slots
+
+    @property
     def usage(self) -> float:
         return max(g.usage for g in self.groups)
 
@@ -119,6 +123,8 @@ def block_manager(mc: ModelConfig, num_blocks: int, block_size: int, enable_pref
     attend alike (a window every layer has gives blocks back as a sequence runs), else a global group and a
     window group that takes only the blocks its window needs, the rest of the budget going to the global one."""
     windows = [mc.layer_window(i) for i in range(mc.num_layers)]
+    if mc.recurrent_layers:  # a state per sequence beside the blocks; a recurrent state is no prefix's to share
+        return BlockManager(num_blocks, block_size, False, windows[0], state_slots=max_num_seqs)
     if not has_kv_groups(mc):
         return BlockManager(num_blocks, block_size, enable_prefix_caching, windows[0])
     window = max(w for w in windows if w)

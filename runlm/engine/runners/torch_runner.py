@@ -53,6 +53,8 @@ class ModelRunner:
         self.dtype, self.device = torch_dtype(config.dtype), torch.device(config.device)
         self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # recurrent layers' (conv, ssm) states, one row per state slot (runlm.models.mamba2); None for the others
+        self.states: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
         self.allocate_kv_cache()
 
     def allocate_kv_cache(self) -> None:
@@ -60,13 +62,20 @@ class ModelRunner:
         # empty, not zeros: attention reads only slots already written, and untouched pages cost no RAM
         self.kv_caches = []
         heads, k_dim, v_dim = c.kv_cache_shape  # (latent attention: one latent row per token, no V)
+        recurrent = set(c.recurrent_layers)
         for layer in range(c.num_layers):
-            slots = self.blocks.layer_blocks(layer) * self.blocks.block_size
+            slots = 0 if layer in recurrent else self.blocks.layer_blocks(layer) * self.blocks.block_size
             self.kv_caches.append((torch.empty((slots, heads, k_dim), dtype=self.dtype, device=self.device),
                                    torch.empty((slots, heads, v_dim), dtype=self.dtype, device=self.device)))
+        if recurrent:  # (a sequence's first tokens start its state from zero: nothing need be cleared)
+            n = self.blocks.state_slots
+            conv, ssm = c.state_shapes
+            self.states = [(torch.empty((n, *conv), device=self.device), torch.empty((n, *ssm), device=self.device))
+                           if layer in recurrent else None for layer in range(c.num_layers)]
 
     def free_kv_cache(self) -> None:
         self.kv_caches = []
+        self.states = None
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
@@ -86,6 +95,8 @@ class ModelRunner:
         plan, t = plan_batch(sched, self.blocks), self.slot_tensor
         ctx = ForwardContext(plan.query_lens, plan.context_lens, t(plan.slot_mapping),
                              [t(c) for c in plan.context_slots], self.kv_caches)
+        if self.states is not None:
+            ctx.states, ctx.state_slots, ctx.state_fresh = self.states, plan.state_slots, plan.state_fresh
         if plan.group_slots is not None:
             assert isinstance(self.blocks, HybridBlockManager)
             ctx.layer_group = self.blocks.layer_group

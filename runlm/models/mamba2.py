@@ -1,0 +1,140 @@
+"""The Mamba2 mixer (state-space duality, Dao and Gu 2024), as Granite 4, Bamba, Nemotron-H and Mamba2 itself
+compute it, over a recurrent state kept per sequence instead of a KV cache:
+
+    z, xBC, dt = in_proj(x)                      (the gate, the convolved channels, one step size per head)
+    xBC = silu(causal_conv1d(xBC))               (its last taps - 1 inputs are the sequence's conv state)
+    x, B, C = xBC;  dt = softplus(dt + dt_bias)
+    h_t = exp(dt_t A) h_(t-1) + dt_t x_t B_t^T   (per head: h [head_dim, state]; the sequence's SSM state)
+    y_t = h_t C_t + D x_t
+    out = out_proj(rmsnorm(y * silu(z)))         (the norm over groups of the inner width)
+
+A prompt's rows are scanned in chunks (the quadratic form within a chunk, the recurrence across chunks); a
+decode step's rows, one per sequence, in one batched update. States are float32 whatever the compute dtype.
+Where the step's ForwardContext carries states, each sequence reads its slot's state (zero for its first tokens)
+and leaves its new state there; without (runlm.models.evaluate.all_logits) every sequence starts from zero.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runlm.models.attention import get_forward_context
+from runlm.models.config import ModelConfig
+from runlm.models.linear import Linear
+
+CHUNK = 64  # prompt rows scanned at once (the within-chunk form costs chunk^2 per head)
+
+
+class GatedRMSNorm(nn.Module):
+    """rmsnorm(y * silu(z)) over each of ``groups`` equal parts of the width, times a weight (norm after the gate)."""
+
+    def __init__(self, dim: int, groups: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.groups, self.eps = groups, eps
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        g = (y.float() * F.silu(z.float())).unflatten(-1, (self.groups, -1))
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * g.flatten(-2).to(y.dtype)
+
+
+class Conv1d(nn.Module):
+    """A depthwise causal convolution's weights as checkpoints store them: weight [channels, 1, taps], bias."""
+
+    def __init__(self, channels: int, taps: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, taps))
+        self.bias = nn.Parameter(torch.empty(channels)) if bias else None
+
+
+class Mamba2Mixer(nn.Module):
+    """x [T, hidden] -> [T, hidden] for layer ``layer``: the rows of every sequence in the step, in batch order."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.heads, self.head_dim, self.state = cfg.ssm_heads, cfg.ssm_head_dim, cfg.ssm_state
+        self.groups, self.taps = cfg.ssm_groups, cfg.ssm_conv_kernel
+        self.inner, self.conv_dim = cfg.ssm_heads * cfg.ssm_head_dim, cfg.ssm_conv_dim
+        self.in_proj = Linear(cfg.hidden_size, self.inner + self.conv_dim + self.heads, bias=cfg.ssm_proj_bias)
+        self.conv1d = Conv1d(self.conv_dim, self.taps, cfg.ssm_conv_bias)
+        self.dt_bias = nn.Parameter(torch.empty(self.heads))
+        self.A_log = nn.Parameter(torch.empty(self.heads))
+        self.D = nn.Parameter(torch.empty(self.heads))
+        self.norm = GatedRMSNorm(self.inner, cfg.ssm_groups, cfg.rms_norm_eps)
+        self.out_proj = Linear(self.inner, cfg.hidden_size, bias=cfg.ssm_proj_bias)
+        self.dt_limit = cfg.ssm_dt_limit
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx = get_forward_context()
+        z, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.heads], dim=-1)
+        y = torch.empty(x.shape[0], self.inner, dtype=torch.float32, device=x.device)
+        starts = [0, *itertools.accumulate(ctx.query_lens)]
+        store = ctx.states[self.layer] if ctx.states is not None else None
+        fresh = ctx.state_fresh or [True] * len(ctx.query_lens)
+        slots = ctx.state_slots or [-1] * len(ctx.query_lens)
+        # decode rows (one per sequence, its state kept) in one batch; a prompt's rows sequence by sequence
+        decode = [i for i, n in enumerate(ctx.query_lens) if n == 1 and not fresh[i] and store is not None]
+        if decode:
+            rows = torch.tensor([starts[i] for i in decode], device=x.device)
+            y[rows] = self._scan(xbc[rows, None], dt[rows, None], store, [slots[i] for i in decode], False)[:, 0]
+        done = set(decode)
+        for i, (a, b) in enumerate(itertools.pairwise(starts)):
+            if i not in done and b > a:
+                y[a:b] = self._scan(xbc[None, a:b], dt[None, a:b], store, [slots[i]], fresh[i])[0]
+        return self.out_proj(self.norm(y.to(x.dtype), z))
+
+    def _scan(self, xbc: torch.Tensor, dt: torch.Tensor, store: tuple[torch.Tensor, torch.Tensor] | None,
+              slots: list[int], fresh: bool) -> torch.Tensor:
+        """``b`` sequences of ``L`` rows each (xbc [b, L, conv_dim], dt [b, L, heads]) from their slots' states
+        (zero when ``fresh`` or nothing is kept), their new states stored back. Returns y [b, L, inner], float32."""
+        b, length = xbc.shape[:2]
+        index = torch.tensor(slots, device=xbc.device)
+        if store is None or fresh:
+            conv0 = xbc.new_zeros(b, self.conv_dim, self.taps - 1, dtype=torch.float32)
+            ssm0 = xbc.new_zeros(b, self.heads, self.head_dim, self.state, dtype=torch.float32)
+        else:
+            conv0, ssm0 = store[0][index], store[1][index]
+        full = torch.cat([conv0, xbc.float().transpose(1, 2)], dim=-1)  # [b, conv_dim, taps - 1 + L]
+        w = self.conv1d.weight.float()
+        bias = self.conv1d.bias.float() if self.conv1d.bias is not None else None
+        conv = F.silu(F.conv1d(full, w, bias, groups=self.conv_dim)).transpose(1, 2)  # [b, L, conv_dim]
+        xs, B, C = conv.split([self.inner, self.groups * self.state, self.groups * self.state], dim=-1)
+        step = F.softplus(dt.float() + self.dt_bias.float()).clamp(*self.dt_limit)
+        xs = xs.reshape(b, length, self.heads, self.head_dim)
+        repeat = self.heads // self.groups  # B and C are shared by the heads of a group
+        B = B.reshape(b, length, self.groups, self.state).repeat_interleave(repeat, dim=2)
+        C = C.reshape(b, length, self.groups, self.state).repeat_interleave(repeat, dim=2)
+        out, ssm = ssd_scan(xs, step, -torch.exp(self.A_log.float()), B, C, ssm0)
+        if store is not None:
+            store[0][index] = full[..., full.shape[-1] - (self.taps - 1):]
+            store[1][index] = ssm
+        out = out + self.D.float()[:, None] * xs
+        return out.reshape(b, length, self.inner)
+
+
+def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+             state: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """h_t = exp(dt_t A) h_(t-1) + dt_t x_t B_t^T, y_t = h_t C_t over L steps of b sequences, from ``state``.
+    x [b, L, heads, p]; dt [b, L, heads]; A [heads]; B, C [b, L, heads, n]; state [b, heads, p, n].
+    Returns (y [b, L, heads, p], the state after the last step). Within a chunk y is the quadratic form
+    y_t = sum_(s<=t) exp(a_s+1 + ... + a_t) (C_t . B_s) dt_s x_s plus the carried state's part."""
+    out = []
+    for s in range(0, x.shape[1], chunk):
+        xc, dtc, Bc, Cc = x[:, s:s + chunk], dt[:, s:s + chunk], B[:, s:s + chunk], C[:, s:s + chunk]
+        cum = torch.cumsum(dtc * A, dim=1)  # [b, l, heads]: log-decay from the chunk's start
+        n = cum.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()[None, :, :, None]
+        decay = torch.exp((cum[:, :, None] - cum[:, None]).masked_fill(~causal, float("-inf")))  # [b, t, s, h]
+        xdt = xc * dtc[..., None]
+        y = torch.einsum("btsh,bshp->bthp", torch.einsum("bthn,bshn->btsh", Cc, Bc) * decay, xdt)
+        y = y + torch.einsum("bthn,bhpn->bthp", Cc, state) * torch.exp(cum)[..., None]
+        last = cum[:, -1]  # [b, heads]
+        carry = torch.exp(last[:, None] - cum)  # [b, l, heads]: decay from each step to the chunk's end
+        state = state * torch.exp(last)[..., None, None] + torch.einsum("bshn,bshp->bhpn", Bc * carry[..., None], xdt)
+        out.append(y)
+    return torch.cat(out, dim=1), state

@@ -1,0 +1,139 @@
+"""Hybrid decoders with Mamba2 layers (runlm/models/mamba2.py) and the recurrent state the engine keeps for them:
+one state slot per running sequence beside the paged KV cache of the attention layers (runlm/engine/core/kv_cache.py
+``state_slots``), taken on admission and given back with the blocks; prefix caching off (a state is not a prefix's);
+a preempted sequence recomputes its state from its tokens; speculative decoding refused.
+
+Each family: exact mode within 1e-4 of transformers (whose Mamba2 reference is its torch path) and its greedy tokens,
+from safetensors and from llama.cpp's converter's GGUF; fast mode on the converter's Q8_0 file held to llama.cpp's KL.
+Through the engine: a batch of prompts (one a single token) under chunked prefill and preemption gives transformers'
+greedy tokens for each."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from runlm.engine.llm import LLM
+from runlm.engine.types.sampling_params import SamplingParams
+from runlm.formats.gguf import GGUFFile
+from runlm.kernels import ggml
+from runlm.models.config import ModelConfig
+from runlm.models.load import load_decoder
+from runlm.models.mamba2 import ssd_scan
+from tests.fixtures.gguf_convert import converted_gguf
+from tests.models.test_families import fast_mode_kl, matches_transformers
+from tests.models.test_llama import _prompt
+
+FAMILIES = {"granitemoehybrid": "granitemoehybrid"}
+# llama.cpp's mean KL (llama-cpp-python 0.3.36, logits_all, one 512-token context) on the converter's Q8_0 file
+# against exact mode on its f32 file (llama.cpp on the f32 file: 8e-9), over the first 512 tokens of english_text().
+# runlm measured 0.001465 (AMD EPYC, AVX-512).
+LLAMA_CPP_Q8_0_KL = {"granitemoehybrid": 0.001466}
+# what each test model's config says (tests/fixtures/models.py), as ModelConfig holds it
+EXPECTED = {
+    "granitemoehybrid": dict(recurrent_layers=[0, 2, 3], kv_layers=[1], ssm_heads=8, ssm_head_dim=16, ssm_state=16,
+                             ssm_groups=2, ssm_conv_kernel=4, nope_layers=[0, 1, 2, 3], num_kv_heads=2,
+                             shared_expert_intermediate_size=96, residual_scale=pytest.approx(0.4)),
+}
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+@pytest.mark.parametrize("recipe", FAMILIES)
+def test_hybrids_match_transformers(recipe: str, fmt: str, tiny_model) -> None:
+    loaded = matches_transformers(recipe, fmt, tiny_model)
+    assert loaded.config.family == FAMILIES[recipe]
+
+
+@pytest.mark.parametrize("recipe", FAMILIES)
+def test_the_layers_read_alike_from_the_config_and_the_gguf_file(recipe: str, tiny_model) -> None:
+    hf = ModelConfig.from_hf(json.loads((tiny_model(recipe) / "config.json").read_text()))
+    gguf = ModelConfig.from_gguf(GGUFFile(converted_gguf(recipe)))
+    for cfg in (hf, gguf):
+        for name, value in EXPECTED[recipe].items():
+            assert getattr(cfg, name) == value, (name, getattr(cfg, name))
+    assert hf.num_params == gguf.num_params == sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(
+        tiny_model(recipe)).parameters())
+
+
+@pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
+@pytest.mark.parametrize("recipe", FAMILIES)
+def test_fast_mode_kl_divergence_is_llama_cpps(recipe: str) -> None:
+    fast = load_decoder(converted_gguf(recipe, "q8_0"))
+    mixer = fast.model.model.layers[0].mamba
+    assert mixer.in_proj.ggml and mixer.in_proj.weight is None  # the file's blocks
+    kl = fast_mode_kl(recipe, fast)
+    assert 0 < kl < 1.25 * LLAMA_CPP_Q8_0_KL[recipe], f"fast mode's KL divergence {kl:.6f}"
+
+
+def test_the_chunked_scan_is_the_recurrence_step_by_step() -> None:
+    """ssd_scan's chunks (a quadratic form within, the state across) against h_t = exp(dt A) h + dt x B^T one step at
+    a time, from a nonzero state, over lengths that end inside a chunk."""
+    g = torch.Generator().manual_seed(0)
+    b, length, heads, p, n = 2, 21, 3, 4, 5
+    x, B, C = (torch.randn(b, length, heads, d, generator=g) for d in (p, n, n))
+    dt = torch.rand(b, length, heads, generator=g)
+    A = -torch.rand(heads, generator=g) * 2
+    state = torch.randn(b, heads, p, n, generator=g)
+    y, final = ssd_scan(x, dt, A, B, C, state, chunk=8)
+    h, ys = state.clone(), []
+    for t in range(length):
+        h = h * torch.exp(dt[:, t] * A)[..., None, None] + (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None]
+        ys.append(torch.einsum("bhpn,bhn->bhp", h, C[:, t]))
+    assert torch.allclose(y, torch.stack(ys, 1), atol=1e-5) and torch.allclose(final, h, atol=1e-5)
+
+
+def _reference_greedy(path, prompts: list[list[int]], n: int) -> list[list[int]]:
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out = []
+    for ids in prompts:
+        with torch.inference_mode():
+            gen = ref.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        out.append(gen[0, len(ids):].tolist())
+    return out
+
+
+@pytest.mark.parametrize("recipe", FAMILIES)
+def test_the_engine_keeps_each_sequences_state_through_chunks_batches_and_preemption(recipe: str, tiny_model) -> None:
+    path = tiny_model(recipe)
+    prompts = [_prompt(49152, n, seed=n) for n in (40, 1, 90, 150)]
+    expected = _reference_greedy(path, prompts, 24)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    # 16 tokens a step: prompts in chunks, decode rows beside them; a cache of 64 blocks of 4 holds one long
+    # sequence, not all four: sequences are preempted and recompute their states
+    llm = LLM(str(path), exact_numerics=True, block_size=4, max_num_batched_tokens=16, kv_cache_memory=64 * 4 * 256,
+              max_model_len=512)
+    engine = llm.engine
+    assert engine.kv_bytes_per_token == 256  # one attention layer's K and V (2 heads of 16, float32)
+    assert not engine.blocks.enable_prefix_caching
+    assert [k.shape[0] for k, _ in engine.runner.kv_caches] == [0, 256, 0, 0]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert engine.num_preemptions > 0
+    assert sorted(engine.blocks.free_states) == list(range(engine.config.max_num_seqs))  # every slot given back
+    # the same prompt again finds no cached prefix, and the slot it is given held another sequence's state
+    again = llm.generate([{"prompt_token_ids": prompts[2]}], params)[0].outputs[0].token_ids
+    assert again == expected[2]
+
+
+@pytest.mark.parametrize("recipe", FAMILIES)
+def test_speculative_decoding_is_refused_by_name(recipe: str, tiny_model) -> None:
+    with pytest.raises(ValueError, match="Mamba2 layers keep one state per sequence"):
+        LLM(str(tiny_model(recipe)), kv_cache_memory="16MiB", max_model_len=256,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+
+
+@pytest.mark.parametrize("recipe", FAMILIES)
+def test_the_runners_say_why_not(recipe: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runlm.engine.runners.select import select_runner
+    from runlm.engine.types.config import EngineConfig
+    from runlm.models.spec import read_spec
+
+    path = converted_gguf(recipe, "q8_0")
+    llm = LLM(str(path), max_model_len=256, kv_cache_memory="16MiB")
+    assert llm.engine.choice.describe() == f"torch (the {FAMILIES[recipe]} family)"
+    assert llm.generate(["The capital of France is"])[0].outputs[0].token_ids
+    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
+    with pytest.raises(ValueError, match="the GPU runner does not run .*Mamba2 layers"):
+        select_runner(read_spec(path), EngineConfig(model=str(path)))
