@@ -65,6 +65,8 @@ DECODERS: dict[str, DecoderNames] = {
     "apertus": DecoderNames(("ApertusForCausalLM",), ("apertus",)),
     "granitemoe": DecoderNames(("GraniteMoeForCausalLM",), ("granitemoe",), gguf_rope_interleaved=True),
     "granitemoehybrid": DecoderNames(("GraniteMoeHybridForCausalLM",), ("granitehybrid",), gguf_rope_interleaved=True),
+    "bamba": DecoderNames(("BambaForCausalLM",)),  # (llama.cpp writes its files as granitehybrid's)
+    "nemotron_h": DecoderNames(("NemotronHForCausalLM",), ("nemotron_h", "nemotron_h_moe")),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.

@@ -82,6 +82,7 @@ class ModelConfig:
     # heads of ssm_head_dim, a state of ssm_state per head, B and C in ssm_groups groups, a causal convolution of
     # ssm_conv_kernel taps; each sequence keeps a recurrent state per such layer instead of a KV cache
     recurrent_layers: list[int] = field(default_factory=list)
+    mlp_layers: list[int] = field(default_factory=list)  # layers that are an MLP (or experts) alone (Nemotron-H)
     ssm_heads: int = 0
     ssm_head_dim: int = 0
     ssm_state: int = 0
@@ -120,8 +121,8 @@ class ModelConfig:
     @property
     def kv_layers(self) -> list[int]:
         """The layers that keep a KV cache (all but the recurrent ones)."""
-        recurrent = set(self.recurrent_layers)
-        return [i for i in range(self.num_layers) if i not in recurrent]
+        without = {*self.recurrent_layers, *self.mlp_layers}
+        return [i for i in range(self.num_layers) if i not in without]
 
     @property
     def ssm_conv_dim(self) -> int:
@@ -149,6 +150,11 @@ class ModelConfig:
     def sandwich_norms(self) -> bool:
         """Gemma 2/3: norms after attention and after the MLP as well as before them."""
         return families.get(self.family).sandwich_norms
+
+    @property
+    def mixer_blocks(self) -> bool:
+        """Nemotron-H, Mamba2: each layer is one norm and one mixer (Mamba2, attention, an MLP or experts)."""
+        return families.get(self.family).mixer_blocks
 
     @property
     def shared_expert_gate(self) -> bool:
@@ -183,18 +189,23 @@ class ModelConfig:
             attention = self._latent_attention_params() + 2 * norm
         if self.qk_norm:
             attention += q + kv if self.qk_norm_whole else 2 * self.head_dim
-        expert = 3 * h * self.expert_size + (2 * self.expert_size + h if self.mlp_bias else 0)
+        projections = 3 if self.gated_mlp else 2  # (an expert's too)
+        expert = projections * h * self.expert_size + (2 * self.expert_size + h if self.mlp_bias else 0)
         moe = experts * expert + self.num_experts * (h + self.moe_score_bias + self.router_bias) \
-            + 3 * h * self.shared_expert_intermediate_size \
+            + projections * h * self.shared_expert_intermediate_size \
             + (h if self.shared_expert_intermediate_size and self.shared_expert_gate else 0)
-        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
+        mlp = projections * h * self.intermediate_size
         if self.mlp_bias:
             mlp += (2 if self.gated_mlp else 1) * self.intermediate_size + h
         if self.hidden_act == "xielu":  # its four learned values
             mlp += 4
-        recurrent = set(self.recurrent_layers)
-        layers = sum((self._mamba_params() + 2 * norm if i in recurrent else attention)
-                     + (moe if self.is_moe_layer(i) else mlp) for i in range(self.num_layers))
+        recurrent, alone = set(self.recurrent_layers), set(self.mlp_layers)
+        if self.mixer_blocks:  # one norm and one mixer a layer
+            layers = sum(norm + (self._mamba_params() if i in recurrent else moe if self.is_moe_layer(i) else mlp
+                                 if i in alone else attention - 2 * norm) for i in range(self.num_layers))
+        else:
+            layers = sum((self._mamba_params() + 2 * norm if i in recurrent else attention)
+                         + (moe if self.is_moe_layer(i) else mlp) for i in range(self.num_layers))
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return layers + emb + norm + (self.vocab_size if self.lm_head_bias else 0)
 
@@ -251,7 +262,9 @@ class ModelConfig:
         pattern = family.sliding_pattern
         local_global = pattern is not None
         experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
-        layers = int(cfg["num_hidden_layers"])
+        # (Nemotron-H's configs count their layers by their pattern alone)
+        layers = int(cfg.get("num_hidden_layers")
+                     or len(cfg.get("hybrid_override_pattern") or cfg["layers_block_type"]))
         step = int(cfg.get("decoder_sparse_step") or 1)
         first_moe = int(cfg.get("first_k_dense_replace") or 0)  # (DeepSeek's, GLM-4.5's, dots1's leading dense layers)
         dense = [i for i in range(layers) if i in (cfg.get("mlp_only_layers") or []) or (i + 1) % step
@@ -353,7 +366,7 @@ class ModelConfig:
         shared = tensors.get(f"blk.{moe_layer}.ffn_up_shexp.weight")  # (its rows: the size metadata may misstate)
         fields: dict[str, Any] = dict(
             family=family.name, vocab_size=int(vocab), hidden_size=hidden,
-            intermediate_size=int(get("feed_forward_length")), num_layers=layers,
+            intermediate_size=_largest(get("feed_forward_length")), num_layers=layers,
             # (a list: per layer, 0 for a recurrent one)
             num_heads=heads, num_kv_heads=int(kv_heads if not isinstance(kv_heads, list) else max(kv_heads)),
             head_dim=head_dim, rms_norm_eps=float(get("attention.layer_norm_epsilon", 1e-5) if family.layer_norm
@@ -389,6 +402,12 @@ class ModelConfig:
         if family.gguf_fields is not None:
             fields.update(family.gguf_fields(get, fields))
         return cls(**fields)
+
+
+def _largest(value: Any) -> int:
+    """A GGUF length that may be given per layer (a list: Nemotron-H's feed-forward lengths, 0 where a layer has no
+    MLP): the largest."""
+    return int(max(value) if isinstance(value, list) else value)
 
 
 # llama.cpp's expert_gating_func values (llama_expert_gating_func_type)

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
-from torch import nn
 
 from runlm.models.config import ModelConfig
+from runlm.models.hybrid import HybridForCausalLM
 from runlm.models.linear import Weight
-from runlm.models.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, LlamaModel, RMSNorm
-from runlm.models.mamba2 import Mamba2Mixer
+from runlm.models.llama import DecoderLayer, LlamaForCausalLM, LlamaModel
 from runlm.models.moe import SparseMoeBlock
 from runlm.models.rope import RotaryEmbedding
 
@@ -60,36 +59,9 @@ class GraniteMoeForCausalLM(GraniteForCausalLM):
         super().load_weights(_per_expert(weights, self.config.expert_size))
 
 
-class GraniteHybridDecoderLayer(GraniteDecoderLayer):
-    """Granite 4 (GraniteMoeHybrid): a Mamba2 mixer (runlm.models.mamba2) or attention, then experts beside an
-    always-on MLP (the checkpoint's ``shared_mlp``), or that MLP alone; Granite's multipliers around both."""
-
-    def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
-        nn.Module.__init__(self)
-        self.residual_scale = cfg.residual_scale
-        self.mamba: Mamba2Mixer | None = None
-        self.self_attn: Attention | None = None  # type: ignore[assignment]
-        if layer in cfg.recurrent_layers:
-            self.mamba = Mamba2Mixer(cfg, layer)
-        else:
-            self.self_attn = Attention(cfg, layer, rope)
-        self.mlp: nn.Module = SparseMoeBlock(cfg) if cfg.num_experts else MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        mixer = self.mamba if self.mamba is not None else self.self_attn
-        assert mixer is not None
-        x = x + mixer(positions, self.input_layernorm(x)) * self.residual_scale
-        return x + self.mlp(self.post_attention_layernorm(x)) * self.residual_scale
-
-
-class GraniteHybridModel(GraniteModel):
-    layer_cls: type[DecoderLayer] = GraniteHybridDecoderLayer
-
-
-class GraniteHybridForCausalLM(GraniteForCausalLM):
-    model_cls = GraniteHybridModel
+class GraniteHybridForCausalLM(HybridForCausalLM):
+    """Granite 4 (GraniteMoeHybrid): the hybrid layers (runlm.models.hybrid) with Granite's multipliers, experts
+    stacked in the checkpoint as GraniteMoE's and its always-on MLP (``shared_mlp``)."""
 
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
         cfg = self.config

@@ -139,10 +139,11 @@ class UngatedMLP(nn.Module):
     """up -> activation -> down, no gate (ModelConfig.gated_mlp False: Arcee's ReLU², Phi-2's GELU with biases,
     Apertus's xIELU)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        size = intermediate_size or cfg.intermediate_size
+        self.up_proj = Linear(cfg.hidden_size, size, bias=cfg.mlp_bias)
+        self.down_proj = Linear(size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act: Callable[[torch.Tensor], torch.Tensor] = XIELU() if cfg.hidden_act == "xielu" else \
             _ACTIVATIONS[cfg.hidden_act]
 

@@ -85,6 +85,7 @@ def load_decoder(model: ModelSpec | str | Path, dtype: torch.dtype | str = "floa
     from runlm.kernels import fused
     from runlm.models import vision as vlm
     from runlm.models.weights import (
+        gguf_qk_rows_turned,
         gguf_rope_interleaved,
         gguf_weights,
         hf_renamed,
@@ -102,8 +103,9 @@ def load_decoder(model: ModelSpec | str | Path, dtype: torch.dtype | str = "floa
         gguf = spec.gguf
         model_ = _empty_model(cfg, rope_freq_factors(gguf))
         mode = gguf_weight_mode(dtype, device, exact_numerics)
-        permuted = gguf_rope_interleaved(gguf.architecture)  # (dense modes turn its Q/K rows to halves)
-        if mode == "ggml" and permuted or not permuted and families.get(cfg.family).hf_rope_interleaved:
+        permuted = gguf_rope_interleaved(gguf.architecture)
+        turned = gguf_qk_rows_turned(gguf.architecture, cfg, mode)  # (its Q/K rows loaded as halves)
+        if permuted and not turned or not permuted and families.get(cfg.family).hf_rope_interleaved:
             model_.model.rope.use_interleaved_pairs()
         weights = gguf_weights(gguf, cfg, mode)
     else:

@@ -17,7 +17,7 @@ from torch import nn
 
 from runlm.models.config import ModelConfig
 from runlm.models.linear import Linear, Weight
-from runlm.models.llama import MLP, DecoderLayer, LlamaForCausalLM, LlamaModel
+from runlm.models.llama import MLP, DecoderLayer, LlamaForCausalLM, LlamaModel, UngatedMLP
 from runlm.models.rope import RotaryEmbedding
 
 
@@ -38,11 +38,13 @@ class SparseMoeBlock(nn.Module):
         self.weight_input = cfg.moe_weight_input
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)  # the router
         self.score_bias = ScoreBias(cfg.num_experts) if cfg.moe_score_bias else None
-        self.experts = nn.ModuleList(MLP(cfg, cfg.expert_size) for _ in range(cfg.num_experts))
-        self.shared_expert: MLP | None = None
+        # (ungated experts, up -> activation -> down, where the family's MLP is: Nemotron-H's ReLU²)
+        mlp: type[MLP] | type[UngatedMLP] = MLP if cfg.gated_mlp else UngatedMLP
+        self.experts = nn.ModuleList(mlp(cfg, cfg.expert_size) for _ in range(cfg.num_experts))
+        self.shared_expert: MLP | UngatedMLP | None = None
         self.shared_expert_gate: Linear | None = None
         if cfg.shared_expert_intermediate_size:
-            self.shared_expert = MLP(cfg, cfg.shared_expert_intermediate_size)
+            self.shared_expert = mlp(cfg, cfg.shared_expert_intermediate_size)
             if cfg.shared_expert_gate:
                 self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
 

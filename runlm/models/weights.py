@@ -47,6 +47,15 @@ def hf_name_for_gguf(name: str, arch: str = "llama") -> str | None:
     return None
 
 
+def gguf_qk_rows_turned(architecture: str, cfg: ModelConfig, mode: str) -> bool:
+    """Whether a GGUF file's Q/K rows are loaded turned back from llama.cpp's interleaved RoPE layout to halves: in
+    the dense modes always (for an architecture whose converter permutes them), and in "ggml" mode where RoPE
+    rotates only part of each head (Bamba's half): the converter permutes whole heads, so the rotated features'
+    pairs do not sit side by side in the stored rows (llama.cpp itself rotates neighbours there, not transformers'
+    pairs). Elsewhere "ggml" mode rotates the stored rows as they are."""
+    return gguf_rope_interleaved(architecture) and (mode != "ggml" or cfg.rotary_dim < cfg.head_dim)
+
+
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo convert_hf_to_gguf's permute: interleaved RoPE pairs back to rotate-half halves."""
     shape = w.shape
@@ -59,9 +68,10 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
     * "dense": dequantized fp32 tensors, Q/K permuted back to the rotate-half layout;
     * "int8": the same, but matrices stored in a 32-value block type come as BlockQuantized;
     * "ggml": matrices in a type ggml computes on come as GGMLWeight views of the mapped file, and
-      nothing is permuted: the model rotates Q/K in the stored layout (``gguf_rope_interleaved``).
+      nothing is permuted: the model rotates Q/K in the stored layout (``gguf_rope_interleaved``) -- but where
+      RoPE rotates part of each head (see gguf_qk_rows_turned), whose Q/K rows come turned (copies, not views).
     """
-    permute = mode != "ggml" and gguf_rope_interleaved(gguf.architecture)
+    permute = gguf_qk_rows_turned(gguf.architecture, cfg, mode)
     for name, info in gguf.tensors.items():
         if name in _GGUF_NOT_WEIGHTS:
             continue
@@ -72,13 +82,15 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
             yield from _experts(gguf, name, hf, mode)
             continue
         matrix = hf.endswith(".weight") and len(info.shape) == 2
+        heads = cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads if ".k_proj." in hf else 0
         if mode == "ggml" and matrix and info.qtype != "F32" and ggml.supported(ggml_type(info.qtype)):
-            yield hf, GGMLWeight(gguf.raw_tensor(name), ggml_type(info.qtype), *info.shape)
+            raw = gguf.raw_tensor(name)
+            yield hf, GGMLWeight(_unpermute(raw, heads).contiguous() if permute and heads else raw,
+                                 ggml_type(info.qtype), *info.shape)
             continue
         blocks = gguf.load_block_parts(name) if mode == "int8" and matrix else None
         # q, d, m and the dense tensor they give (multiply, then add: the dequantizer's own floats)
         parts = [gguf.load(name)] if blocks is None else [*blocks, dequantize_blocks(*blocks)]
-        heads = cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads if ".k_proj." in hf else 0
         if permute and heads:
             parts = [_unpermute(t, heads) for t in parts]
         if hf.endswith(".A_log"):  # (the file's A = -exp(A_log))

@@ -49,6 +49,7 @@ class Family:
     hf_rope_interleaved: bool = False
     hf_norm_offset: float = 0.0          # HF checkpoints store w of an (offset + w) norm; GGUF files the sum
     sandwich_norms: bool = False         # norms after attention and after the MLP as well as before them
+    mixer_blocks: bool = False           # each layer one norm and one mixer (ModelConfig.mixer_blocks)
     layer_norm: bool = False             # LayerNorm, not RMSNorm (runlm.models.stablelm's families)
     norm_topk_prob: bool = False         # HF: the chosen experts' probabilities renormalized
     gguf_norm_topk_prob: bool = False    # GGUF: the same, llama.cpp's choice for the architecture
