@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from runlm.models.vision import VisionModel
 
 PromptType = str | Mapping[str, Any] | list[int]
+POSITION_BLOCKS = 1 << 16  # the most blocks of an engine whose model keeps no K/V
 
 
 class LLMEngine(EngineCore):
@@ -69,8 +70,9 @@ class LLMEngine(EngineCore):
         per_token += draft_kv_bytes_per_token(draft, config)  # its K/V lives in the same blocks
         if per_token:
             num_blocks = self.choice.kind.kv_cache_blocks(config, self.loaded, per_token, self.max_model_len)
-        else:  # no layer keeps K/V (Mamba2): the blocks only count positions, every sequence at full length
-            num_blocks = config.max_num_seqs * -(-self.max_model_len // config.block_size)
+        else:  # no layer keeps K/V (Mamba2): the blocks only count positions, every sequence at full length (or
+            # POSITION_BLOCKS' worth in all: a million-token context times max_num_seqs would be millions of blocks)
+            num_blocks = min(config.max_num_seqs * -(-self.max_model_len // config.block_size), POSITION_BLOCKS)
         # sliding-window layers give back the blocks behind their window as sequences run
         self.blocks = block_manager(mc, num_blocks, config.block_size, config.enable_prefix_caching,
                                     config.max_num_seqs, config.max_num_batched_tokens)

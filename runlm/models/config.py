@@ -242,7 +242,7 @@ class ModelConfig:
         if family is None:
             raise ModelFormatError(f"{source}: architecture {arch or cfg.get('model_type')!r} is not a supported "
                                    f"decoder (supported: {supported_decoders()})")
-        heads = int(cfg["num_attention_heads"])
+        heads = int(cfg.get("num_attention_heads") or 1)  # (a model without attention (Mamba2) names none)
         hidden = int(cfg["hidden_size"])
         eos = cfg.get("eos_token_id")
         scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
@@ -278,7 +278,7 @@ class ModelConfig:
         sliding = cfg.get("use_sliding_window", family.sliding_window)
         fields: dict[str, Any] = dict(
             family=family.name, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]), num_layers=layers,
+            intermediate_size=int(cfg.get("intermediate_size") or 0), num_layers=layers,
             num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             # (LayerNorm families: their own key, StarCoder2's norm_epsilon, and their reference's default)
@@ -328,7 +328,7 @@ class ModelConfig:
             return gguf.metadata.get(f"{arch}.{key}", default)
 
         hidden = int(get("embedding_length"))
-        heads = int(get("attention.head_count"))
+        heads = int(get("attention.head_count") or 1)  # (0: no attention, Mamba2)
         kv_heads = get("attention.head_count_kv", heads)
         tensors = gguf.tensors
         vocab = get("vocab_size") or len(gguf.metadata.get("tokenizer.ggml.tokens", [])) \

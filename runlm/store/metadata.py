@@ -74,6 +74,19 @@ class ModelInfo:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
+def kv_layer_count(cfg: dict[str, Any]) -> int:
+    """The layers of a HF config that keep K/V: all, but for hybrids those their layout marks attention (Granite 4's
+    and Nemotron-H's layer types, Nemotron-H's pattern, Bamba's indices; Mamba2 has none)."""
+    types = cfg.get("layer_types") or cfg.get("layers_block_type")
+    if isinstance(cfg.get("hybrid_override_pattern"), str):
+        return cfg["hybrid_override_pattern"].count("*")
+    if isinstance(cfg.get("attn_layer_indices"), list):
+        return len(cfg["attn_layer_indices"])
+    if isinstance(types, list) and any(t in ("mamba", "linear_attention") for t in types):
+        return sum(1 for t in types if t in ("attention", "full_attention", "sliding_attention"))
+    return 0 if cfg.get("model_type") == "mamba2" else int(cfg.get("num_hidden_layers", 0))
+
+
 def inspect_gguf(path: Path) -> ModelInfo:
     import gguf
 
@@ -102,7 +115,12 @@ def inspect_gguf(path: Path) -> ModelInfo:
         quant = max(set(types), key=types.count) if types else "unknown"
     heads = int(get(f"{arch}.attention.head_count", 1) or 1)
     kv_heads = get(f"{arch}.attention.head_count_kv", heads)
-    kv_heads = int(kv_heads[0] if isinstance(kv_heads, list) else kv_heads)
+    layers = int(get(f"{arch}.block_count", 0) or 0)
+    if isinstance(kv_heads, list):  # per layer (0: a layer without K/V, a hybrid's Mamba2 or MLP layer)
+        layers, kv_heads = sum(1 for k in kv_heads if k), max(kv_heads, default=0)
+    elif get(f"{arch}.attention.head_count") == 0:  # no attention at all (Mamba2)
+        layers = 0
+    kv_heads = int(kv_heads)
     hidden = int(get(f"{arch}.embedding_length", 0) or 0)
     # 2-D matrices and stacked 3-D expert tensors (each expert a matrix), all experts counted
     stored = [t for t in tensors if t.qtype != "F32" and len(t.shape) in (2, 3)]
@@ -112,7 +130,7 @@ def inspect_gguf(path: Path) -> ModelInfo:
         quantization=quant, context_length=int(get(f"{arch}.context_length", 2048)),
         template=get("tokenizer.chat_template"),
         capabilities=["embedding"] if arch in ENCODER_GGUF_ARCHS else ["completion"],
-        num_layers=int(get(f"{arch}.block_count", 0) or 0), num_kv_heads=kv_heads,
+        num_layers=layers, num_kv_heads=kv_heads,
         # (llama.cpp writes latent attention as one KV head whose K is the latent and whose V is a part of it)
         head_dim=int(get(f"{arch}.attention.key_length", 0) or (hidden // heads if hidden else 0)),
         value_dim=0 if get(f"{arch}.attention.kv_lora_rank") else None,
@@ -243,7 +261,7 @@ def inspect_safetensors_dir(directory: Path) -> ModelInfo:
         quantization=max(dtypes, key=lambda d: dtypes[d]) if dtypes else "unknown",
         context_length=int(cfg.get("max_position_embeddings", 2048)),
         template=template if isinstance(template, str) else None, capabilities=caps,
-        num_layers=int(cfg.get("num_hidden_layers", 0)),
+        num_layers=kv_layer_count(cfg),
         # (latent attention: one latent row per token, no V)
         num_kv_heads=1 if cfg.get("kv_lora_rank") else int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0) if cfg.get("kv_lora_rank")

@@ -22,6 +22,7 @@ from runlm.kernels import ggml
 from runlm.models.config import ModelConfig
 from runlm.models.load import load_decoder
 from runlm.models.mamba2 import ssd_scan
+from runlm.store.metadata import inspect_gguf, inspect_safetensors_dir
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.fixtures.models import HYBRID_RECIPES
 from tests.models.test_families import fast_mode_kl
@@ -30,16 +31,17 @@ from tests.models.test_llama import GREEDY_TOKENS, RTOL, _our_logits, _prompt
 # recipe (tests.fixtures.models.HYBRID_RECIPES) -> its family from safetensors, and from the GGUF file llama.cpp's
 # converter writes of it
 FAMILIES = {"granitemoehybrid": ("granitemoehybrid", "granitemoehybrid"), "bamba": ("bamba", "granitemoehybrid"),
-            "nemotron-h": ("nemotron_h", "nemotron_h"), "nemotron-h-moe": ("nemotron_h", "nemotron_h")}
+            "nemotron-h": ("nemotron_h", "nemotron_h"), "nemotron-h-moe": ("nemotron_h", "nemotron_h"),
+            "mamba2": ("mamba2", "mamba2")}
 # Fast mode's bound on the converter's Q8_0 file: mean KL against exact mode on its f32 file over the first 512 tokens
 # of english_text(). Granite 4: 1.25x llama.cpp's own (llama-cpp-python 0.3.36, logits_all, one 512-token context:
 # 0.001466; on the f32 file 8e-9; runlm measured 0.001465, AMD EPYC, AVX-512). Bamba: llama.cpp is no reference --
 # its converter permutes whole heads and its graph then rotates neighbouring features where transformers rotates
 # Bamba's half-head pairs (KL 0.708 on the f32 file) -- so the bound is absolute: exact mode on the Q8_0 weights
 # alone measures 0.0128, fast mode 0.0255. Nemotron-H: llama.cpp 0.002451 (on the f32 file 3.3e-5; runlm 0.002435),
-# with experts 0.01771 (f32: 2.8e-4; runlm 0.01751).
+# with experts 0.01771 (f32: 2.8e-4; runlm 0.01751). Mamba2: llama.cpp 0.01033 (f32: 5e-12; runlm 0.01032).
 FAST_KL_BOUND = {"granitemoehybrid": 1.25 * 0.001466, "bamba": 0.035, "nemotron-h": 1.25 * 0.002451,
-                 "nemotron-h-moe": 1.25 * 0.01771}
+                 "nemotron-h-moe": 1.25 * 0.01771, "mamba2": 1.25 * 0.01033}
 # what each test model's config says (tests/fixtures/models.py), as ModelConfig holds it
 EXPECTED = {
     "granitemoehybrid": dict(recurrent_layers=[0, 2, 3], kv_layers=[1], ssm_heads=8, ssm_head_dim=16, ssm_state=16,
@@ -54,6 +56,8 @@ EXPECTED = {
                            num_experts=8, num_experts_per_tok=2, expert_size=32, shared_expert_intermediate_size=48,
                            moe_gating="sigmoid", moe_score_bias=True, moe_groups=2, moe_groups_used=1,
                            routed_scaling=2.5, norm_topk_prob=True, gated_mlp=False),
+    "mamba2": dict(recurrent_layers=[0, 1, 2], kv_layers=[], mlp_layers=[], ssm_heads=8, ssm_groups=2,
+                   tie_word_embeddings=True),
 }
 assert set(FAMILIES) == set(HYBRID_RECIPES)
 
@@ -89,6 +93,9 @@ def test_the_layers_read_alike_from_the_config_and_the_gguf_file(recipe: str, ti
     for cfg in (hf, gguf):
         for name, value in EXPECTED[recipe].items():
             assert getattr(cfg, name) == value, (name, getattr(cfg, name))
+    # the store's memory estimate counts the K/V of the attention layers alone, as the engine allocates it
+    for info in (inspect_gguf(converted_gguf(recipe)), inspect_safetensors_dir(tiny_model(recipe))):
+        assert info.num_layers == len(hf.kv_layers)
     reference = AutoModelForCausalLM.from_pretrained(tiny_model(recipe))
     choice_biases = sum(b.numel() for n, b in reference.named_buffers() if n.endswith("e_score_correction_bias"))
     assert hf.num_params == gguf.num_params == sum(p.numel() for p in reference.parameters()) + choice_biases
@@ -135,17 +142,19 @@ def test_the_engine_keeps_each_sequences_state_through_chunks_batches_and_preemp
     prompts = [_prompt(49152, n, seed=n) for n in (40, 1, 90, 150)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     # 16 tokens a step: prompts in chunks, decode rows beside them; a cache of 64 blocks of 4 holds one long
-    # sequence, not all four: sequences are preempted and recompute their states
+    # sequence, not all four: sequences are preempted and recompute their states (Mamba2 alone keeps no K/V: its
+    # blocks only count positions, every sequence at full length, and nothing is preempted)
     llm = LLM(str(path), exact_numerics=True, block_size=4, max_num_batched_tokens=16, kv_cache_memory=64 * 4 * 256,
               max_model_len=512)
     engine = llm.engine
-    assert engine.kv_bytes_per_token == 256  # one attention layer's K and V (2 heads of 16, float32)
+    attention = len(EXPECTED[recipe]["kv_layers"])
+    assert engine.kv_bytes_per_token == 256 * attention  # one attention layer's K and V: 2 heads of 16, float32
     assert not engine.blocks.enable_prefix_caching
     assert [k.shape[0] for k, _ in engine.runner.kv_caches] == [0 if i in EXPECTED[recipe]["recurrent_layers"] else 256
                                                                 for i in range(engine.loaded.config.num_layers)]
     outs = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
     assert outs == [_transformers_choices(ref, p, o) for p, o in zip(prompts, outs)]
-    assert engine.num_preemptions > 0
+    assert (engine.num_preemptions > 0) == bool(attention)
     assert sorted(engine.blocks.free_states) == list(range(engine.config.max_num_seqs))  # every slot given back
     # the same prompt again finds no cached prefix, and the slot it is given held another sequence's state
     again = llm.generate([{"prompt_token_ids": prompts[2]}], params)[0].outputs[0].token_ids
