@@ -68,6 +68,7 @@ DECODERS: dict[str, DecoderNames] = {
     "bamba": DecoderNames(("BambaForCausalLM",)),  # (llama.cpp writes its files as granitehybrid's)
     "nemotron_h": DecoderNames(("NemotronHForCausalLM",), ("nemotron_h", "nemotron_h_moe")),
     "mamba2": DecoderNames(("Mamba2ForCausalLM",), ("mamba2",)),
+    "lfm2": DecoderNames(("Lfm2ForCausalLM",), ("lfm2",)),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.

@@ -91,6 +91,9 @@ class ModelConfig:
     ssm_conv_bias: bool = True
     ssm_proj_bias: bool = False
     ssm_dt_limit: tuple[float, float] = (0.0, float("inf"))  # the step size dt clamped to this range
+    # the recurrent layers are LFM2's gated short convolutions (runlm.models.short_conv: ssm_conv_kernel taps over
+    # the hidden width, ssm_conv_bias), not Mamba2 mixers: their state is the convolution's alone
+    short_conv: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -126,7 +129,10 @@ class ModelConfig:
 
     @property
     def ssm_conv_dim(self) -> int:
-        """The channels a Mamba2 mixer convolves: its inner width, then B's and C's groups."""
+        """The channels a Mamba2 mixer convolves: its inner width, then B's and C's groups (a short convolution: the
+        hidden width)."""
+        if self.short_conv:
+            return self.hidden_size
         return self.ssm_heads * self.ssm_head_dim + 2 * self.ssm_groups * self.ssm_state
 
     @property
@@ -211,6 +217,8 @@ class ModelConfig:
 
     def _mamba_params(self) -> int:
         h, heads, conv = self.hidden_size, self.ssm_heads, self.ssm_conv_dim
+        if self.short_conv:  # in_proj (B, C, x), the convolution, out_proj
+            return 4 * h * h + h * self.ssm_conv_kernel + (5 * h if self.ssm_conv_bias else 0)
         inner = heads * self.ssm_head_dim
         proj = inner + conv + heads
         bias = (proj + h) if self.ssm_proj_bias else 0
@@ -361,7 +369,9 @@ class ModelConfig:
         experts = int(get("expert_count") or 0)
         if experts and family.gguf_with_experts is not None:
             family = families.get(family.gguf_with_experts)
-        q_norm = tensors.get("blk.0.attn_q_norm.weight")
+        # (the first attention layer's: a hybrid's first layer may have none)
+        q_norm = next((tensors[f"blk.{i}.attn_q_norm.weight"] for i in range(layers)
+                       if f"blk.{i}.attn_q_norm.weight" in tensors), None)
         moe_layer = next((i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in tensors), 0)
         shared = tensors.get(f"blk.{moe_layer}.ffn_up_shexp.weight")  # (its rows: the size metadata may misstate)
         fields: dict[str, Any] = dict(

@@ -16,6 +16,7 @@ and leaves its new state there; without (runlm.models.evaluate.all_logits) every
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -70,51 +71,77 @@ class Mamba2Mixer(nn.Module):
         self.dt_limit = cfg.ssm_dt_limit
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        ctx = get_forward_context()
         z, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.heads], dim=-1)
-        y = torch.empty(x.shape[0], self.inner, dtype=torch.float32, device=x.device)
-        starts = [0, *itertools.accumulate(ctx.query_lens)]
-        store = ctx.states[self.layer] if ctx.states is not None else None
-        fresh = ctx.state_fresh or [True] * len(ctx.query_lens)
-        slots = ctx.state_slots or [-1] * len(ctx.query_lens)
-        # decode rows (one per sequence, its state kept) in one batch; a prompt's rows sequence by sequence
-        decode = [i for i, n in enumerate(ctx.query_lens) if n == 1 and not fresh[i] and store is not None]
-        if decode:
-            rows = torch.tensor([starts[i] for i in decode], device=x.device)
-            y[rows] = self._scan(xbc[rows, None], dt[rows, None], store, [slots[i] for i in decode], False)[:, 0]
-        done = set(decode)
-        for i, (a, b) in enumerate(itertools.pairwise(starts)):
-            if i not in done and b > a:
-                y[a:b] = self._scan(xbc[None, a:b], dt[None, a:b], store, [slots[i]], fresh[i])[0]
+        y = by_sequence(self.layer, [xbc, dt], self.inner, self._scan)
         return self.out_proj(self.norm(y.to(x.dtype), z))
 
-    def _scan(self, xbc: torch.Tensor, dt: torch.Tensor, store: tuple[torch.Tensor, torch.Tensor] | None,
-              slots: list[int], fresh: bool) -> torch.Tensor:
+    def _scan(self, inputs: list[torch.Tensor], store: State | None, index: torch.Tensor, fresh: bool) -> torch.Tensor:
         """``b`` sequences of ``L`` rows each (xbc [b, L, conv_dim], dt [b, L, heads]) from their slots' states
         (zero when ``fresh`` or nothing is kept), their new states stored back. Returns y [b, L, inner], float32."""
+        xbc, dt = inputs
         b, length = xbc.shape[:2]
-        index = torch.tensor(slots, device=xbc.device)
-        if store is None or fresh:
-            conv0 = xbc.new_zeros(b, self.conv_dim, self.taps - 1, dtype=torch.float32)
-            ssm0 = xbc.new_zeros(b, self.heads, self.head_dim, self.state, dtype=torch.float32)
-        else:
-            conv0, ssm0 = store[0][index], store[1][index]
-        full = torch.cat([conv0, xbc.float().transpose(1, 2)], dim=-1)  # [b, conv_dim, taps - 1 + L]
-        w = self.conv1d.weight.float()
-        bias = self.conv1d.bias.float() if self.conv1d.bias is not None else None
-        conv = F.silu(F.conv1d(full, w, bias, groups=self.conv_dim)).transpose(1, 2)  # [b, L, conv_dim]
+        conv = F.silu(causal_conv(xbc, self.conv1d, store, index, fresh))  # [b, L, conv_dim]
         xs, B, C = conv.split([self.inner, self.groups * self.state, self.groups * self.state], dim=-1)
         step = F.softplus(dt.float() + self.dt_bias.float()).clamp(*self.dt_limit)
         xs = xs.reshape(b, length, self.heads, self.head_dim)
         repeat = self.heads // self.groups  # B and C are shared by the heads of a group
         B = B.reshape(b, length, self.groups, self.state).repeat_interleave(repeat, dim=2)
         C = C.reshape(b, length, self.groups, self.state).repeat_interleave(repeat, dim=2)
+        if store is None or fresh:
+            ssm0 = xbc.new_zeros(b, self.heads, self.head_dim, self.state, dtype=torch.float32)
+        else:
+            ssm0 = store[1][index]
         out, ssm = ssd_scan(xs, step, -torch.exp(self.A_log.float()), B, C, ssm0)
         if store is not None:
-            store[0][index] = full[..., full.shape[-1] - (self.taps - 1):]
             store[1][index] = ssm
         out = out + self.D.float()[:, None] * xs
         return out.reshape(b, length, self.inner)
+
+
+State = tuple[torch.Tensor, torch.Tensor]  # a layer's (conv, ssm) states, one row per state slot
+
+
+def by_sequence(layer: int, inputs: list[torch.Tensor], width: int,
+                run: Callable[[list[torch.Tensor], State | None, torch.Tensor, bool], torch.Tensor]) -> torch.Tensor:
+    """A recurrent layer over the step's rows ``inputs`` (each [T, ...]) -> [T, width] float32: ``run(rows, store,
+    slots, fresh)`` takes ``b`` sequences of ``L`` rows each ([b, L, ...]), their state slots, and whether their
+    states start from zero; the decode rows (one per sequence, its state kept) go in one batch, a prompt's rows
+    sequence by sequence."""
+    ctx = get_forward_context()
+    device = inputs[0].device
+    y = torch.empty(inputs[0].shape[0], width, dtype=torch.float32, device=device)
+    starts = [0, *itertools.accumulate(ctx.query_lens)]
+    store = ctx.states[layer] if ctx.states is not None else None
+    fresh = ctx.state_fresh or [True] * len(ctx.query_lens)
+    slots = ctx.state_slots or [-1] * len(ctx.query_lens)
+    decode = [i for i, n in enumerate(ctx.query_lens) if n == 1 and not fresh[i] and store is not None]
+    if decode:
+        rows = torch.tensor([starts[i] for i in decode], device=device)
+        index = torch.tensor([slots[i] for i in decode], device=device)
+        y[rows] = run([t[rows, None] for t in inputs], store, index, False)[:, 0]
+    done = set(decode)
+    for i, (a, b) in enumerate(itertools.pairwise(starts)):
+        if i not in done and b > a:
+            y[a:b] = run([t[None, a:b] for t in inputs], store, torch.tensor([slots[i]], device=device), fresh[i])[0]
+    return y
+
+
+def causal_conv(x: torch.Tensor, conv: Conv1d, store: State | None, index: torch.Tensor,
+                fresh: bool) -> torch.Tensor:
+    """The depthwise causal convolution of ``b`` sequences' rows x [b, L, channels] after each one's last
+    ``taps - 1`` inputs (its conv state: zero when ``fresh`` or nothing is kept), which then become the last
+    ``taps - 1`` of its inputs. Returns [b, L, channels], float32."""
+    b, _, channels = x.shape
+    taps = conv.weight.shape[-1]
+    if store is None or fresh:
+        state = x.new_zeros(b, channels, taps - 1, dtype=torch.float32)
+    else:
+        state = store[0][index]
+    full = torch.cat([state, x.float().transpose(1, 2)], dim=-1)  # [b, channels, taps - 1 + L]
+    if store is not None:
+        store[0][index] = full[..., full.shape[-1] - (taps - 1):]
+    bias = conv.bias.float() if conv.bias is not None else None
+    return F.conv1d(full, conv.weight.float(), bias, groups=channels).transpose(1, 2)
 
 
 def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,

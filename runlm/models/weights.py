@@ -34,7 +34,7 @@ def hf_name_for_gguf(name: str, arch: str = "llama") -> str | None:
     """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None for non-weights)."""
     family = families.for_gguf(arch)  # its own names where they differ from Llama's (Gemma's norms, Phi-3's fused)
     layer_names = {**GGUF_LAYER_NAMES, **family.gguf_tensor_names} if family else GGUF_LAYER_NAMES
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
+    m = re.fullmatch(r"blk\.(\d+)\.([\w.]+)\.(weight|bias)", name)  # (LFM2: "shortconv.conv")
     if m and m.group(2) in layer_names:
         return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{m.group(3)}"
     m = re.fullmatch(r"blk\.(\d+)\.(\w+(?:\.bias)?)", name)
@@ -42,8 +42,9 @@ def hf_name_for_gguf(name: str, arch: str = "llama") -> str | None:
     if m and m.group(2) in params:
         return f"model.layers.{m.group(1)}.{params[m.group(2)]}"
     m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
-    if m and m.group(1) in GGUF_GLOBAL_NAMES:
-        return f"{GGUF_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
+    global_names = {**GGUF_GLOBAL_NAMES, **family.gguf_global_names} if family else GGUF_GLOBAL_NAMES
+    if m and m.group(1) in global_names:
+        return f"{global_names[m.group(1)]}.{m.group(2)}"
     return None
 
 

@@ -32,16 +32,17 @@ from tests.models.test_llama import GREEDY_TOKENS, RTOL, _our_logits, _prompt
 # converter writes of it
 FAMILIES = {"granitemoehybrid": ("granitemoehybrid", "granitemoehybrid"), "bamba": ("bamba", "granitemoehybrid"),
             "nemotron-h": ("nemotron_h", "nemotron_h"), "nemotron-h-moe": ("nemotron_h", "nemotron_h"),
-            "mamba2": ("mamba2", "mamba2")}
+            "mamba2": ("mamba2", "mamba2"), "lfm2": ("lfm2", "lfm2")}
 # Fast mode's bound on the converter's Q8_0 file: mean KL against exact mode on its f32 file over the first 512 tokens
 # of english_text(). Granite 4: 1.25x llama.cpp's own (llama-cpp-python 0.3.36, logits_all, one 512-token context:
 # 0.001466; on the f32 file 8e-9; runlm measured 0.001465, AMD EPYC, AVX-512). Bamba: llama.cpp is no reference --
 # its converter permutes whole heads and its graph then rotates neighbouring features where transformers rotates
 # Bamba's half-head pairs (KL 0.708 on the f32 file) -- so the bound is absolute: exact mode on the Q8_0 weights
 # alone measures 0.0128, fast mode 0.0255. Nemotron-H: llama.cpp 0.002451 (on the f32 file 3.3e-5; runlm 0.002435),
-# with experts 0.01771 (f32: 2.8e-4; runlm 0.01751). Mamba2: llama.cpp 0.01033 (f32: 5e-12; runlm 0.01032).
+# with experts 0.01771 (f32: 2.8e-4; runlm 0.01751). Mamba2: llama.cpp 0.01033 (f32: 5e-12; runlm 0.01032). LFM2:
+# llama.cpp 0.01614 (f32: 1.5e-9; runlm 0.01607).
 FAST_KL_BOUND = {"granitemoehybrid": 1.25 * 0.001466, "bamba": 0.035, "nemotron-h": 1.25 * 0.002451,
-                 "nemotron-h-moe": 1.25 * 0.01771, "mamba2": 1.25 * 0.01033}
+                 "nemotron-h-moe": 1.25 * 0.01771, "mamba2": 1.25 * 0.01033, "lfm2": 1.25 * 0.01614}
 # what each test model's config says (tests/fixtures/models.py), as ModelConfig holds it
 EXPECTED = {
     "granitemoehybrid": dict(recurrent_layers=[0, 2, 3], kv_layers=[1], ssm_heads=8, ssm_head_dim=16, ssm_state=16,
@@ -58,6 +59,9 @@ EXPECTED = {
                            routed_scaling=2.5, norm_topk_prob=True, gated_mlp=False),
     "mamba2": dict(recurrent_layers=[0, 1, 2], kv_layers=[], mlp_layers=[], ssm_heads=8, ssm_groups=2,
                    tie_word_embeddings=True),
+    "lfm2": dict(recurrent_layers=[0, 1, 3, 4], kv_layers=[2, 5], short_conv=True, ssm_conv_kernel=3,
+                 ssm_conv_bias=False, qk_norm=True, intermediate_size=128, tie_word_embeddings=True,
+                 state_shapes=((64, 2), (0, 0, 0))),
 }
 assert set(FAMILIES) == set(HYBRID_RECIPES)
 
@@ -106,7 +110,7 @@ def test_the_layers_read_alike_from_the_config_and_the_gguf_file(recipe: str, ti
 def test_fast_mode_kl_divergence_is_llama_cpps(recipe: str) -> None:
     fast = load_decoder(converted_gguf(recipe, "q8_0"))
     first = fast.model.model.layers[0]
-    mixer = first.mamba if hasattr(first, "mamba") else first.mixer
+    mixer = getattr(first, "mamba", None) or getattr(first, "conv", None) or first.mixer
     assert mixer.in_proj.ggml and mixer.in_proj.weight is None  # the file's blocks
     kl = fast_mode_kl(recipe, fast)
     assert 0 < kl < FAST_KL_BOUND[recipe], f"fast mode's KL divergence {kl:.6f}"
@@ -144,11 +148,11 @@ def test_the_engine_keeps_each_sequences_state_through_chunks_batches_and_preemp
     # 16 tokens a step: prompts in chunks, decode rows beside them; a cache of 64 blocks of 4 holds one long
     # sequence, not all four: sequences are preempted and recompute their states (Mamba2 alone keeps no K/V: its
     # blocks only count positions, every sequence at full length, and nothing is preempted)
-    llm = LLM(str(path), exact_numerics=True, block_size=4, max_num_batched_tokens=16, kv_cache_memory=64 * 4 * 256,
-              max_model_len=512)
-    engine = llm.engine
     attention = len(EXPECTED[recipe]["kv_layers"])
-    assert engine.kv_bytes_per_token == 256 * attention  # one attention layer's K and V: 2 heads of 16, float32
+    llm = LLM(str(path), exact_numerics=True, block_size=4, max_num_batched_tokens=16, max_model_len=512,
+              kv_cache_memory=64 * 4 * 256 * max(attention, 1))
+    engine = llm.engine
+    assert engine.kv_bytes_per_token == 256 * attention  # each attention layer's K and V: 2 heads of 16, float32
     assert not engine.blocks.enable_prefix_caching
     assert [k.shape[0] for k, _ in engine.runner.kv_caches] == [0 if i in EXPECTED[recipe]["recurrent_layers"] else 256
                                                                 for i in range(engine.loaded.config.num_layers)]
@@ -179,5 +183,5 @@ def test_the_runners_say_why_not(recipe: str, monkeypatch: pytest.MonkeyPatch) -
     assert llm.engine.choice.describe() == f"torch (the {FAMILIES[recipe][1]} family)"
     assert llm.generate(["The capital of France is"])[0].outputs[0].token_ids
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
-    with pytest.raises(ValueError, match="the GPU runner does not run .*Mamba2 layers"):
+    with pytest.raises(ValueError, match="the GPU runner does not run (Mamba2 layers|short convolutions)"):
         select_runner(read_spec(path), EngineConfig(model=str(path)))

@@ -62,6 +62,8 @@ class Family:
     gguf_fields: FieldsHook | None = None
     # --- weights: llama.cpp's per-layer tensor names (``blk.N.<name>``) -> HF's, where they differ from Llama's
     gguf_tensor_names: Mapping[str, str] = field(default_factory=dict)
+    # ... and the model's own (``<gguf>`` -> ``<hf>``), where they differ: LFM2's final norm is ``token_embd_norm``
+    gguf_global_names: Mapping[str, str] = field(default_factory=dict)
     # Hugging Face checkpoint name fragments -> the torch model's, where they differ (Hunyuan's query_layernorm)
     hf_tensor_names: Mapping[str, str] = field(default_factory=dict)
     # GGUF: weights llama.cpp keeps as metadata (Apertus's xIELU parameters): (the file's metadata, the decoder's
