@@ -69,6 +69,7 @@ DECODERS: dict[str, DecoderNames] = {
     "nemotron_h": DecoderNames(("NemotronHForCausalLM",), ("nemotron_h", "nemotron_h_moe")),
     "mamba2": DecoderNames(("Mamba2ForCausalLM",), ("mamba2",)),
     "lfm2": DecoderNames(("Lfm2ForCausalLM",), ("lfm2",)),
+    "qwen3_next": DecoderNames(("Qwen3NextForCausalLM",), ("qwen3next",)),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.

@@ -91,9 +91,12 @@ class ModelConfig:
     ssm_conv_bias: bool = True
     ssm_proj_bias: bool = False
     ssm_dt_limit: tuple[float, float] = (0.0, float("inf"))  # the step size dt clamped to this range
-    # the recurrent layers are LFM2's gated short convolutions (runlm.models.short_conv: ssm_conv_kernel taps over
-    # the hidden width, ssm_conv_bias), not Mamba2 mixers: their state is the convolution's alone
-    short_conv: bool = False
+    # what the recurrent layers are: "mamba2" (runlm.models.mamba2), "short_conv" (LFM2's gated short convolutions,
+    # runlm.models.short_conv: ssm_conv_kernel taps over the hidden width; their state is the convolution's alone) or
+    # "gated_delta" (Qwen3-Next's gated DeltaNet, runlm.models.gated_delta: ssm_heads value heads of ssm_state, keys
+    # and queries in ssm_groups heads of ssm_head_dim; a state [ssm_heads, ssm_head_dim, ssm_state] per sequence)
+    recurrent_kind: str = "mamba2"
+    attn_output_gate: bool = False        # attention's output times sigmoid of a per-head gate from q_proj (Qwen3-Next)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -131,8 +134,10 @@ class ModelConfig:
     def ssm_conv_dim(self) -> int:
         """The channels a Mamba2 mixer convolves: its inner width, then B's and C's groups (a short convolution: the
         hidden width)."""
-        if self.short_conv:
+        if self.recurrent_kind == "short_conv":
             return self.hidden_size
+        if self.recurrent_kind == "gated_delta":  # queries, keys, values
+            return 2 * self.ssm_groups * self.ssm_head_dim + self.ssm_heads * self.ssm_state
         return self.ssm_heads * self.ssm_head_dim + 2 * self.ssm_groups * self.ssm_state
 
     @property
@@ -191,6 +196,8 @@ class ModelConfig:
             attention += q + 2 * kv + (h if self.o_proj_bias else 0)
         if self.attention_sinks:
             attention += self.num_heads
+        if self.attn_output_gate:  # (q_proj's gate rows)
+            attention += h * q
         if self.kv_lora_rank:  # latent attention's projections instead
             attention = self._latent_attention_params() + 2 * norm
         if self.qk_norm:
@@ -217,8 +224,12 @@ class ModelConfig:
 
     def _mamba_params(self) -> int:
         h, heads, conv = self.hidden_size, self.ssm_heads, self.ssm_conv_dim
-        if self.short_conv:  # in_proj (B, C, x), the convolution, out_proj
+        if self.recurrent_kind == "short_conv":  # in_proj (B, C, x), the convolution, out_proj
             return 4 * h * h + h * self.ssm_conv_kernel + (5 * h if self.ssm_conv_bias else 0)
+        if self.recurrent_kind == "gated_delta":  # q, k, v, z and b, a projections, convolution, A, dt, norm, out
+            values = heads * self.ssm_state
+            return h * (conv + values + 2 * heads) + conv * self.ssm_conv_kernel + 2 * heads + self.ssm_state \
+                + values * h
         inner = heads * self.ssm_head_dim
         proj = inner + conv + heads
         bias = (proj + h) if self.ssm_proj_bias else 0

@@ -49,7 +49,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
         return torch.tanh(logits / cap) * cap if cap else logits
 
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
-        super().load_weights(_offset_norms(weights, self.config.norm_offset))
+        super().load_weights(offset_norms(weights, self.config.norm_offset))
 
 
 class Gemma1Model(GemmaModel):
@@ -60,8 +60,12 @@ class Gemma1ForCausalLM(GemmaForCausalLM):
     model_cls = Gemma1Model
 
 
-def _offset_norms(weights: Iterable[tuple[str, Weight]], offset: float) -> Iterator[tuple[str, Weight]]:
+def offset_norms(weights: Iterable[tuple[str, Weight]], offset: float,
+                 plain: str | None = None) -> Iterator[tuple[str, Weight]]:
+    """Norm weights stored as w of an (offset + w) norm, as the sum; those whose names end with ``plain`` as stored
+    (Qwen3-Next's gated norms have a plain weight)."""
     for name, tensor in weights:
-        if offset and name.endswith("norm.weight") and isinstance(tensor, torch.Tensor):
+        if offset and name.endswith("norm.weight") and isinstance(tensor, torch.Tensor) \
+                and not (plain and name.endswith(plain)):
             tensor = tensor.float() + offset
         yield name, tensor

@@ -66,7 +66,10 @@ class Attention(nn.Module):
         self.layer, self.rope = layer, rope
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        # Qwen3-Next: q_proj makes each head's query and then its output gate
+        self.output_gate = cfg.attn_output_gate
+        q_rows = 2 * self.q_size if self.output_gate else self.q_size
+        self.qkv_proj = Linear(cfg.hidden_size, q_rows + 2 * self.kv_size, bias=cfg.attention_bias)
         # Llama/Mistral's attention_bias also covers o_proj; Qwen2's bias is on q/k/v only.
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         if cfg.qk_norm:  # per head, or (OLMoE) over the whole projection
@@ -87,11 +90,17 @@ class Attention(nn.Module):
         self.eps = cfg.rms_norm_eps
         # what only this torch forward computes (the fused loop does not)
         self.torch_only = bool(self.qk_norm_whole or self.clip or self.qk_norm_after_rope or self.sinks is not None
-                               or self.chunk or self.l2_norm or self.temperature)
+                               or self.chunk or self.l2_norm or self.temperature or self.output_gate)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        gate = None
+        if self.output_gate:
+            q_gate, k, v = self.qkv_proj(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q, gate = q_gate.view(t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+            q = q.reshape(t, self.q_size)
+        else:
+            q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip:
@@ -112,6 +121,8 @@ class Attention(nn.Module):
             q = q * (torch.log1p(torch.floor((positions.float() + 1.0) / floor)) * scale + 1.0).view(-1, 1, 1)
         o = write_kv_and_attend(self.layer, q, k, v, self.scale, self.window, self.softcap,
                                 None if self.sinks is None else self.sinks.weight, self.chunk)
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
         return self.o_proj(o.reshape(t, self.q_size))
 
 

@@ -129,7 +129,8 @@ def lora_targets(model: torch.nn.Module) -> dict[str, _Target]:
     for i, layer in enumerate(layers):
         prefix = f"model.layers.{i}"
         attn = getattr(layer, "self_attn", None)
-        if attn is not None and hasattr(attn, "qkv_proj"):
+        # (not Qwen3-Next's gated attention, whose q_proj rows interleave each head's query and gate)
+        if attn is not None and hasattr(attn, "qkv_proj") and not getattr(attn, "output_gate", False):
             q, kv, qkv = attn.q_size, attn.kv_size, attn.qkv_proj
             targets[f"{prefix}.self_attn.q_proj"] = _Target(qkv, 0, q, attn.heads)
             targets[f"{prefix}.self_attn.k_proj"] = _Target(qkv, q, q + kv, attn.kv_heads)

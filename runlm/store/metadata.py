@@ -120,6 +120,9 @@ def inspect_gguf(path: Path) -> ModelInfo:
         layers, kv_heads = sum(1 for k in kv_heads if k), max(kv_heads, default=0)
     elif get(f"{arch}.attention.head_count") == 0:  # no attention at all (Mamba2)
         layers = 0
+    recurrent = get(f"{arch}.attention.recurrent_layers")  # (Qwen3-Next's DeltaNet layers keep no K/V)
+    if isinstance(recurrent, list):
+        layers = sum(1 for r in recurrent if not r)
     kv_heads = int(kv_heads)
     hidden = int(get(f"{arch}.embedding_length", 0) or 0)
     # 2-D matrices and stacked 3-D expert tensors (each expert a matrix), all experts counted

@@ -22,7 +22,7 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
             multiple = int(cfg.get("block_multiple_of") or 256)
             size = int(float(cfg["block_ffn_dim_multiplier"]) * size)
             size = multiple * ((size + multiple - 1) // multiple)
-    return dict(recurrent_layers=[i for i, t in enumerate(types) if t == "conv"], short_conv=True,
+    return dict(recurrent_layers=[i for i, t in enumerate(types) if t == "conv"], recurrent_kind="short_conv",
                 ssm_conv_kernel=int(cfg.get("conv_L_cache") or 3), ssm_conv_bias=bool(cfg.get("conv_bias", False)),
                 intermediate_size=size, rms_norm_eps=float(cfg.get("norm_eps", 1e-5)),
                 tie_word_embeddings=bool(cfg.get("tie_embedding", cfg.get("tie_word_embeddings", True))))
@@ -32,8 +32,8 @@ def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str
     """llama.cpp's: per layer KV heads (0: a convolution), ``shortconv.l_cache`` taps."""
     kv = get("attention.head_count_kv")
     recurrent = [i for i in range(fields["num_layers"]) if isinstance(kv, list) and not kv[i]]
-    return dict(recurrent_layers=recurrent, short_conv=True, ssm_conv_kernel=int(get("shortconv.l_cache") or 3),
-                ssm_conv_bias=False)
+    return dict(recurrent_layers=recurrent, recurrent_kind="short_conv",
+                ssm_conv_kernel=int(get("shortconv.l_cache") or 3), ssm_conv_bias=False)
 
 
 FAMILY = Family("lfm2", torch_model="runlm.models.hybrid:HybridForCausalLM", qk_norm=True, hf_fields=_hf_fields,
