@@ -96,6 +96,11 @@ class ModelConfig:
     # "gated_delta" (Qwen3-Next's gated DeltaNet, runlm.models.gated_delta: ssm_heads value heads of ssm_state, keys
     # and queries in ssm_groups heads of ssm_head_dim; a state [ssm_heads, ssm_head_dim, ssm_state] per sequence)
     recurrent_kind: str = "mamba2"
+    ssm_norm: str = "after_gate"          # a Mamba2 mixer's output: rmsnorm(y * silu(z)); "before_gate": rmsnorm(y)
+    # * silu(z) (Falcon-H1's option); "none": y * silu(z)
+    parallel_mixers: bool = False         # each layer runs attention and a Mamba2 mixer side by side (Falcon-H1)
+    # µP multipliers a family's model folds into its weights on loading, by the HF config's names (Falcon-H1's)
+    multipliers: dict[str, Any] = field(default_factory=dict)
     attn_output_gate: bool = False        # attention's output times sigmoid of a per-head gate from q_proj (Qwen3-Next)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
@@ -127,7 +132,7 @@ class ModelConfig:
     @property
     def kv_layers(self) -> list[int]:
         """The layers that keep a KV cache (all but the recurrent ones)."""
-        without = {*self.recurrent_layers, *self.mlp_layers}
+        without = set() if self.parallel_mixers else {*self.recurrent_layers, *self.mlp_layers}
         return [i for i in range(self.num_layers) if i not in without]
 
     @property
@@ -217,7 +222,8 @@ class ModelConfig:
             layers = sum(norm + (self._mamba_params() if i in recurrent else moe if self.is_moe_layer(i) else mlp
                                  if i in alone else attention - 2 * norm) for i in range(self.num_layers))
         else:
-            layers = sum((self._mamba_params() + 2 * norm if i in recurrent else attention)
+            layers = sum((self._mamba_params() if i in recurrent else 0)  # (attention's count holds the two norms)
+                         + (attention if self.parallel_mixers or i not in recurrent else 2 * norm)
                          + (moe if self.is_moe_layer(i) else mlp) for i in range(self.num_layers))
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return layers + emb + norm + (self.vocab_size if self.lm_head_bias else 0)
@@ -233,7 +239,8 @@ class ModelConfig:
         inner = heads * self.ssm_head_dim
         proj = inner + conv + heads
         bias = (proj + h) if self.ssm_proj_bias else 0
-        return h * proj + conv * self.ssm_conv_kernel + (conv if self.ssm_conv_bias else 0) + 3 * heads + inner \
+        norm = inner if self.ssm_norm != "none" else 0
+        return h * proj + conv * self.ssm_conv_kernel + (conv if self.ssm_conv_bias else 0) + 3 * heads + norm \
             + inner * h + bias
 
     def _latent_attention_params(self) -> int:

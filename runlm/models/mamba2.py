@@ -30,17 +30,23 @@ CHUNK = 64  # prompt rows scanned at once (the within-chunk form costs chunk^2 p
 
 
 class GatedRMSNorm(nn.Module):
-    """rmsnorm(y * silu(z)) over each of ``groups`` equal parts of the width, times a weight (norm after the gate)."""
+    """rmsnorm(y * silu(z)) over each of ``groups`` equal parts of the width, times a weight ("after_gate"); or
+    rmsnorm(y) * silu(z) ("before_gate", Falcon-H1's option); or no norm, y * silu(z) ("none": no weight)."""
 
-    def __init__(self, dim: int, groups: int, eps: float) -> None:
+    def __init__(self, dim: int, groups: int, eps: float, mode: str = "after_gate") -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.groups, self.eps = groups, eps
+        self.weight = nn.Parameter(torch.ones(dim)) if mode != "none" else None
+        self.groups, self.eps, self.mode = groups, eps, mode
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        g = (y.float() * F.silu(z.float())).unflatten(-1, (self.groups, -1))
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * g.flatten(-2).to(y.dtype)
+        gate = F.silu(z.float())
+        if self.weight is None:
+            return (y.float() * gate).to(y.dtype)
+        g = (y.float() * gate if self.mode == "after_gate" else y.float()).unflatten(-1, (self.groups, -1))
+        g = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
+        if self.mode == "after_gate":
+            return self.weight * g.to(y.dtype)
+        return (self.weight.float() * g * gate).to(y.dtype)
 
 
 class Conv1d(nn.Module):
@@ -66,7 +72,7 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.empty(self.heads))
         self.A_log = nn.Parameter(torch.empty(self.heads))
         self.D = nn.Parameter(torch.empty(self.heads))
-        self.norm = GatedRMSNorm(self.inner, cfg.ssm_groups, cfg.rms_norm_eps)
+        self.norm = GatedRMSNorm(self.inner, cfg.ssm_groups, cfg.rms_norm_eps, cfg.ssm_norm)
         self.out_proj = Linear(self.inner, cfg.hidden_size, bias=cfg.ssm_proj_bias)
         self.dt_limit = cfg.ssm_dt_limit
 

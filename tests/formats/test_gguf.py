@@ -64,7 +64,7 @@ def test_supported_sets() -> None:
         "llama", "mistral", "qwen2", "qwen3", "smollm", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "exaone4",
         "hunyuan-dense", "arcee", "seed_oss", "qwen2moe", "qwen3moe", "olmoe", "smollm3", "granite", "ernie4_5",
         "stablelm", "phi2", "starcoder2", "cohere2", "glm4", "glm4moe", "dots1", "ernie4_5-moe", "granitemoe",
-        "deepseek2", "apertus", "gpt-oss", "llama4", "granitehybrid", "nemotron_h", "nemotron_h_moe", "mamba2", "lfm2", "qwen3next", "bert"}
+        "deepseek2", "apertus", "gpt-oss", "llama4", "granitehybrid", "nemotron_h", "nemotron_h_moe", "mamba2", "lfm2", "qwen3next", "falcon-h1", "bert"}
 
 
 # --- dequantization against the reference ---------------------------------------------------

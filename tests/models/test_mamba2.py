@@ -34,7 +34,8 @@ from tests.models.test_llama import GREEDY_TOKENS, RTOL, _our_logits, _prompt
 # converter writes of it
 FAMILIES = {"granitemoehybrid": ("granitemoehybrid", "granitemoehybrid"), "bamba": ("bamba", "granitemoehybrid"),
             "nemotron-h": ("nemotron_h", "nemotron_h"), "nemotron-h-moe": ("nemotron_h", "nemotron_h"),
-            "mamba2": ("mamba2", "mamba2"), "lfm2": ("lfm2", "lfm2"), "qwen3-next": ("qwen3_next", "qwen3_next")}
+            "mamba2": ("mamba2", "mamba2"), "lfm2": ("lfm2", "lfm2"), "qwen3-next": ("qwen3_next", "qwen3_next"),
+            "falcon-h1": ("falcon_h1", "falcon_h1")}
 # Fast mode's bound on the converter's Q8_0 file: mean KL against exact mode on its f32 file over the first 512 tokens
 # of english_text(). Granite 4: 1.25x llama.cpp's own (llama-cpp-python 0.3.36, logits_all, one 512-token context:
 # 0.001466; on the f32 file 8e-9; runlm measured 0.001465, AMD EPYC, AVX-512). Bamba: llama.cpp is no reference --
@@ -43,10 +44,10 @@ FAMILIES = {"granitemoehybrid": ("granitemoehybrid", "granitemoehybrid"), "bamba
 # alone measures 0.0128, fast mode 0.0255. Nemotron-H: llama.cpp 0.002451 (on the f32 file 3.3e-5; runlm 0.002435),
 # with experts 0.01771 (f32: 2.8e-4; runlm 0.01751). Mamba2: llama.cpp 0.01033 (f32: 5e-12; runlm 0.01032). LFM2:
 # llama.cpp 0.01614 (f32: 1.5e-9; runlm 0.01607). Qwen3-Next: llama.cpp 0.07887 (f32: 2e-9; runlm 0.07856; the
-# random router's near ties, as the other mixtures').
+# random router's near ties, as the other mixtures'). Falcon-H1: llama.cpp 0.006268 (f32: 2.5e-8; runlm 0.006181).
 FAST_KL_BOUND = {"granitemoehybrid": 1.25 * 0.001466, "bamba": 0.035, "nemotron-h": 1.25 * 0.002451,
                  "nemotron-h-moe": 1.25 * 0.01771, "mamba2": 1.25 * 0.01033, "lfm2": 1.25 * 0.01614,
-                 "qwen3-next": 1.25 * 0.07887}
+                 "qwen3-next": 1.25 * 0.07887, "falcon-h1": 1.25 * 0.006268}
 # what each test model's config says (tests/fixtures/models.py), as ModelConfig holds it
 EXPECTED = {
     "granitemoehybrid": dict(recurrent_layers=[0, 2, 3], kv_layers=[1], ssm_heads=8, ssm_head_dim=16, ssm_state=16,
@@ -70,6 +71,8 @@ EXPECTED = {
                        ssm_heads=4, ssm_groups=2, ssm_head_dim=16, ssm_state=16, num_experts=8,
                        shared_expert_intermediate_size=48, partial_rotary_factor=0.25, qk_norm=True,
                        state_shapes=((128, 3), (4, 16, 16))),
+    "falcon-h1": dict(recurrent_layers=[0, 1], kv_layers=[0, 1], parallel_mixers=True, ssm_heads=8, ssm_head_dim=16,
+                      ssm_groups=2, ssm_norm="none", num_kv_heads=2),
 }
 assert set(FAMILIES) == set(HYBRID_RECIPES)
 
@@ -180,7 +183,7 @@ def test_the_engine_keeps_each_sequences_state_through_chunks_batches_and_preemp
     engine = llm.engine
     assert engine.kv_bytes_per_token == 256 * attention  # each attention layer's K and V: 2 heads of 16, float32
     assert not engine.blocks.enable_prefix_caching
-    assert [k.shape[0] for k, _ in engine.runner.kv_caches] == [0 if i in EXPECTED[recipe]["recurrent_layers"] else 256
+    assert [k.shape[0] for k, _ in engine.runner.kv_caches] == [256 if i in EXPECTED[recipe]["kv_layers"] else 0
                                                                 for i in range(engine.loaded.config.num_layers)]
     outs = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
     assert outs == [_transformers_choices(ref, p, o) for p, o in zip(prompts, outs)]

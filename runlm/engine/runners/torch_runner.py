@@ -62,9 +62,9 @@ class ModelRunner:
         # empty, not zeros: attention reads only slots already written, and untouched pages cost no RAM
         self.kv_caches = []
         heads, k_dim, v_dim = c.kv_cache_shape  # (latent attention: one latent row per token, no V)
-        recurrent = set(c.recurrent_layers)
+        recurrent, kv = set(c.recurrent_layers), set(c.kv_layers)
         for layer in range(c.num_layers):
-            slots = 0 if layer in recurrent else self.blocks.layer_blocks(layer) * self.blocks.block_size
+            slots = self.blocks.layer_blocks(layer) * self.blocks.block_size if layer in kv else 0
             self.kv_caches.append((torch.empty((slots, heads, k_dim), dtype=self.dtype, device=self.device),
                                    torch.empty((slots, heads, v_dim), dtype=self.dtype, device=self.device)))
         if recurrent:  # (a sequence's first tokens start its state from zero: nothing need be cleared)
