@@ -62,8 +62,9 @@ class LLMEngine(EngineCore):
         self.max_model_len = mc.context_length(config.max_model_len)
         heads, k_dim, v_dim = mc.kv_cache_shape
         if mc.recurrent_layers and config.speculative_config is not None:
-            raise ValueError(f"speculative_config: the {mc.family} family's Mamba2 layers keep one state per sequence, "
-                             "which cannot take back rejected draft tokens; serve it without speculative decoding")
+            raise ValueError(f"speculative_config: the {mc.family} family's recurrent layers keep one state per "
+                             "sequence, which cannot take back rejected draft tokens; serve it without speculative "
+                             "decoding")
         self.kv_bytes_per_token = per_token = kv_cache_bytes_per_token(
             len(mc.kv_layers), heads, k_dim, config.kv_cache_dtype, dtype_itemsize(config.dtype), v_dim)
         draft = configured_draft(config, self.loaded, self.threads)  # speculative decoding's draft model, if any

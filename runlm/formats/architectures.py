@@ -71,6 +71,7 @@ DECODERS: dict[str, DecoderNames] = {
     "lfm2": DecoderNames(("Lfm2ForCausalLM",), ("lfm2",)),
     "qwen3_next": DecoderNames(("Qwen3NextForCausalLM",), ("qwen3next",)),
     "falcon_h1": DecoderNames(("FalconH1ForCausalLM",), ("falcon-h1",)),
+    "minimax": DecoderNames(("MiniMaxForCausalLM",)),
 }
 
 # Decoder families runlm generates with: HF ``architectures[0]`` -> family, GGUF ``general.architecture`` -> family.

@@ -94,7 +94,9 @@ class ModelConfig:
     # what the recurrent layers are: "mamba2" (runlm.models.mamba2), "short_conv" (LFM2's gated short convolutions,
     # runlm.models.short_conv: ssm_conv_kernel taps over the hidden width; their state is the convolution's alone) or
     # "gated_delta" (Qwen3-Next's gated DeltaNet, runlm.models.gated_delta: ssm_heads value heads of ssm_state, keys
-    # and queries in ssm_groups heads of ssm_head_dim; a state [ssm_heads, ssm_head_dim, ssm_state] per sequence)
+    # and queries in ssm_groups heads of ssm_head_dim; a state [ssm_heads, ssm_head_dim, ssm_state] per sequence) or
+    # "lightning" (MiniMax's lightning attention, runlm.models.minimax: the attention's heads, a decaying
+    # [head_dim, head_dim] state each; no convolution)
     recurrent_kind: str = "mamba2"
     ssm_norm: str = "after_gate"          # a Mamba2 mixer's output: rmsnorm(y * silu(z)); "before_gate": rmsnorm(y)
     # * silu(z) (Falcon-H1's option); "none": y * silu(z)
@@ -143,6 +145,8 @@ class ModelConfig:
             return self.hidden_size
         if self.recurrent_kind == "gated_delta":  # queries, keys, values
             return 2 * self.ssm_groups * self.ssm_head_dim + self.ssm_heads * self.ssm_state
+        if self.recurrent_kind == "lightning":
+            return 0
         return self.ssm_heads * self.ssm_head_dim + 2 * self.ssm_groups * self.ssm_state
 
     @property
@@ -232,6 +236,9 @@ class ModelConfig:
         h, heads, conv = self.hidden_size, self.ssm_heads, self.ssm_conv_dim
         if self.recurrent_kind == "short_conv":  # in_proj (B, C, x), the convolution, out_proj
             return 4 * h * h + h * self.ssm_conv_kernel + (5 * h if self.ssm_conv_bias else 0)
+        if self.recurrent_kind == "lightning":  # qkv, output gate and out projections, the norm
+            inner = heads * self.ssm_head_dim
+            return 3 * h * inner + h * inner + inner * h + inner
         if self.recurrent_kind == "gated_delta":  # q, k, v, z and b, a projections, convolution, A, dt, norm, out
             values = heads * self.ssm_state
             return h * (conv + values + 2 * heads) + conv * self.ssm_conv_kernel + 2 * heads + self.ssm_state \

@@ -104,14 +104,15 @@ class MoeForCausalLM(LlamaForCausalLM):
     model_cls = MoeModel
 
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
-        super().load_weights(_hf_moe_names(weights))
+        super().load_weights(mixtral_names(weights))
 
 
 # Mixtral's checkpoint names -> the Qwen-MoE names the modules use
 _MIXTRAL_NAMES = {".block_sparse_moe.": ".mlp.", ".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
 
 
-def _hf_moe_names(weights: Iterable[tuple[str, Weight]]) -> Iterator[tuple[str, Weight]]:
+def mixtral_names(weights: Iterable[tuple[str, Weight]]) -> Iterator[tuple[str, Weight]]:
+    """Mixtral's expert names (``block_sparse_moe.experts.N.w1``, ...; MiniMax's too) as the modules name them."""
     for name, tensor in weights:
         if ".block_sparse_moe." in name:
             for old, new in _MIXTRAL_NAMES.items():

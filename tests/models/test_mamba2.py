@@ -31,11 +31,11 @@ from tests.models.test_families import fast_mode_kl
 from tests.models.test_llama import GREEDY_TOKENS, RTOL, _our_logits, _prompt
 
 # recipe (tests.fixtures.models.HYBRID_RECIPES) -> its family from safetensors, and from the GGUF file llama.cpp's
-# converter writes of it
+# converter writes of it (None: the converter does not write one -- MiniMax's reads the remote-code checkpoints only)
 FAMILIES = {"granitemoehybrid": ("granitemoehybrid", "granitemoehybrid"), "bamba": ("bamba", "granitemoehybrid"),
             "nemotron-h": ("nemotron_h", "nemotron_h"), "nemotron-h-moe": ("nemotron_h", "nemotron_h"),
             "mamba2": ("mamba2", "mamba2"), "lfm2": ("lfm2", "lfm2"), "qwen3-next": ("qwen3_next", "qwen3_next"),
-            "falcon-h1": ("falcon_h1", "falcon_h1")}
+            "falcon-h1": ("falcon_h1", "falcon_h1"), "minimax": ("minimax", None)}
 # Fast mode's bound on the converter's Q8_0 file: mean KL against exact mode on its f32 file over the first 512 tokens
 # of english_text(). Granite 4: 1.25x llama.cpp's own (llama-cpp-python 0.3.36, logits_all, one 512-token context:
 # 0.001466; on the f32 file 8e-9; runlm measured 0.001465, AMD EPYC, AVX-512). Bamba: llama.cpp is no reference --
@@ -73,12 +73,15 @@ EXPECTED = {
                        state_shapes=((128, 3), (4, 16, 16))),
     "falcon-h1": dict(recurrent_layers=[0, 1], kv_layers=[0, 1], parallel_mixers=True, ssm_heads=8, ssm_head_dim=16,
                       ssm_groups=2, ssm_norm="none", num_kv_heads=2),
+    "minimax": dict(recurrent_layers=[0, 1, 2], kv_layers=[3], recurrent_kind="lightning", ssm_heads=4,
+                    ssm_head_dim=16, ssm_state=16, num_experts=4, state_shapes=((0, 0), (4, 16, 16))),
 }
+GGUF_RECIPES = [r for r, (_, in_gguf) in FAMILIES.items() if in_gguf]
 assert set(FAMILIES) == set(HYBRID_RECIPES)
 
 
-@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
-@pytest.mark.parametrize("recipe", FAMILIES)
+@pytest.mark.parametrize(("recipe", "fmt"), [(r, fmt) for r in FAMILIES for fmt in ("safetensors", "gguf")
+                                              if fmt == "safetensors" or r in GGUF_RECIPES])
 def test_hybrids_match_transformers(recipe: str, fmt: str, tiny_model) -> None:
     """Exact mode's logits within 1e-4 of transformers' on a 200-token prompt, and 64 greedy tokens through the engine
     that are transformers' own choices: each the argmax of its forward over the prompt and the tokens before it.
@@ -104,20 +107,21 @@ def test_hybrids_match_transformers(recipe: str, fmt: str, tiny_model) -> None:
 @pytest.mark.parametrize("recipe", FAMILIES)
 def test_the_layers_read_alike_from_the_config_and_the_gguf_file(recipe: str, tiny_model) -> None:
     hf = ModelConfig.from_hf(json.loads((tiny_model(recipe) / "config.json").read_text()))
-    gguf = ModelConfig.from_gguf(GGUFFile(converted_gguf(recipe)))
-    for cfg in (hf, gguf):
+    files = [converted_gguf(recipe)] if recipe in GGUF_RECIPES else []
+    configs = [hf, *(ModelConfig.from_gguf(GGUFFile(f)) for f in files)]
+    for cfg in configs:
         for name, value in EXPECTED[recipe].items():
             assert getattr(cfg, name) == value, (name, getattr(cfg, name))
     # the store's memory estimate counts the K/V of the attention layers alone, as the engine allocates it
-    for info in (inspect_gguf(converted_gguf(recipe)), inspect_safetensors_dir(tiny_model(recipe))):
+    for info in (*(inspect_gguf(f) for f in files), inspect_safetensors_dir(tiny_model(recipe))):
         assert info.num_layers == len(hf.kv_layers)
     reference = AutoModelForCausalLM.from_pretrained(tiny_model(recipe))
     choice_biases = sum(b.numel() for n, b in reference.named_buffers() if n.endswith("e_score_correction_bias"))
-    assert hf.num_params == gguf.num_params == sum(p.numel() for p in reference.parameters()) + choice_biases
+    assert {cfg.num_params for cfg in configs} == {sum(p.numel() for p in reference.parameters()) + choice_biases}
 
 
 @pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
-@pytest.mark.parametrize("recipe", FAMILIES)
+@pytest.mark.parametrize("recipe", GGUF_RECIPES)
 def test_fast_mode_kl_divergence_is_llama_cpps(recipe: str) -> None:
     fast = load_decoder(converted_gguf(recipe, "q8_0"))
     linears = [m for m in fast.model.model.layers[0].mixer.modules() if isinstance(m, Linear)]
@@ -196,21 +200,22 @@ def test_the_engine_keeps_each_sequences_state_through_chunks_batches_and_preemp
 
 @pytest.mark.parametrize("recipe", FAMILIES)
 def test_speculative_decoding_is_refused_by_name(recipe: str, tiny_model) -> None:
-    with pytest.raises(ValueError, match="Mamba2 layers keep one state per sequence"):
+    with pytest.raises(ValueError, match="recurrent layers keep one state per sequence"):
         LLM(str(tiny_model(recipe)), kv_cache_memory="16MiB", max_model_len=256,
             speculative_config={"method": "ngram", "num_speculative_tokens": 3})
 
 
 @pytest.mark.parametrize("recipe", FAMILIES)
-def test_the_runners_say_why_not(recipe: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_runners_say_why_not(recipe: str, monkeypatch: pytest.MonkeyPatch, tiny_model) -> None:
     from runlm.engine.runners.select import select_runner
     from runlm.engine.types.config import EngineConfig
     from runlm.models.spec import read_spec
 
-    path = converted_gguf(recipe, "q8_0")
+    path = converted_gguf(recipe, "q8_0") if recipe in GGUF_RECIPES else tiny_model(recipe)
     llm = LLM(str(path), max_model_len=256, kv_cache_memory="16MiB")
-    assert llm.engine.choice.describe() == f"torch (the {FAMILIES[recipe][1]} family)"
+    assert llm.engine.choice.describe() == f"torch (the {FAMILIES[recipe][recipe in GGUF_RECIPES]} family)"
     assert llm.generate(["The capital of France is"])[0].outputs[0].token_ids
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
-    with pytest.raises(ValueError, match="the GPU runner does not run (Mamba2 layers|short convolutions|gated DeltaNet layers)"):
+    with pytest.raises(ValueError, match="the GPU runner does not run (Mamba2 layers|short convolutions|gated DeltaNet "
+                                         "layers|lightning attention)"):
         select_runner(read_spec(path), EngineConfig(model=str(path)))
