@@ -63,7 +63,7 @@ class MiniMaxDecoderLayer(DecoderLayer):
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
         nn.Module.__init__(self)
         linear = layer in cfg.recurrent_layers
-        self.self_attn: nn.Module = LightningAttention(cfg, layer) if linear else Attention(cfg, layer, rope)
+        self.self_attn: nn.Module = LightningAttention(cfg, layer) if linear else Attention(cfg, layer, rope)  # type: ignore[assignment]
         self.mlp: nn.Module = SparseMoeBlock(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
