@@ -1,6 +1,6 @@
 """Every model family on a Q4_K_M file of a generated model: runlm's fast mode against llama.cpp.
 
-Each family of tests/fixtures/models.py (Llama, Gemma 2 and 3, Phi-3, the mixtures of experts) is
+Each family of tests/fixtures/models.py (Llama, Gemma 2 and 3, Phi-3, the mixtures of experts, GLM-4) is
 built at a benchmark shape (hidden 512, 12 layers, 8 heads of 64, random weights, smollm2's tokenizer),
 written by llama.cpp's own converter (f16) and quantizer (Q4_K_M), then decoded greedily by both peers in
 child processes, alternating round by round (bench/quant_bench.py's children). llama.cpp cannot read the
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from bench.models import CACHE  # noqa: E402
 from bench.quant_bench import RESULTS, _run_child, cpu_name, prompt_ids, quantize  # noqa: E402
 
-FAMILIES = ("llama", "gemma2", "gemma3", "phi3", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe")
+FAMILIES = ("llama", "gemma2", "gemma3", "phi3", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "glm4")
 NO_LLAMA_CPP = frozenset({"phi3"})
 SHAPE = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=8,
              num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)

@@ -112,7 +112,8 @@ class NativeModel:
     @classmethod
     def load(cls, gguf: GGUFFile, cfg: ModelConfig, max_positions: int) -> NativeModel:
         h, d = cfg.hidden_size, cfg.head_dim
-        interleaved = gguf_rope_interleaved(gguf.architecture)
+        # (GLM-4's files rotate pairs unpermuted: its family's layout, as the torch model reads them)
+        interleaved = gguf_rope_interleaved(gguf.architecture) or families.get(cfg.family).hf_rope_interleaved
         cos, sin = _rope(gguf, cfg, max_positions, interleaved)
         local = cos, sin  # sliding-window layers with a RoPE base of their own (Gemma 3) rotate unscaled
         if cfg.rope_local_theta:

@@ -35,7 +35,8 @@ def _engines(path: str) -> tuple[LLM, LLM]:
 
 
 TOLERANCE = {("gemma2", "q8_0"): 1e-5, ("gemma3", "q8_0"): 0.0, ("phi3", "q8_0"): 0.0, ("gemma3", "f16"): 0.0,
-             ("phi3", "f16"): 1e-2, ("smollm3", "q8_0"): 0.0, ("ernie4_5", "q8_0"): 0.0}
+             ("phi3", "f16"): 1e-2, ("smollm3", "q8_0"): 0.0, ("ernie4_5", "q8_0"): 0.0,
+             ("glm4", "q8_0"): 0.0}
 
 
 @pytest.mark.parametrize(("recipe", "fmt"), list(TOLERANCE))

@@ -1,7 +1,8 @@
 """GLM-4 (0414): Gemma 2's sandwich of norms around attention and the MLP (runlm.models.gemma; RMSNorm weights as
 stored, no embedding scale, SiLU), q/k/v biases but none on o_proj, a fused gate_up matrix, and RoPE rotating feature
 pairs (2i, 2i+1) on the first half of each head, in its checkpoints and in llama.cpp's glm4 files alike (the model
-rotates pairs for both). Its norm names map to Gemma's. Not the native runner's, nor the GPU runner's yet."""
+rotates pairs for both). Its norm names map to Gemma's. The native runner builds its GGUF files (Gemma's sandwich,
+partial RoPE on pairs), not yet its safetensors; not the GPU runner's yet."""
 from runlm.models.families import Family
 from runlm.models.families.gemma2 import GEMMA_TENSOR_NAMES
 
@@ -13,4 +14,4 @@ FAMILY = Family("glm4", torch_model="runlm.models.gemma:GemmaForCausalLM", atten
                                  "post_self_attn_layernorm.": "post_attention_layernorm.",
                                  "post_mlp_layernorm.": "post_feedforward_layernorm."},
                 gguf_tensor_names={**GEMMA_TENSOR_NAMES, "ffn_up": "mlp.gate_up_proj"},
-                native=False, native_safetensors=False, gpu_refuses="GLM-4's partial RoPE on feature pairs")
+                native_safetensors=False, gpu_refuses="GLM-4's partial RoPE on feature pairs")
