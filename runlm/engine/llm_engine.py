@@ -26,7 +26,7 @@ from runlm.engine.sample.sampler import SampledToken, make_generator
 from runlm.engine.spec_decode.decoder import SpecDecodeStats, spec_decoder
 from runlm.engine.spec_decode.draft import configured_draft, draft_kv_bytes_per_token
 from runlm.engine.structured.backend import StructuredOutputManager
-from runlm.engine.types.config import EngineConfig, dtype_itemsize
+from runlm.engine.types.config import EngineConfig, dtype_itemsize, state_slots
 from runlm.engine.types.errors import PromptError, PromptTooLongError, TaskError
 from runlm.engine.types.outputs import RequestOutput
 from runlm.engine.types.pooling_params import PoolingParams
@@ -75,8 +75,10 @@ class LLMEngine(EngineCore):
             # POSITION_BLOCKS' worth in all: a million-token context times max_num_seqs would be millions of blocks)
             num_blocks = min(config.max_num_seqs * -(-self.max_model_len // config.block_size), POSITION_BLOCKS)
         # sliding-window layers give back the blocks behind their window as sequences run
+        # recurrent layers' states: one per running sequence, as many as the same budget holds
+        states = state_slots(config, mc.state_bytes_per_seq) if mc.recurrent_layers else 0
         self.blocks = block_manager(mc, num_blocks, config.block_size, config.enable_prefix_caching,
-                                    config.max_num_seqs, config.max_num_batched_tokens)
+                                    config.max_num_seqs, config.max_num_batched_tokens, states)
         window = self.blocks.window
         # no sequence may outgrow the whole cache: preempted, it could never be readmitted (one whose
         # blocks behind the window are given back only ever holds about a window's worth)

@@ -178,12 +178,12 @@ def test_the_engine_keeps_each_sequences_state_through_chunks_batches_and_preemp
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompts = [_prompt(49152, n, seed=n) for n in (40, 1, 90, 150)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    # 16 tokens a step: prompts in chunks, decode rows beside them; a cache of 64 blocks of 4 holds one long
-    # sequence, not all four: sequences are preempted and recompute their states (Mamba2 alone keeps no K/V: its
-    # blocks only count positions, every sequence at full length, and nothing is preempted)
+    # 16 tokens a step: prompts in chunks, decode rows beside them; two sequences at a time, and a cache of 64 blocks
+    # of 4 holds one long sequence, not the two longest: sequences are preempted and recompute their states (Mamba2
+    # alone keeps no K/V: its blocks only count positions, every sequence at full length, and nothing is preempted)
     attention = len(EXPECTED[recipe]["kv_layers"])
     llm = LLM(str(path), exact_numerics=True, block_size=4, max_num_batched_tokens=16, max_model_len=512,
-              kv_cache_memory=64 * 4 * 256 * max(attention, 1))
+              max_num_seqs=2, kv_cache_memory=64 * 4 * 256 * max(attention, 1))
     engine = llm.engine
     assert engine.kv_bytes_per_token == 256 * attention  # each attention layer's K and V: 2 heads of 16, float32
     assert not engine.blocks.enable_prefix_caching
@@ -192,10 +192,31 @@ def test_the_engine_keeps_each_sequences_state_through_chunks_batches_and_preemp
     outs = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
     assert outs == [_transformers_choices(ref, p, o) for p, o in zip(prompts, outs)]
     assert (engine.num_preemptions > 0) == bool(attention)
-    assert sorted(engine.blocks.free_states) == list(range(engine.config.max_num_seqs))  # every slot given back
+    assert sorted(engine.blocks.free_states) == [0, 1]  # every slot given back
     # the same prompt again finds no cached prefix, and the slot it is given held another sequence's state
     again = llm.generate([{"prompt_token_ids": prompts[2]}], params)[0].outputs[0].token_ids
     assert again == outs[2]
+
+
+def test_the_states_memory_does_not_grow_with_the_context_and_the_budget_bounds_their_number(tiny_model) -> None:
+    """A state per running sequence, its size the model's alone: the same tensors at a context of 256 and of 2048;
+    as many of them as kv_cache_memory holds (max_num_seqs at most), more sequences waiting their turn."""
+    path = str(tiny_model("granitemoehybrid"))
+    shapes = []
+    for context in (256, 2048):
+        llm = LLM(path, exact_numerics=True, max_model_len=context, kv_cache_memory="16MiB")
+        states = llm.engine.runner.states
+        shapes.append([None if s is None else (tuple(s[0].shape), tuple(s[1].shape)) for s in states])
+        assert llm.engine.blocks.state_slots == llm.engine.config.max_num_seqs
+    assert shapes[0] == shapes[1]
+    per_seq = llm.engine.loaded.config.state_bytes_per_seq  # 3 layers' conv [192, 3] and SSM [8, 16, 16] states
+    assert per_seq == 3 * 4 * (192 * 3 + 8 * 16 * 16)
+    small = LLM(path, exact_numerics=True, max_model_len=256, kv_cache_memory=3 * per_seq)
+    assert small.engine.blocks.state_slots == 3
+    prompts = [{"prompt_token_ids": _prompt(49152, 20, seed=s)} for s in range(5)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    together = [o.outputs[0].token_ids for o in small.generate(prompts, params)]
+    assert together == [small.generate([p], params)[0].outputs[0].token_ids for p in prompts]
 
 
 @pytest.mark.parametrize("recipe", FAMILIES)

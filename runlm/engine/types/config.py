@@ -110,21 +110,37 @@ DEFAULT_KV_FRACTION = 0.25
 DEFAULT_KV_CAP = 4 << 30
 
 
-def kv_cache_blocks(config: EngineConfig, bytes_per_token: int, max_model_len: int) -> int:
-    """How many blocks the budget buys. Default: a quarter of free memory, at most 4 GiB, and no more
-    than every sequence at full context would use."""
+def cache_budget(config: EngineConfig) -> int:
+    """The bytes kv_cache_memory gives a cache. Default: a quarter of free memory, at most 4 GiB."""
     spec = config.kv_cache_memory
     if spec is None:
-        budget = min(int(available_memory() * DEFAULT_KV_FRACTION), DEFAULT_KV_CAP)
+        return min(int(available_memory() * DEFAULT_KV_FRACTION), DEFAULT_KV_CAP)
+    if isinstance(spec, float) and 0 < spec <= 1:
+        return int(available_memory() * spec)
+    return parse_size(spec)
+
+
+def kv_cache_blocks(config: EngineConfig, bytes_per_token: int, max_model_len: int) -> int:
+    """How many blocks the budget buys (cache_budget; by default no more than every sequence at full context would
+    use)."""
+    spec = config.kv_cache_memory
+    budget = cache_budget(config)
+    if spec is None:
         budget = min(budget, bytes_per_token * max_model_len * config.max_num_seqs)
-    elif isinstance(spec, float) and 0 < spec <= 1:
-        budget = int(available_memory() * spec)
-    else:
-        budget = parse_size(spec)
     blocks = budget // (bytes_per_token * config.block_size)
     if blocks < 1:
         raise ValueError(f"kv_cache_memory {spec!r} is too small for one block of {config.block_size} tokens "
                          f"({bytes_per_token * config.block_size} bytes)")
     return int(blocks)
+
+
+def state_slots(config: EngineConfig, bytes_per_seq: int) -> int:
+    """How many sequences' recurrent states (runlm.models.mamba2) the budget holds beside the KV cache: one per
+    running sequence up to max_num_seqs, fewer where a state is large (more sequences then wait their turn)."""
+    slots = min(config.max_num_seqs, cache_budget(config) // max(bytes_per_seq, 1))
+    if slots < 1:
+        raise ValueError(f"kv_cache_memory {config.kv_cache_memory!r} is too small for one sequence's recurrent "
+                         f"state ({bytes_per_seq} bytes)")
+    return int(slots)
 
 
