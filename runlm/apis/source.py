@@ -105,10 +105,13 @@ async def translate(translator: ChunkTranslator, chunks: AsyncIterator[dict[str,
 
 def finish_chat_request(chat: dict[str, Any], body: dict[str, Any],
                         response_format: dict[str, Any] | None) -> dict[str, Any]:
-    """The fields both translations end a chat request with: the structured-output constraint, and the
-    daemon's ``keep_alive`` extra as the client sent it."""
+    """The fields both translations end a chat request with: the structured-output constraint (the API's own, or
+    runlm's ``structured_outputs`` extension as chat completions takes it), and the daemon's ``keep_alive`` extra
+    as the client sent it."""
     if response_format is not None:
         chat["response_format"] = response_format
+    if "structured_outputs" in body:
+        chat["structured_outputs"] = body["structured_outputs"]
     if "keep_alive" in body:
         chat["keep_alive"] = body["keep_alive"]
     return chat

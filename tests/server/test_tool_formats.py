@@ -1,12 +1,15 @@
-"""The 2025-2026 tool-call and reasoning formats end to end through the official ``openai`` client: a generated
-model whose chat template teaches the format (Qwen3-Coder's XML; gpt-oss's harmony channels), its output forced into
-that format the honest way a random model allows (a ``structured_outputs`` regex), read back as ``tool_calls`` (and
-``reasoning``) whole and streamed, the parameters typed by the tools' schemas."""
+"""The 2025-2026 tool-call and reasoning formats end to end through the official ``openai`` and ``anthropic``
+clients: a generated model whose chat template teaches the format (Qwen3-Coder's XML, gpt-oss's harmony channels,
+GLM-4.5's argument tags, DeepSeek-V3's call tokens, Llama 3.2/4's pythonic lists), its output forced into that format
+the honest way a random model allows (a ``structured_outputs`` regex; on Anthropic Messages runlm's extension of the
+same name), read back as ``tool_calls`` / ``tool_use`` blocks (and ``reasoning``) whole and streamed, the parameters
+typed by the tools' schemas."""
 from __future__ import annotations
 
 import json
 import re
 
+import anthropic
 import openai
 import pytest
 
@@ -14,42 +17,57 @@ from tests.fixtures.models import templated_model
 from tests.server.process import ServerProcess
 
 # the shapes of the real templates, as far as format detection and a conversation need them
-QWEN3_CODER = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-               "{% if tools %}Call a function as <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n"
-               "</function>\n</tool_call>{% endif %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+_TURNS = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+_PROMPT = "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+QWEN3_CODER = (_TURNS + "{% if tools %}Call a function as <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n"
+               "</parameter>\n</function>\n</tool_call>{% endif %}" + _PROMPT)
 GPT_OSS = ("{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
            "{% if tools %}<|start|>developer<|message|>call as <|channel|>commentary to=functions.NAME<|end|>"
            "{% endif %}{% if add_generation_prompt %}<|start|>assistant{% endif %}")
+GLM_45 = (_TURNS + "{% if tools %}Call as <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n"
+          "</tool_call>{% endif %}" + _PROMPT)
+DEEPSEEK_V3 = (_TURNS + "{% if tools %}Call as <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n"
+               "```json\nARGS\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>{% endif %}" + _PROMPT)
+PYTHONIC = _TURNS + "{% if tools %}Call as [func_name(param=value)]{% endif %}" + _PROMPT
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "zip": {"type": "string"}}}}}]
 ASK = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
-XML_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
-            "</parameter>\n<parameter=zip>\n75001\n</parameter>\n</function>\n</tool_call>")
-HARMONY_CALL = ("<|channel|>analysis<|message|>Need the weather tool.<|end|><|start|>assistant to=functions.get_weather"
-                '<|channel|>commentary json<|message|>{"city": "Paris", "days": 3}')
+PARIS_3 = {"city": "Paris", "days": 3}
+# format -> (its template, the output forced, the call's arguments as the tools' schemas type them, the reasoning)
+FORMATS = {
+    "qwen3-coder": (QWEN3_CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                    "<parameter=days>\n3\n</parameter>\n<parameter=zip>\n75001\n</parameter>\n</function>\n"
+                    "</tool_call>", {**PARIS_3, "zip": "75001"}, None),
+    "gpt-oss": (GPT_OSS, "<|channel|>analysis<|message|>Need the weather tool.<|end|><|start|>assistant "
+                "to=functions.get_weather<|channel|>commentary json<|message|>" + json.dumps(PARIS_3), PARIS_3,
+                "Need the weather tool."),
+    "glm45": (GLM_45, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days"
+              "</arg_key>\n<arg_value>3</arg_value>\n</tool_call>", PARIS_3, None),
+    "deepseek-v3": (DEEPSEEK_V3, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                    + json.dumps(PARIS_3) + "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", PARIS_3, None),
+    "pythonic": (PYTHONIC, '[get_weather(city="Paris", days=3)]', PARIS_3, None),
+}
 
 
-@pytest.fixture(scope="module", params=["qwen3-coder", "gpt-oss"])
+@pytest.fixture(scope="module", params=list(FORMATS))
 def served(request):
-    template = QWEN3_CODER if request.param == "qwen3-coder" else GPT_OSS
-    s = ServerProcess(str(templated_model(f"{request.param}-template", template)),
+    s = ServerProcess(str(templated_model(f"{request.param}-template", FORMATS[request.param][0])),
                       ["--served-model-name", "m", "--kv-cache-memory", "64MiB"]).start()
-    yield request.param, openai.OpenAI(base_url=s.base_url, api_key="none", max_retries=0, timeout=300)
+    yield request.param, s
     s.stop()
 
 
 def test_calls_in_the_templates_format_come_back_whole_and_streamed(served) -> None:
-    kind, client = served
-    forced = XML_CALL if kind == "qwen3-coder" else HARMONY_CALL
-    body = dict(model="m", messages=ASK, tools=TOOLS, temperature=0, max_tokens=120,
+    kind, server = served
+    client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
+    _, forced, expected, reasoning = FORMATS[kind]
+    body = dict(model="m", messages=ASK, tools=TOOLS, temperature=0, max_tokens=200,
                 extra_body={"structured_outputs": {"regex": re.escape(forced)}})
     whole = client.chat.completions.create(**body).choices[0]
     assert whole.finish_reason == "tool_calls" and not whole.message.content
     [call] = whole.message.tool_calls
-    expected = {"city": "Paris", "days": 3, "zip": "75001"} if kind == "qwen3-coder" else {"city": "Paris", "days": 3}
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == expected
-    reasoning = whole.message.model_extra.get("reasoning_content")
-    assert reasoning == ("Need the weather tool." if kind == "gpt-oss" else None)
+    assert whole.message.model_extra.get("reasoning_content") == reasoning
     calls, thinking, content = {}, "", ""
     for chunk in client.chat.completions.create(stream=True, **body):
         for choice in chunk.choices:
@@ -60,3 +78,21 @@ def test_calls_in_the_templates_format_come_back_whole_and_streamed(served) -> N
                 entry["arguments"] += d.function.arguments or ""
     assert not content.strip() and thinking == (reasoning or "")
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", expected)]
+
+
+def test_the_same_calls_come_back_as_anthropic_tool_use_blocks(served) -> None:
+    kind, server = served
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=300)
+    _, forced, expected, reasoning = FORMATS[kind]
+    tool = TOOLS[0]["function"]
+    body = dict(model="m", messages=ASK, max_tokens=200, tools=[{"name": tool["name"], "input_schema": tool["parameters"]}],
+                extra_body={"temperature": 0, "structured_outputs": {"regex": re.escape(forced)}})
+    msg = client.messages.create(**body)
+    with client.messages.stream(**body) as stream:
+        streamed = stream.get_final_message()
+    for m in (msg, streamed):
+        assert m.stop_reason == "tool_use"
+        assert [(b.name, b.input) for b in m.content if b.type == "tool_use"] == [("get_weather", expected)]
+        assert not "".join(b.text for b in m.content if b.type == "text").strip()
+        thinking = "".join(b.thinking for b in m.content if b.type == "thinking")
+        assert thinking in ("", reasoning)  # (thinking blocks where the client asks for them)
