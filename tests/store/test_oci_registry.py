@@ -228,3 +228,29 @@ def test_folder_model_round_trip(store: ModelStore, registry: Registry, tiny_mod
     assert model.manifest["layout"] == "dir" and model.info.format == "safetensors"
     assert _files(other, "team/qwen:v1") == _files(store, "qwen")
     assert (other.model_path(model) / "config.json").is_file()
+
+
+def test_split_gguf_round_trip(store: ModelStore, registry: Registry, tmp_path: Path) -> None:
+    """A GGUF model split in shards: one ``gguf.v3`` layer per shard (the header's metadata from the first, as Model
+    Runner's config), pulled back as the same files under their names, and served as one model."""
+    from runlm.engine.llm import LLM
+    from runlm.engine.types.sampling_params import SamplingParams
+    from tests.fixtures.gguf_convert import converted_gguf, split_gguf
+
+    package(store, split_gguf("llama"), "split")
+    packed = store.get("split")
+    shards = [f["path"] for f in packed.manifest["files"] if f["path"].endswith(".gguf")]
+    assert len(shards) > 1
+    layers = json.loads(store.blobs.path(packed.manifest["oci"]["manifest"]).read_bytes())["layers"]
+    assert [la["mediaType"] for la in layers].count(media.DMR_GGUF) == len(shards)
+    _login(store, registry)
+    push(store, "split", f"{registry.host}/team/split:v1", insecure=True)
+    other = ModelStore(tmp_path / "other")
+    _login(other, registry)
+    model = other.pull(f"{registry.host}/team/split:v1", insecure=True)
+    assert _files(other, "team/split:v1") == _files(store, "split")
+    assert model.info.architecture == "llama" and model.info.parameters == packed.info.parameters
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    served, whole = (LLM(str(p), max_model_len=256, kv_cache_memory="16MiB").generate(["Hello"], params)[0]
+                     for p in (other.model_path(model), converted_gguf("llama")))
+    assert served.outputs[0].token_ids == whole.outputs[0].token_ids

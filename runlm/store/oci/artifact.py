@@ -179,8 +179,9 @@ def plan(manifest: dict[str, Any]) -> Plan:
                and la.media_type.split(";")[0] not in PROJECTOR_TYPES]
     if not weights:
         raise ArtifactError("the manifest has no GGUF or safetensors layer: not a model runlm can run")
-    lone_gguf = len(weights) == 1 and weights[0].path.endswith(".gguf")
-    if lone_gguf:  # the model file first: a one-file model's path is its first file
-        layers.remove(weights[0])
-        layers.insert(0, weights[0])
-    return Plan(layers, "file" if lone_gguf else "dir", kind)
+    # one GGUF model: a file, or a split model's shards (llama.cpp's -0000K-of-0000N names order them)
+    gguf_model = all(w.path.endswith(".gguf") for w in weights)
+    if gguf_model:  # the model file first: a one-file model's path is its first file (a split model's first shard)
+        shards = sorted(weights, key=lambda w: w.path)
+        layers = shards + [la for la in layers if la not in shards]
+    return Plan(layers, "file" if gguf_model else "dir", kind)

@@ -269,11 +269,13 @@ def _context_size(store: RefStore, config: dict) -> int | None:
 
 
 def _inspect(store: RefStore, plan: artifact.Plan) -> ModelInfo:
-    """Read the model's headers from its blobs (a folder of links for a folder model)."""
-    if plan.layout == "file":
+    """Read the model's headers from its blobs (a folder of links for a folder model, and for a split GGUF model's
+    shards, which are found by their names)."""
+    shards = sum(1 for la in plan.layers if la.media_type == media.DMR_GGUF)
+    if plan.layout == "file" and shards <= 1:
         return inspect_model(store.blobs.path(plan.layers[0].digest))
     with _linked_folder(store, plan.layers) as folder:
-        return inspect_model(folder)
+        return inspect_model(folder / plan.layers[0].path if plan.layout == "file" else folder)
 
 
 @contextlib.contextmanager
