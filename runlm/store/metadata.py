@@ -75,16 +75,14 @@ class ModelInfo:
 
 
 def kv_layer_count(cfg: dict[str, Any]) -> int:
-    """The layers of a HF config that keep K/V: all, but for hybrids those their layout marks attention (Granite 4's,
-    Nemotron-H's and LFM2's layer types, Nemotron-H's pattern, Bamba's indices; Mamba2 has none)."""
-    types = cfg.get("layer_types") or cfg.get("layers_block_type")
-    if isinstance(cfg.get("hybrid_override_pattern"), str):
-        return cfg["hybrid_override_pattern"].count("*")
-    if isinstance(cfg.get("attn_layer_indices"), list):
-        return len(cfg["attn_layer_indices"])
-    if isinstance(types, list) and any(t in ("mamba", "linear_attention", "conv") for t in types):
-        return sum(1 for t in types if t in ("attention", "full_attention", "sliding_attention"))
-    return 0 if cfg.get("model_type") == "mamba2" else int(cfg.get("num_hidden_layers", 0))
+    """The layers of a HF config that keep K/V: ModelConfig.kv_layers for a decoder runlm builds (a hybrid's
+    attention layers alone; Mamba2 none), every layer of anything else."""
+    from runlm.models.config import ModelConfig
+
+    try:
+        return len(ModelConfig.from_hf(cfg).kv_layers)
+    except (ModelFormatError, KeyError, TypeError, ValueError):
+        return int(cfg.get("num_hidden_layers", 0))
 
 
 def inspect_gguf(path: Path) -> ModelInfo:
