@@ -41,6 +41,8 @@ def hf_name_for_gguf(name: str, arch: str = "llama") -> str | None:
     params = {**GGUF_LAYER_PARAMS, **family.gguf_tensor_names} if family else GGUF_LAYER_PARAMS
     if m and m.group(2) in params:
         return f"model.layers.{m.group(1)}.{params[m.group(2)]}"
+    if m and m.group(2) in layer_names:  # a module's weight written without ".weight" (Falcon-H1's ffn_norm)
+        return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.weight"
     m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
     global_names = {**GGUF_GLOBAL_NAMES, **family.gguf_global_names} if family else GGUF_GLOBAL_NAMES
     if m and m.group(1) in global_names:

@@ -36,8 +36,6 @@ def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str
 
 FAMILY = Family("falcon_h1", torch_model="runlm.models.falcon_h1:FalconH1ForCausalLM", hf_fields=_hf_fields,
                 gguf_fields=_gguf_fields,
-                # (llama.cpp's converter names the MLP's norm ``blk.N.ffn_norm``, without ``.weight``)
-                gguf_tensor_names={"ffn_norm": "post_attention_layernorm.weight"},
                 hf_tensor_names={".feed_forward.": ".mlp.", ".pre_ff_layernorm.": ".post_attention_layernorm.",
                                  "model.final_layernorm.": "model.norm."},
                 native=False, native_safetensors=False, gpu_refuses="Mamba2 layers")
