@@ -19,7 +19,7 @@ from torch import nn
 
 from runlm.models.config import ModelConfig
 from runlm.models.linear import Linear
-from runlm.models.mamba2 import Conv1d, State, by_sequence, causal_conv
+from runlm.models.mamba2 import Conv1d, Slots, by_sequence, causal_conv
 
 CHUNK = 64
 
@@ -51,22 +51,17 @@ class GatedDeltaNet(nn.Module):
         o = self.norm(o.view(t, self.v_heads, self.dv), z.reshape(t, self.v_heads, self.dv).float())
         return self.out_proj(o.reshape(t, self.value_dim).to(x.dtype))
 
-    def _run(self, inputs: list[torch.Tensor], store: State | None, index: torch.Tensor, fresh: bool) -> torch.Tensor:
+    def _run(self, inputs: list[torch.Tensor], slots: Slots) -> torch.Tensor:
         mixed, beta, g = inputs
         bsz, length = mixed.shape[:2]
-        conv = F.silu(causal_conv(mixed, self.conv1d, store, index, fresh))
+        conv = F.silu(causal_conv(mixed, self.conv1d, slots))
         q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         per = self.v_heads // self.k_heads  # each key head serves this many value heads
         q = _l2norm(q.reshape(bsz, length, self.k_heads, self.dk)).repeat_interleave(per, dim=2) * self.dk ** -0.5
         k = _l2norm(k.reshape(bsz, length, self.k_heads, self.dk)).repeat_interleave(per, dim=2)
         v = v.reshape(bsz, length, self.v_heads, self.dv)
-        if store is None or fresh:
-            state = mixed.new_zeros(bsz, self.v_heads, self.dk, self.dv, dtype=torch.float32)
-        else:
-            state = store[1][index]
-        out, state = gated_delta_scan(q, k, v, g, beta, state)
-        if store is not None:
-            store[1][index] = state
+        out, state = gated_delta_scan(q, k, v, g, beta, slots.load(1, (bsz, self.v_heads, self.dk, self.dv), mixed))
+        slots.keep(1, state)
         return out.reshape(bsz, length, self.value_dim)
 
 

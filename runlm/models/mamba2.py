@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -81,25 +82,21 @@ class Mamba2Mixer(nn.Module):
         y = by_sequence(self.layer, [xbc, dt], self.inner, self._scan)
         return self.out_proj(self.norm(y.to(x.dtype), z))
 
-    def _scan(self, inputs: list[torch.Tensor], store: State | None, index: torch.Tensor, fresh: bool) -> torch.Tensor:
-        """``b`` sequences of ``L`` rows each (xbc [b, L, conv_dim], dt [b, L, heads]) from their slots' states
-        (zero when ``fresh`` or nothing is kept), their new states stored back. Returns y [b, L, inner], float32."""
+    def _scan(self, inputs: list[torch.Tensor], slots: Slots) -> torch.Tensor:
+        """``b`` sequences of ``L`` rows each (xbc [b, L, conv_dim], dt [b, L, heads]) from their slots' states,
+        their new states kept. Returns y [b, L, inner], float32."""
         xbc, dt = inputs
         b, length = xbc.shape[:2]
-        conv = F.silu(causal_conv(xbc, self.conv1d, store, index, fresh))  # [b, L, conv_dim]
+        conv = F.silu(causal_conv(xbc, self.conv1d, slots))  # [b, L, conv_dim]
         xs, B, C = conv.split([self.inner, self.groups * self.state, self.groups * self.state], dim=-1)
         step = F.softplus(dt.float() + self.dt_bias.float()).clamp(*self.dt_limit)
         xs = xs.reshape(b, length, self.heads, self.head_dim)
         repeat = self.heads // self.groups  # B and C are shared by the heads of a group
         B = B.reshape(b, length, self.groups, self.state).repeat_interleave(repeat, dim=2)
         C = C.reshape(b, length, self.groups, self.state).repeat_interleave(repeat, dim=2)
-        if store is None or fresh:
-            ssm0 = xbc.new_zeros(b, self.heads, self.head_dim, self.state, dtype=torch.float32)
-        else:
-            ssm0 = store[1][index]
+        ssm0 = slots.load(1, (b, self.heads, self.head_dim, self.state), xbc)
         out, ssm = ssd_scan(xs, step, -torch.exp(self.A_log.float()), B, C, ssm0)
-        if store is not None:
-            store[1][index] = ssm
+        slots.keep(1, ssm)
         out = out + self.D.float()[:, None] * xs
         return out.reshape(b, length, self.inner)
 
@@ -107,12 +104,30 @@ class Mamba2Mixer(nn.Module):
 State = tuple[torch.Tensor, torch.Tensor]  # a layer's (conv, ssm) states, one row per state slot
 
 
+@dataclass(slots=True)
+class Slots:
+    """The states of ``b`` sequences in one recurrent layer: the layer's ``store`` (None: nothing is kept), their
+    rows ``index`` in it, and whether they start from zero (``fresh``: their first tokens)."""
+    store: State | None
+    index: torch.Tensor
+    fresh: bool
+
+    def load(self, part: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """The states the sequences start from (part 0: the convolution's, 1: the SSM's), float32."""
+        if self.store is None or self.fresh:
+            return like.new_zeros(shape, dtype=torch.float32)
+        return self.store[part][self.index]
+
+    def keep(self, part: int, value: torch.Tensor) -> None:
+        if self.store is not None:
+            self.store[part][self.index] = value
+
+
 def by_sequence(layer: int, inputs: list[torch.Tensor], width: int,
-                run: Callable[[list[torch.Tensor], State | None, torch.Tensor, bool], torch.Tensor]) -> torch.Tensor:
-    """A recurrent layer over the step's rows ``inputs`` (each [T, ...]) -> [T, width] float32: ``run(rows, store,
-    slots, fresh)`` takes ``b`` sequences of ``L`` rows each ([b, L, ...]), their state slots, and whether their
-    states start from zero; the decode rows (one per sequence, its state kept) go in one batch, a prompt's rows
-    sequence by sequence."""
+                run: Callable[[list[torch.Tensor], Slots], torch.Tensor]) -> torch.Tensor:
+    """A recurrent layer over the step's rows ``inputs`` (each [T, ...]) -> [T, width] float32: ``run(rows, slots)``
+    takes ``b`` sequences of ``L`` rows each ([b, L, ...]) and their states; the decode rows (one per sequence, its
+    state kept) go in one batch, a prompt's rows sequence by sequence."""
     ctx = get_forward_context()
     device = inputs[0].device
     y = torch.empty(inputs[0].shape[0], width, dtype=torch.float32, device=device)
@@ -124,28 +139,23 @@ def by_sequence(layer: int, inputs: list[torch.Tensor], width: int,
     if decode:
         rows = torch.tensor([starts[i] for i in decode], device=device)
         index = torch.tensor([slots[i] for i in decode], device=device)
-        y[rows] = run([t[rows, None] for t in inputs], store, index, False)[:, 0]
+        y[rows] = run([t[rows, None] for t in inputs], Slots(store, index, False))[:, 0]
     done = set(decode)
     for i, (a, b) in enumerate(itertools.pairwise(starts)):
         if i not in done and b > a:
-            y[a:b] = run([t[None, a:b] for t in inputs], store, torch.tensor([slots[i]], device=device), fresh[i])[0]
+            y[a:b] = run([t[None, a:b] for t in inputs], Slots(store, torch.tensor([slots[i]], device=device),
+                                                               fresh[i]))[0]
     return y
 
 
-def causal_conv(x: torch.Tensor, conv: Conv1d, store: State | None, index: torch.Tensor,
-                fresh: bool) -> torch.Tensor:
+def causal_conv(x: torch.Tensor, conv: Conv1d, slots: Slots) -> torch.Tensor:
     """The depthwise causal convolution of ``b`` sequences' rows x [b, L, channels] after each one's last
-    ``taps - 1`` inputs (its conv state: zero when ``fresh`` or nothing is kept), which then become the last
-    ``taps - 1`` of its inputs. Returns [b, L, channels], float32."""
+    ``taps - 1`` inputs (its conv state), which then become the last ``taps - 1`` of its inputs. Returns
+    [b, L, channels], float32."""
     b, _, channels = x.shape
     taps = conv.weight.shape[-1]
-    if store is None or fresh:
-        state = x.new_zeros(b, channels, taps - 1, dtype=torch.float32)
-    else:
-        state = store[0][index]
-    full = torch.cat([state, x.float().transpose(1, 2)], dim=-1)  # [b, channels, taps - 1 + L]
-    if store is not None:
-        store[0][index] = full[..., full.shape[-1] - (taps - 1):]
+    full = torch.cat([slots.load(0, (b, channels, taps - 1), x), x.float().transpose(1, 2)], dim=-1)
+    slots.keep(0, full[..., full.shape[-1] - (taps - 1):])  # (full: [b, channels, taps - 1 + L])
     bias = conv.bias.float() if conv.bias is not None else None
     return F.conv1d(full, conv.weight.float(), bias, groups=channels).transpose(1, 2)
 

@@ -18,7 +18,7 @@ from torch import nn
 from runlm.models.config import ModelConfig
 from runlm.models.linear import Linear, Weight
 from runlm.models.llama import Attention, DecoderLayer, LlamaForCausalLM, LlamaModel, RMSNorm
-from runlm.models.mamba2 import State, by_sequence, ssd_scan
+from runlm.models.mamba2 import Slots, by_sequence, ssd_scan
 from runlm.models.moe import SparseMoeBlock, mixtral_names
 from runlm.models.rope import RotaryEmbedding
 
@@ -43,17 +43,13 @@ class LightningAttention(nn.Module):
         o = self.norm(o.to(x.dtype))
         return self.out_proj(torch.sigmoid(self.output_gate(x)) * o)
 
-    def _run(self, inputs: list[torch.Tensor], store: State | None, index: torch.Tensor, fresh: bool) -> torch.Tensor:
+    def _run(self, inputs: list[torch.Tensor], slots: Slots) -> torch.Tensor:
         b, length = inputs[0].shape[:2]
         q, k, v = inputs[0].float().view(b, length, self.heads, 3 * self.head_dim).split(self.head_dim, dim=-1)
-        if store is None or fresh:
-            state = q.new_zeros(b, self.heads, self.head_dim, self.head_dim)
-        else:
-            state = store[1][index]
         decay = torch.tensor(self.decay, dtype=torch.float32, device=q.device)
+        state = slots.load(1, (b, self.heads, self.head_dim, self.head_dim), q)
         out, state = ssd_scan(v, q.new_ones(b, length, self.heads), -decay, k, q, state)
-        if store is not None:
-            store[1][index] = state
+        slots.keep(1, state)
         return out.reshape(b, length, self.heads * self.head_dim)
 
 

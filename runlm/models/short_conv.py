@@ -11,7 +11,7 @@ from torch import nn
 
 from runlm.models.config import ModelConfig
 from runlm.models.linear import Linear
-from runlm.models.mamba2 import Conv1d, State, by_sequence, causal_conv
+from runlm.models.mamba2 import Conv1d, Slots, by_sequence, causal_conv
 
 
 class ShortConv(nn.Module):
@@ -27,5 +27,5 @@ class ShortConv(nn.Module):
         y = C.float() * by_sequence(self.layer, [B * v], self.width, self._conv)
         return self.out_proj(y.to(x.dtype))
 
-    def _conv(self, inputs: list[torch.Tensor], store: State | None, index: torch.Tensor, fresh: bool) -> torch.Tensor:
-        return causal_conv(inputs[0], self.conv, store, index, fresh)
+    def _conv(self, inputs: list[torch.Tensor], slots: Slots) -> torch.Tensor:
+        return causal_conv(inputs[0], self.conv, slots)
