@@ -13,7 +13,7 @@ from runlm.models.families.granitemoehybrid import mamba2_fields
 
 def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
     attention = set(cfg.get("attn_layer_indices") or [])
-    out = mamba2_fields(cfg, "mamba_", [i for i in range(fields["num_layers"]) if i not in attention])
+    out = mamba2_fields(cfg, [i for i in range(fields["num_layers"]) if i not in attention])
     rotary = cfg.get("attn_rotary_emb")
     out["partial_rotary_factor"] = int(rotary) / fields["head_dim"] if rotary else 0.5  # (transformers' fixed half)
     return out

@@ -20,7 +20,7 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
     names = dict(cfg)
     if cfg.get("mamba_d_head") in (None, "auto") and cfg.get("mamba_d_ssm"):
         names["mamba_d_head"] = int(cfg["mamba_d_ssm"]) // heads
-    out = mamba2_fields(names, "mamba_", list(range(fields["num_layers"])))
+    out = mamba2_fields(names, list(range(fields["num_layers"])))
     norm = "none" if not cfg.get("mamba_rms_norm") else \
         "before_gate" if cfg.get("mamba_norm_before_gate", True) else "after_gate"
     return {**out, "parallel_mixers": True, "ssm_norm": norm,
@@ -30,8 +30,9 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
 
 
 def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str, Any]:
+    # (llama.cpp's files carry no mixer norm for it to read: a file with ssm_norm tensors is refused on loading)
     return {**mamba2_gguf_fields(get, fields), "recurrent_layers": list(range(fields["num_layers"])),
-            "parallel_mixers": True, "ssm_norm": "before_gate" if get("ssm.rms_norm") else "none"}
+            "parallel_mixers": True, "ssm_norm": "none"}
 
 
 FAMILY = Family("falcon_h1", torch_model="runlm.models.falcon_h1:FalconH1ForCausalLM", hf_fields=_hf_fields,

@@ -14,19 +14,25 @@ from runlm.models.families.granite import FAMILY as GRANITE
 RECURRENT_TYPES = ("mamba", "linear_attention")  # transformers' current name and the checkpoints' older one
 
 
-def mamba2_fields(cfg: Mapping[str, Any], prefix: str, recurrent: list[int]) -> dict[str, Any]:
-    """A HF config's Mamba2 shape, its keys named ``<prefix>n_heads``, ``d_head``, ``d_state``, ``n_groups``,
-    ``d_conv``, ``expand``, ``conv_bias`` and ``proj_bias`` (Granite 4's and Bamba's ``mamba_``)."""
-    heads = int(cfg[f"{prefix}n_heads"])
-    head_dim = cfg.get(f"{prefix}d_head")
+# a Mamba2 shape's parts -> the HF config's keys for them: Granite 4's, Bamba's and Falcon-H1's (the families
+# named otherwise pass their own)
+MAMBA_KEYS = {"heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state": "mamba_d_state",
+              "groups": "mamba_n_groups", "conv": "mamba_d_conv", "expand": "mamba_expand",
+              "conv_bias": "mamba_conv_bias", "proj_bias": "mamba_proj_bias"}
+
+
+def mamba2_fields(cfg: Mapping[str, Any], recurrent: list[int], keys: Mapping[str, str] = MAMBA_KEYS) -> dict[str, Any]:
+    """A HF config's Mamba2 shape, read under ``keys``; the head width, where the config says "auto" or nothing,
+    the expanded hidden width over the heads."""
+    heads = int(cfg[keys["heads"]])
+    head_dim = cfg.get(keys["head_dim"])
     if head_dim in (None, "auto"):
-        head_dim = int(cfg.get(f"{prefix}expand") or 2) * int(cfg["hidden_size"]) // heads
+        head_dim = int(cfg.get(keys["expand"]) or 2) * int(cfg["hidden_size"]) // heads
     limit = cfg.get("time_step_limit") or (0.0, float("inf"))
     return dict(recurrent_layers=recurrent, ssm_heads=heads, ssm_head_dim=int(head_dim),
-                ssm_state=int(cfg[f"{prefix}d_state"]), ssm_groups=int(cfg.get(f"{prefix}n_groups") or 1),
-                ssm_conv_kernel=int(cfg.get(f"{prefix}d_conv") or 4),
-                ssm_conv_bias=bool(cfg.get(f"{prefix}conv_bias", True)),
-                ssm_proj_bias=bool(cfg.get(f"{prefix}proj_bias", False)),
+                ssm_state=int(cfg[keys["state"]]), ssm_groups=int(cfg.get(keys["groups"]) or 1),
+                ssm_conv_kernel=int(cfg.get(keys["conv"]) or 4), ssm_conv_bias=bool(cfg.get(keys["conv_bias"], True)),
+                ssm_proj_bias=bool(cfg.get(keys["proj_bias"], False)),
                 ssm_dt_limit=(_float(limit[0]), _float(limit[1])))
 
 
@@ -39,7 +45,7 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
     assert GRANITE.hf_fields is not None
     out = GRANITE.hf_fields(cfg, fields)
     types = cfg.get("layer_types") or cfg.get("layers_block_type") or ["mamba"] * fields["num_layers"]
-    out.update(mamba2_fields(cfg, "mamba_", [i for i, t in enumerate(types) if t in RECURRENT_TYPES]))
+    out.update(mamba2_fields(cfg, [i for i, t in enumerate(types) if t in RECURRENT_TYPES]))
     shared = int(cfg.get("shared_intermediate_size") or 0)
     if fields["num_experts"]:
         out["shared_expert_intermediate_size"] = shared
@@ -53,14 +59,18 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
 
 def mamba2_gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str, Any]:
     """A GGUF file's Mamba2 shape (llama.cpp's ``ssm.*`` keys; its ``time_step_rank`` is the head count) and which
-    layers are recurrent: those without KV heads."""
-    kv = get("attention.head_count_kv")
-    layers = fields["num_layers"]
-    recurrent = [i for i in range(layers) if isinstance(kv, list) and not kv[i]] if kv is not None else []
+    layers are recurrent (kv_less_layers)."""
     heads = int(get("ssm.time_step_rank"))
-    return dict(recurrent_layers=recurrent, ssm_heads=heads, ssm_head_dim=int(get("ssm.inner_size")) // heads,
+    return dict(recurrent_layers=kv_less_layers(get, fields["num_layers"]), ssm_heads=heads,
+                ssm_head_dim=int(get("ssm.inner_size")) // heads,
                 ssm_state=int(get("ssm.state_size")), ssm_groups=int(get("ssm.group_count") or 1),
                 ssm_conv_kernel=int(get("ssm.conv_kernel")))
+
+
+def kv_less_layers(get: Callable[..., Any], layers: int) -> list[int]:
+    """The layers a hybrid's GGUF file gives no KV heads (its per-layer ``head_count_kv`` list; none without one)."""
+    kv = get("attention.head_count_kv")
+    return [i for i in range(layers) if not kv[i]] if isinstance(kv, list) else []
 
 
 def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from runlm.models.families import Family
+from runlm.models.families.granitemoehybrid import kv_less_layers
 
 
 def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -30,9 +31,7 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
 
 def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str, Any]:
     """llama.cpp's: per layer KV heads (0: a convolution), ``shortconv.l_cache`` taps."""
-    kv = get("attention.head_count_kv")
-    recurrent = [i for i in range(fields["num_layers"]) if isinstance(kv, list) and not kv[i]]
-    return dict(recurrent_layers=recurrent, recurrent_kind="short_conv",
+    return dict(recurrent_layers=kv_less_layers(get, fields["num_layers"]), recurrent_kind="short_conv",
                 ssm_conv_kernel=int(get("shortconv.l_cache") or 3), ssm_conv_bias=False)
 
 

@@ -9,14 +9,13 @@ from typing import Any
 from runlm.models.families import Family
 from runlm.models.families.granitemoehybrid import mamba2_fields, mamba2_gguf_fields
 
+# Mamba2Config's names for the shape's parts (runlm.models.families.granitemoehybrid.MAMBA_KEYS)
+KEYS = {"heads": "num_heads", "head_dim": "head_dim", "state": "state_size", "groups": "n_groups",
+        "conv": "conv_kernel", "expand": "expand", "conv_bias": "use_conv_bias", "proj_bias": "use_bias"}
+
 
 def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
-    names = {"mamba_n_heads": cfg["num_heads"], "mamba_d_head": cfg.get("head_dim"),
-             "mamba_d_state": cfg["state_size"], "mamba_n_groups": cfg.get("n_groups"),
-             "mamba_d_conv": cfg.get("conv_kernel"), "mamba_expand": cfg.get("expand"),
-             "mamba_conv_bias": cfg.get("use_conv_bias", True), "mamba_proj_bias": cfg.get("use_bias", False),
-             "hidden_size": cfg["hidden_size"], "time_step_limit": cfg.get("time_step_limit")}
-    return {**mamba2_fields(names, "mamba_", list(range(fields["num_layers"]))),
+    return {**mamba2_fields(cfg, list(range(fields["num_layers"])), KEYS),
             "rms_norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5))}
 
 

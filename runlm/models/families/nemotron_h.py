@@ -12,10 +12,13 @@ from typing import Any
 
 from runlm.formats import ModelFormatError
 from runlm.models.families import Family
-from runlm.models.families.granitemoehybrid import RECURRENT_TYPES, mamba2_gguf_fields
+from runlm.models.families.granitemoehybrid import RECURRENT_TYPES, mamba2_fields, mamba2_gguf_fields
 
 # hybrid_override_pattern's letters -> layers_block_type's names
 _PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+# NemotronHConfig's names for the Mamba2 shape's parts (runlm.models.families.granitemoehybrid.MAMBA_KEYS)
+_KEYS = {"heads": "mamba_num_heads", "head_dim": "mamba_head_dim", "state": "ssm_state_size", "groups": "n_groups",
+         "conv": "conv_kernel", "expand": "expand", "conv_bias": "use_conv_bias", "proj_bias": "mamba_proj_bias"}
 
 
 def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -24,13 +27,10 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
     pattern = cfg.get("hybrid_override_pattern")
     types = [_PATTERN[c] for c in pattern] if isinstance(pattern, str) else list(cfg["layers_block_type"])
     layers = len(types)
-    heads = int(cfg["mamba_num_heads"])
     out: dict[str, Any] = dict(
-        num_layers=layers, recurrent_layers=[i for i, t in enumerate(types) if t in RECURRENT_TYPES],
-        mlp_layers=[i for i, t in enumerate(types) if t in ("mlp", "moe")], ssm_heads=heads,
-        ssm_head_dim=int(cfg["mamba_head_dim"]), ssm_state=int(cfg["ssm_state_size"]),
-        ssm_groups=int(cfg.get("n_groups") or 1), ssm_conv_kernel=int(cfg.get("conv_kernel") or 4),
-        ssm_conv_bias=bool(cfg.get("use_conv_bias", True)), ssm_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+        **mamba2_fields(cfg, [i for i, t in enumerate(types) if t in RECURRENT_TYPES], _KEYS),
+        num_layers=layers, mlp_layers=[i for i, t in enumerate(types) if t in ("mlp", "moe")])
+    out.update(
         # (transformers' Nemotron-H clamps each step's dt at time_step_min, not at its time_step_limit)
         ssm_dt_limit=(float(cfg.get("time_step_min", 0.001)), float("inf")),
         rms_norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)), nope_layers=list(range(layers)),
