@@ -121,10 +121,11 @@ def block_manager(mc: ModelConfig, num_blocks: int, block_size: int, enable_pref
                   max_num_seqs: int, max_num_batched_tokens: int, state_slots: int = 0) -> AnyBlockManager:
     """The cache for a model's layers, ``num_blocks`` blocks' worth of every layer: one group where all layers
     attend alike (a window every layer has gives blocks back as a sequence runs), else a global group and a
-    window group that takes only the blocks its window needs, the rest of the budget going to the global one."""
+    window group that takes only the blocks its window needs, the rest of the budget going to the global one. A model
+    with recurrent layers gets ``state_slots`` (runlm.engine.types.config.state_slots) beside its blocks."""
     windows = [mc.layer_window(i) for i in range(mc.num_layers)]
     if mc.recurrent_layers:  # a state per sequence beside the blocks; a recurrent state is no prefix's to share
-        return BlockManager(num_blocks, block_size, False, windows[0], state_slots=state_slots or max_num_seqs)
+        return BlockManager(num_blocks, block_size, False, windows[0], state_slots=state_slots)
     if not has_kv_groups(mc):
         return BlockManager(num_blocks, block_size, enable_prefix_caching, windows[0])
     window = max(w for w in windows if w)
