@@ -91,6 +91,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="on a GPU, the share of its memory for weights, activations and the KV cache (default 0.9)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="on a GPU, run every step eagerly (no CUDA graphs for decode)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                   help="split the model over N processes (tensor parallelism, gloo on CPUs; default 1)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="compute dtype (default float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -272,7 +274,8 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                        enable_lora=settings.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
                        max_cpu_loras=args.max_cpu_loras, speculative_config=spec, mmproj=args.mmproj,
                        limit_mm_per_prompt=settings.media.limit_per_prompt,
-                       gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager)
+                       gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+                       tensor_parallel_size=args.tensor_parallel_size)
     if args.device == "auto":
         engine_args["device"] = args.device = _auto_device()
     if args.dtype or args.device.startswith("cuda"):

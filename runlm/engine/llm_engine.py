@@ -281,8 +281,16 @@ class LLMEngine(EngineCore):
     def spec_decode_stats(self) -> SpecDecodeStats | None:
         return self.spec.stats if self.spec is not None else None
 
+    def check_alive(self) -> None:
+        check = getattr(self.runner, "check_alive", None)  # (the tensor-parallel runner's workers)
+        if check is not None:
+            check()
+
     # ---- control: sleep drops what EngineCore.sleep asks, wake_up restores it -----------------
     def _drop(self, level: int) -> None:
+        if level == 2 and self.config.tensor_parallel_size > 1:
+            raise ValueError("sleep level 2 (dropping the weights) is not supported with tensor parallelism: the "
+                             "ranks would load them again each in its own process; use level 1")
         self.runner.free_kv_cache()
         draft = self.spec.draft if self.spec is not None else None
         if draft is not None:

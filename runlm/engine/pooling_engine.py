@@ -58,6 +58,9 @@ class PoolingEngine(EngineCore):
         from runlm.engine.runners.pooling import PoolingRunner
         from runlm.models.pooling_models import load_pooling_model
 
+        if config.tensor_parallel_size > 1:
+            raise ValueError("tensor parallelism splits generation models only; serve an embedding or reranking "
+                             "model with tensor_parallel_size 1")
         self.config = config
         self.device = torch.device(config.device)
         task = config.task if config.task in ("embed", "score") else "auto"

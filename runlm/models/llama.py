@@ -366,6 +366,8 @@ class LlamaForCausalLM(nn.Module):
                                                                    bias=cfg.lm_head_bias)
         # tied embeddings stored quantized: the logits read the blocks (int8 or as stored)
         self.tied_head: Linear | None = None
+        # tensor parallelism (runlm.models.tp_shard): this rank's vocabulary columns -> every rank's, on rank 0
+        self.gather_vocab: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
@@ -377,6 +379,8 @@ class LlamaForCausalLM(nn.Module):
             logits = self.tied_head(hidden)
         else:
             logits = linear(hidden, self.model.embed_tokens.weight)
+        if self.gather_vocab is not None:
+            logits = self.gather_vocab(logits)
         scale = self.config.logit_scale  # (Granite's, Cohere's)
         return logits * scale if scale != 1.0 else logits
 

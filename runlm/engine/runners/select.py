@@ -1,4 +1,5 @@
-"""Which runner runs a model: one function over the runners, in a fixed preference (GPU, native CPU, torch).
+"""Which runner runs a model: one function over the runners, in a fixed preference (tensor-parallel where more
+than one rank is asked for, then GPU, native CPU, torch).
 
 Each runner kind answers "can you run this spec with this config, and if not, why" (``why_not``); the first that
 can runs it, and the reasons of those before it are what the engine's start-up line prints. A kind that does not
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("runlm.engine")
 
 # (module, kind) in order of preference
-RUNNERS = (("runlm.engine.runners.gpu_kind", "GPU"),
+RUNNERS = (("runlm.engine.runners.tp_kind", "TP"),
+           ("runlm.engine.runners.gpu_kind", "GPU"),
            ("runlm.engine.runners.native", "NATIVE"),
            ("runlm.engine.runners.torch_kind", "TORCH"))
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from runlm.dtypes import torch_dtype
-from runlm.engine.core.batch_plan import PromptLogprobRows, plan_batch
+from runlm.engine.core.batch_plan import BatchPlan, PromptLogprobRows, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.mm_step import StepImages, mrope_positions, step_images
@@ -28,6 +28,7 @@ from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
 from runlm.models.attention import ForwardContext, GroupSlots, forward_context
+from runlm.models.config import ModelConfig
 from runlm.models.load import LoadedModel
 from runlm.models.vision import VisionModel
 
@@ -58,20 +59,15 @@ class ModelRunner:
         self.allocate_kv_cache()
 
     def allocate_kv_cache(self) -> None:
-        c = self.loaded.config
-        # empty, not zeros: attention reads only slots already written, and untouched pages cost no RAM
-        self.kv_caches = []
-        heads, k_dim, v_dim = c.kv_cache_shape  # (latent attention: one latent row per token, no V)
-        recurrent, kv = set(c.recurrent_layers), set(c.kv_layers)
-        for layer in range(c.num_layers):
-            slots = self.blocks.layer_blocks(layer) * self.blocks.block_size if layer in kv else 0
-            self.kv_caches.append((torch.empty((slots, heads, k_dim), dtype=self.dtype, device=self.device),
-                                   torch.empty((slots, heads, v_dim), dtype=self.dtype, device=self.device)))
-        if recurrent:  # (a sequence's first tokens start its state from zero: nothing need be cleared)
-            n = self.blocks.state_slots
-            conv, ssm = c.state_shapes
-            self.states = [(torch.empty((n, *conv), device=self.device), torch.empty((n, *ssm), device=self.device))
-                           if layer in recurrent else None for layer in range(c.num_layers)]
+        c, bs = self.loaded.config, self.blocks.block_size
+        layer_slots = [self.blocks.layer_blocks(layer) * bs if layer in c.kv_layers else 0
+                       for layer in range(c.num_layers)]
+        self.kv_caches, self.states = allocate_caches(c, layer_slots, self.blocks.state_slots, self.kv_cache_heads(),
+                                                      self.dtype, self.device)
+
+    def kv_cache_heads(self) -> int:
+        """The KV heads a layer's cache holds per token (a tensor-parallel rank: its own)."""
+        return self.loaded.config.kv_cache_shape[0]
 
     def free_kv_cache(self) -> None:
         self.kv_caches = []
@@ -91,17 +87,13 @@ class ModelRunner:
         return sample_and_verify(raw, batch.sample_seqs, batch.spec_seqs, self.structured)
 
     def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
+        return self.prepare_plan(plan_batch(sched, self.blocks), sched)
+
+    def prepare_plan(self, plan: BatchPlan, sched: SchedulerOutput) -> PreparedBatch:
         """The step's plan (runlm.engine.core.batch_plan) as tensors: shared, not copied, and moved to the device."""
-        plan, t = plan_batch(sched, self.blocks), self.slot_tensor
-        ctx = ForwardContext(plan.query_lens, plan.context_lens, t(plan.slot_mapping),
-                             [t(c) for c in plan.context_slots], self.kv_caches)
-        if self.states is not None:
-            ctx.states, ctx.state_slots, ctx.state_fresh = self.states, plan.state_slots, plan.state_fresh
-        if plan.group_slots is not None:
-            assert isinstance(self.blocks, HybridBlockManager)
-            ctx.layer_group = self.blocks.layer_group
-            ctx.groups = [GroupSlots(torch.cat([t(new) for new, _ in group]), [t(c) for _, c in group])
-                          for group in plan.group_slots]
+        t = self.slot_tensor
+        layer_group = self.blocks.layer_group if isinstance(self.blocks, HybridBlockManager) else None
+        ctx = plan_context(plan, self.kv_caches, self.states, layer_group, self.device)
         positions = t(plan.positions)
         vision = self.loaded.vision
         if vision is not None:
@@ -132,3 +124,42 @@ class ModelRunner:
     def _prompt_logprobs(self, rows: PromptLogprobRows, hidden: torch.Tensor) -> None:
         logits = self.loaded.model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count]).float().cpu()
         add_prompt_logprobs(rows.seq, logits.numpy(), rows.first_pos)
+
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+States = list[tuple[torch.Tensor, torch.Tensor] | None] | None
+
+
+def allocate_caches(c: ModelConfig, layer_slots: list[int], state_slots: int, kv_heads: int, dtype: torch.dtype,
+                    device: torch.device) -> tuple[KVCaches, States]:
+    """Per layer a (K, V) cache of ``layer_slots[i]`` slots of ``kv_heads`` heads, and for a model with recurrent
+    layers, their (conv, ssm) states, ``state_slots`` rows each."""
+    # empty, not zeros: attention reads only slots already written, and untouched pages cost no RAM
+    _, k_dim, v_dim = c.kv_cache_shape  # (latent attention: one latent row per token, no V)
+    kv_caches = [(torch.empty((slots, kv_heads, k_dim), dtype=dtype, device=device),
+                  torch.empty((slots, kv_heads, v_dim), dtype=dtype, device=device)) for slots in layer_slots]
+    if not c.recurrent_layers:
+        return kv_caches, None
+    # (a sequence's first tokens start its state from zero: nothing need be cleared)
+    recurrent, (conv, ssm) = set(c.recurrent_layers), c.state_shapes
+    return kv_caches, [(torch.empty((state_slots, *conv), device=device), torch.empty((state_slots, *ssm),
+                                                                                       device=device))
+                       if layer in recurrent else None for layer in range(c.num_layers)]
+
+
+def plan_context(plan: BatchPlan, kv_caches: KVCaches, states: States, layer_group: list[int] | None,
+                 device: torch.device) -> ForwardContext:
+    """The forward context of a step's plan over these caches (a tensor-parallel rank's own, for one)."""
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(device)
+
+    ctx = ForwardContext(plan.query_lens, plan.context_lens, t(plan.slot_mapping), [t(c) for c in plan.context_slots],
+                         kv_caches)
+    if states is not None:
+        ctx.states, ctx.state_slots, ctx.state_fresh = states, plan.state_slots, plan.state_fresh
+    if plan.group_slots is not None:
+        assert layer_group is not None
+        ctx.layer_group = layer_group
+        ctx.groups = [GroupSlots(torch.cat([t(new) for new, _ in group]), [t(c) for _, c in group])
+                      for group in plan.group_slots]
+    return ctx

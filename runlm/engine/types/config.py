@@ -68,6 +68,8 @@ class EngineConfig:
     # cache gets what a profiled largest step leaves), and whether to run steps eagerly (no CUDA graphs)
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
+    # tensor parallelism (vLLM's name): the model split over this many processes (runlm.engine.runners.tp_group)
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
@@ -88,6 +90,8 @@ class EngineConfig:
             raise ValueError("max_loras and max_lora_rank must be at least 1")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError("max_cpu_loras must be at least max_loras")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be a whole number of processes (1 or more)")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be a fraction in (0, 1]")
         limit = self.limit_mm_per_prompt

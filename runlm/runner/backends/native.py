@@ -146,7 +146,8 @@ class NativeBackend(ProcessBackend):
                      "--limit-mm-per-prompt": lambda v: re.fullmatch(r"(image=)?\d{1,4}", v) is not None,
                      "--allowed-media-domains": lambda v: re.fullmatch(r"(\*\.)?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*", v)
                      is not None and len(v) <= 253,
-                     "--max-loras": is_int, "--max-lora-rank": is_int, "--max-cpu-loras": is_int}
+                     "--max-loras": is_int, "--max-lora-rank": is_int, "--max-cpu-loras": is_int,
+                     "--tensor-parallel-size": lambda v: is_int(v) and 1 <= int(v) <= 64}
     supports_lora = True
     takes_chat_template = True
 

@@ -1,0 +1,206 @@
+"""A tensor-parallel group's processes: rank 0 is the engine's own process (it schedules, samples and drives);
+ranks 1..N-1 are worker processes that each load the model, keep their part (runlm.models.tp_shard) and their
+own KV cache, and run every step rank 0 broadcasts to them.
+
+A step reaches a worker as rank 0's batch plan (runlm.engine.core.batch_plan: ids, positions, cache slots) and the
+hidden rows whose logits rank 0 computes; the worker runs the same forward pass over its part of the weights and
+joins the collectives (the layers' all-reduces, the logits' gather). A worker that dies fails rank 0's next
+collective at once (gloo sees the closed connection), and the engine stops with a message naming the rank.
+"""
+from __future__ import annotations
+
+import logging
+import pickle
+import subprocess
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from runlm.dtypes import torch_dtype
+from runlm.engine.runners.threads import set_torch_threads
+from runlm.engine.runners.torch_runner import KVCaches, States, allocate_caches, plan_context
+from runlm.engine.types.config import EngineConfig, physical_cores
+from runlm.models.attention import forward_context
+from runlm.models.load import LoadedModel, load_decoder
+from runlm.models.spec import read_spec
+from runlm.models.tp_comm import Communicator, host_store, join_store
+from runlm.models.tp_shard import Split, shard_model
+
+log = logging.getLogger("runlm.engine")
+STOP_WAIT_S = 10.0  # how long a worker is given to leave after "stop" before it is terminated
+
+
+@dataclass(slots=True)
+class TPLoaded(LoadedModel):
+    """Rank 0's part of the model, its group and its split."""
+    group: TPGroup | None = None
+    split: Split | None = None
+
+
+class TPGroup:
+    """Rank 0's end of the group: the communicator, this rank's split and the workers' processes."""
+
+    def __init__(self, comm: Communicator, processes: list[subprocess.Popen]) -> None:
+        self.comm, self.processes = comm, processes
+        self._finalizer = weakref.finalize(self, _stop, comm, processes)
+
+    @property
+    def size(self) -> int:
+        return self.comm.size
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Broadcast an instruction to every worker (they run it as rank 0 does)."""
+        self.check_alive()
+        try:
+            self.comm.broadcast_object(message)
+        except RuntimeError as exc:
+            raise self.died(exc) from None
+
+    def died(self, exc: BaseException) -> RuntimeError:
+        """The error a failed collective becomes: which ranks are gone, where that is known."""
+        dead = self.dead_ranks()
+        if dead:
+            return RuntimeError(f"tensor-parallel {dead}; the engine cannot go on without it ({exc})")
+        return RuntimeError(f"a tensor-parallel collective failed: {exc}")
+
+    def dead_ranks(self) -> str:
+        gone = [f"rank {rank} exited (code {p.returncode})" for rank, p in enumerate(self.processes, 1)
+                if p.poll() is not None]
+        return ", ".join(gone)
+
+    def check_alive(self) -> None:
+        dead = self.dead_ranks()
+        if dead:
+            raise RuntimeError(f"tensor-parallel {dead}; the engine cannot go on without it")
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _stop(comm: Communicator, processes: list[subprocess.Popen]) -> None:
+    if all(p.poll() is None for p in processes):
+        try:
+            comm.broadcast_object(("stop",))
+        except RuntimeError:
+            pass
+    for p in processes:
+        try:
+            p.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    comm.close()
+
+
+def rank_threads(config: EngineConfig) -> int:
+    """Each rank's share of the CPU threads (the ranks compute at once)."""
+    return max(1, (config.threads or physical_cores()) // config.tensor_parallel_size)
+
+
+def load_part(config: EngineConfig, comm: Communicator) -> tuple[LoadedModel, Split]:
+    """This rank's part of the model: the whole as the torch runner loads it, then cut (tp_shard)."""
+    loaded = load_decoder(read_spec(config.model, config.mmproj), dtype=config.dtype, device=config.device,
+                          exact_numerics=config.exact_numerics)
+    return loaded, shard_model(loaded.model, comm)
+
+
+def agree(comm: Communicator, error: BaseException | None) -> list[str]:
+    """Every rank's load outcome, on every rank: the failed ranks' messages (from the store), in rank order."""
+    if error is not None:
+        comm.store.set(f"error/{comm.rank}", f"{type(error).__name__}: {error}")
+    failures = comm.all_reduce(torch.tensor([0.0 if error is None else 1.0]))
+    if not failures.item():
+        return []
+    keys = [f"error/{r}" for r in range(comm.size)]
+    return [f"rank {r}: {comm.store.get(k).decode()}" for r, k in enumerate(keys) if comm.store.check([k])]
+
+
+def start_group(config: EngineConfig) -> tuple[TPGroup, LoadedModel, Split]:
+    """Spawn ranks 1..N-1, load rank 0's part beside them; raises ValueError with each failed rank's reason."""
+    size = config.tensor_parallel_size
+    store = host_store(size)
+    processes = [spawn_worker(rank, size, store.port, config) for rank in range(1, size)]
+    comm = Communicator(store, 0, size)  # (waits for every worker to join)
+    group = TPGroup(comm, processes)
+    part, error = None, None
+    try:
+        part = load_part(config, comm)
+    except Exception as exc:  # every rank reports before any gives up
+        error = exc
+    failed = agree(comm, error)
+    if failed:
+        group.close()
+        raise ValueError("tensor parallelism could not load the model: " + "; ".join(failed))
+    assert part is not None
+    return group, *part
+
+
+def spawn_worker(rank: int, size: int, port: int, config: EngineConfig) -> subprocess.Popen:
+    """Rank ``rank`` as a child process of this Python (a fresh interpreter: nothing of the caller's state or its
+    main module is imported); its config arrives on its stdin."""
+    p = subprocess.Popen([sys.executable, "-m", __name__, str(rank), str(size), str(port)], stdin=subprocess.PIPE)
+    assert p.stdin is not None
+    p.stdin.write(pickle.dumps(config))
+    p.stdin.close()
+    return p
+
+
+def worker_main(rank: int, size: int, port: int, config: EngineConfig) -> None:
+    """A worker process: join, load its part, then run what rank 0 broadcasts until "stop"."""
+    set_torch_threads(rank_threads(config))
+    comm = Communicator(join_store(port, size), rank, size)
+    part, error = None, None
+    try:
+        part = load_part(config, comm)
+    except Exception as exc:
+        error = exc
+    if agree(comm, error):
+        comm.close()
+        return
+    assert part is not None
+    try:
+        Worker(*part, config, comm).serve()
+    except RuntimeError as exc:  # rank 0 went away (its engine ended without a "stop"): nothing is left to serve
+        log.debug("tensor-parallel rank %d stops: %s", rank, exc)
+    finally:
+        comm.close()
+
+
+class Worker:
+    def __init__(self, loaded: LoadedModel, split: Split, config: EngineConfig, comm: Communicator) -> None:
+        self.loaded, self.split, self.config, self.comm = loaded, split, config, comm
+        self.device = torch.device(config.device)
+        self.kv_caches: KVCaches = []
+        self.states: States = None
+
+    def serve(self) -> None:
+        while True:
+            op, *args = self.comm.broadcast_object()
+            if op == "step":
+                self.step(*args)
+            elif op == "cache":
+                layer_slots, state_slots = args
+                self.kv_caches, self.states = allocate_caches(self.loaded.config, layer_slots, state_slots,
+                                                              self.split.local_kv_heads, torch_dtype(self.config.dtype),
+                                                              self.device)
+            elif op == "free":
+                self.kv_caches, self.states = [], None
+            elif op == "stop":
+                return
+
+    @torch.inference_mode()
+    def step(self, plan: Any, logit_rows: list[list[int]]) -> None:
+        ctx = plan_context(plan, self.kv_caches, self.states, None, self.device)
+        model = self.loaded.model
+        with forward_context(ctx):
+            hidden = model(torch.from_numpy(plan.ids).to(self.device), torch.from_numpy(plan.positions).to(self.device))
+        for rows in logit_rows:
+            model.compute_logits(hidden[rows])
+
+
+if __name__ == "__main__":  # a worker: python -m runlm.engine.runners.tp_group RANK SIZE PORT < pickled config
+    rank_, size_, port_ = map(int, sys.argv[1:4])
+    worker_main(rank_, size_, port_, pickle.loads(sys.stdin.buffer.read()))
