@@ -91,9 +91,9 @@ class LLMEngine(EngineCore):
         self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_ids)
         self.runner = self.choice.kind.build(config, self.loaded, self.blocks, self.structured)
         self.runner.encoder_cache = self.encoder_cache
-        if config.enable_lora:
-            self.lora = LoRAManager(self.loaded.model, mc, config.max_loras, config.max_lora_rank,
-                                    config.max_cpu_loras)
+        if config.enable_lora:  # (a tensor-parallel runner's manager also attaches each adapter on every rank)
+            manager = getattr(self.runner, "lora_manager", LoRAManager)
+            self.lora = manager(self.loaded.model, mc, config.max_loras, config.max_lora_rank, config.max_cpu_loras)
             self.scheduler.max_loras = config.max_loras
         self.spec = spec_decoder(config, draft, self.blocks, self.max_seq_tokens)
         self.requests: dict[str, RequestState] = {}

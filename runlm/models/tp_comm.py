@@ -35,7 +35,8 @@ class Communicator:
 
     def __init__(self, store: dist.TCPStore, rank: int, size: int) -> None:
         self.rank, self.size, self.store = rank, size, store
-        opts = dist.ProcessGroupGloo._Options()
+        # (gloo's options with their devices: not in torch's type stubs)
+        opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)]  # (not the host's public address)
         opts._timeout = STEP_TIMEOUT
         self.group: Any = dist.ProcessGroupGloo(store, rank, size, opts)

@@ -11,6 +11,7 @@ numerics), int8 blocks or GGUF blocks (a matrix's input columns cut at whole blo
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from runlm.kernels import ggml
 from runlm.models.config import ModelConfig
 from runlm.models.linear import Embedding, GGMLWeight, Int8Parts, Linear
 from runlm.models.llama import MLP, Attention, LlamaForCausalLM, UngatedMLP
+from runlm.models.lora_weights import LoRAError, LoRAModule, LoRAWeights
 from runlm.models.tp_comm import Communicator
 
 INT8_BLOCK = 32  # the values of one int8 block (runlm.models.linear.BlockQuantized)
@@ -108,7 +110,7 @@ def _shard_attention(attn: Attention, split: Split, comm: Communicator) -> None:
     k_lo = attn.q_size + split.first_kv_head * d
     v_lo = k_lo + attn.kv_size
     take_rows(attn.qkv_proj, [(q_lo, q_lo + heads * d), (k_lo, k_lo + kv * d), (v_lo, v_lo + kv * d)])
-    attn.o_proj = RowParallel(attn.o_proj, q_lo, q_lo + heads * d, comm)  # type: ignore[assignment]
+    attn.o_proj = RowParallel.of(attn.o_proj, q_lo, q_lo + heads * d, comm)
     attn.heads, attn.kv_heads, attn.q_size, attn.kv_size = heads, kv, heads * d, kv * d
 
 
@@ -119,7 +121,7 @@ def _shard_mlp(mlp: MLP | UngatedMLP, split: Split, comm: Communicator) -> None:
         take_rows(mlp.gate_up_proj, [(lo, hi), (size + lo, size + hi)])
     else:
         take_rows(mlp.up_proj, [(lo, hi)])
-    mlp.down_proj = RowParallel(mlp.down_proj, lo, hi, comm)  # type: ignore[assignment]
+    mlp.down_proj = RowParallel.of(mlp.down_proj, lo, hi, comm)
 
 
 def _shard_vocab(model: LlamaForCausalLM, split: Split, comm: Communicator) -> None:
@@ -138,25 +140,31 @@ def _shard_vocab(model: LlamaForCausalLM, split: Split, comm: Communicator) -> N
     model.gather_vocab = gather
 
 
-class RowParallel(nn.Module):
-    """A linear layer's input columns [lo, hi) on this rank; the ranks' partial outputs summed, then the bias."""
+class RowParallel(Linear):
+    """A linear layer's input columns [lo, hi) on this rank; the ranks' partial outputs (each with its LoRA
+    update, whose A is cut the same way) summed, with the bias added once (rank 0's, before the sum)."""
+    comm: Communicator
+    row_bias: torch.Tensor | None
 
-    def __init__(self, linear: Linear, lo: int, hi: int, comm: Communicator) -> None:
-        super().__init__()
+    @classmethod
+    def of(cls, linear: Linear, lo: int, hi: int, comm: Communicator) -> RowParallel:
+        """``linear`` itself, cut and turned into a RowParallel (its weights, in whatever form, stay put)."""
         bias = linear.bias
         linear.register_parameter("bias", None)
         take_cols(linear, lo, hi)
-        self.linear, self.comm = linear, comm
-        self.bias = bias if comm.rank == 0 or bias is None else None  # added once: on rank 0, before the sum
-        self.in_features, self.out_features = hi - lo, linear.out_features
+        linear.__class__ = cls
+        assert isinstance(linear, RowParallel)
+        linear.comm = comm
+        linear.row_bias = bias if comm.rank == 0 else None
+        return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.linear(x)
-        if self.bias is not None:
-            y = y + self.bias
+        y = super().forward(x)
+        if self.row_bias is not None:
+            y = y + self.row_bias
         return self.comm.all_reduce(y.contiguous())
 
-    def direct_call(self):  # noqa: ANN201 (the fused loop's name for "forward, bound")
+    def direct_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
         return self.forward
 
 
@@ -236,3 +244,32 @@ def take_cols(linear: Linear, lo: int, hi: int) -> None:
     else:
         linear.weight = nn.Parameter(linear.weight[:, lo:hi].contiguous(), requires_grad=False)
     linear.in_features = hi - lo
+
+
+def shard_adapter(weights: LoRAWeights, cfg: ModelConfig, split: Split) -> LoRAWeights:
+    """A LoRA adapter cut as the layers it adapts are: B's rows of a column-parallel projection (the rank's
+    heads, KV heads or MLP share), A's columns of a row-parallel one (whose partial updates the all-reduce sums)."""
+    d, heads, kv = cfg.head_dim, split.local_heads, split.local_kv_heads
+    q_full, kv_full = cfg.num_heads * d, cfg.num_kv_heads * d
+    q = (split.rank * heads * d, (split.rank + 1) * heads * d)
+    k = (q_full + split.first_kv_head * d, q_full + (split.first_kv_head + kv) * d)
+    v = (k[0] + kv_full, k[1] + kv_full)
+    size = cfg.intermediate_size
+    mlp = split.share(size)
+    rows: dict[str, list[tuple[int, int]]] = {  # module -> B's rows kept (in the module's own output)
+        "q_proj": [(0, heads * d)], "k_proj": [(0, kv * d)], "v_proj": [(0, kv * d)], "qkv_proj": [q, k, v],
+        "gate_proj": [mlp], "up_proj": [mlp], "gate_up_proj": [mlp, (size + mlp[0], size + mlp[1])]}
+    starts = {"q_proj": q[0], "k_proj": k[0] - q_full, "v_proj": v[0] - q_full - kv_full}
+    cols = {"o_proj": q, "down_proj": mlp}  # module -> A's columns kept
+    out: dict[str, LoRAModule] = {}
+    for name, m in weights.modules.items():
+        kind = name.rsplit(".", 1)[-1]
+        if kind in cols:
+            lo, hi = cols[kind]
+            out[name] = LoRAModule(m.a[:, lo:hi].contiguous(), m.b)
+        elif kind in rows:
+            shift = starts.get(kind, 0)
+            out[name] = LoRAModule(m.a, torch.cat([m.b[lo + shift:hi + shift] for lo, hi in rows[kind]]))
+        else:
+            raise LoRAError(f"{weights.source}: tensor parallelism does not cut a LoRA on {name}")
+    return LoRAWeights(out, weights.source)

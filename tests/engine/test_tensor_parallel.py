@@ -116,10 +116,35 @@ def test_health_reports_a_dead_rank_while_idle(tiny_model) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("recipe", ["llama", "phi3"])
+def test_lora_adapters_are_cut_with_their_layers(tiny_model, recipe: str) -> None:
+    """Each rank attaches its cut of the adapter (B's rows of qkv/gate_up, A's columns of o/down); a step mixing
+    two adapters and none gives one rank's tokens; an adapter removed is gone on every rank. Phi-3's adapter is on
+    its fused qkv_proj and gate_up_proj."""
+    from runlm.engine.types.lora_request import LoRARequest
+    from tests.fixtures.lora import peft_adapter
+
+    targets = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj") if recipe == "phi3" else \
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    adapters = [LoRARequest(f"a{i}", i + 1, str(peft_adapter(recipe, 8, seed=i, targets=targets))) for i in range(2)]
+    path, lora = str(tiny_model(recipe)), dict(enable_lora=True, max_loras=2, max_lora_rank=8)
+    prompts = [{"prompt_token_ids": p} for p in _prompts()]
+    per_prompt = [adapters[0], None, adapters[1]]
+    one = LLM(path, **EXACT, **lora).generate(prompts, GREEDY, lora_request=per_prompt)
+    split = LLM(path, tensor_parallel_size=2, **EXACT, **lora)
+    two = split.generate(prompts, GREEDY, lora_request=per_prompt)
+    assert [o.outputs[0].token_ids for o in two] == [o.outputs[0].token_ids for o in one]
+    assert two[0].outputs[0].token_ids != two[1].outputs[0].token_ids  # (the adapters change the answer)
+    assert split.engine.remove_lora(1)
+    base = split.generate(prompts[:1], GREEDY)[0].outputs[0].token_ids
+    assert base == split.generate(prompts[:1], GREEDY, lora_request=None)[0].outputs[0].token_ids
+    assert base == LLM(path, **EXACT).generate(prompts[:1], GREEDY)[0].outputs[0].token_ids
+
+
 @pytest.mark.parametrize(("recipe", "args", "reason"), [
     ("mixtral", {}, "mixtures of experts"),
     ("llama", {"tensor_parallel_size": 3}, "4 attention heads, which 3 ranks cannot share evenly"),
-    ("llama", {"enable_lora": True}, "LoRA adapters"),
+    ("llama", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative decoding"),
     ("gemma2", {}, "models whose layers keep KV caches of different sizes"),
 ])
 def test_what_the_split_does_not_run_is_refused_by_name(tiny_model, recipe: str, args: dict, reason: str) -> None:

@@ -74,7 +74,7 @@ class LoRAManager:
                             f"{self.max_lora_rank} (raise --max-lora-rank)")
         self._make_room()
         key = next(self._keys)
-        _attach(self.model, key, weights, self.max_lora_rank)
+        self.attach(key, weights)
         adapter = LoadedLoRA(request, key, weights)
         self.loaded[request.lora_int_id] = self.by_key[key] = adapter
         return True
@@ -108,8 +108,15 @@ class LoRAManager:
         return set(self.loaded)
 
     def _drop(self, adapter: LoadedLoRA) -> None:
-        _detach(self.model, adapter.key)
+        self.detach(adapter.key)
         self.by_key.pop(adapter.key, None)
+
+    def attach(self, key: int, weights: LoRAWeights) -> None:
+        """Attach an adapter's weights to the model under ``key``, checked first (all or nothing)."""
+        _attach(self.model, key, weights, self.max_lora_rank)
+
+    def detach(self, key: int) -> None:
+        _detach(self.model, key)
 
     # ---- requests --------------------------------------------------------------------------------
     def acquire(self, request: LoRARequest | None, users: int = 1) -> int:
@@ -144,7 +151,7 @@ class LoRAManager:
         self.model = model
         _enable(model)
         for adapter in self.by_key.values():
-            _attach(model, adapter.key, adapter.weights)
+            self.attach(adapter.key, adapter.weights)
 
 
 def _enable(model: torch.nn.Module | NativeModel) -> None:

@@ -23,11 +23,12 @@ from runlm.dtypes import torch_dtype
 from runlm.engine.runners.threads import set_torch_threads
 from runlm.engine.runners.torch_runner import KVCaches, States, allocate_caches, plan_context
 from runlm.engine.types.config import EngineConfig, physical_cores
+from runlm.models import lora
 from runlm.models.attention import forward_context
 from runlm.models.load import LoadedModel, load_decoder
 from runlm.models.spec import read_spec
 from runlm.models.tp_comm import Communicator, host_store, join_store
-from runlm.models.tp_shard import Split, shard_model
+from runlm.models.tp_shard import Split, shard_adapter, shard_model
 
 log = logging.getLogger("runlm.engine")
 STOP_WAIT_S = 10.0  # how long a worker is given to leave after "stop" before it is terminated
@@ -175,6 +176,8 @@ class Worker:
         self.device = torch.device(config.device)
         self.kv_caches: KVCaches = []
         self.states: States = None
+        if config.enable_lora:
+            lora.enable(loaded.model)
 
     def serve(self) -> None:
         while True:
@@ -188,14 +191,19 @@ class Worker:
                                                               self.device)
             elif op == "free":
                 self.kv_caches, self.states = [], None
+            elif op == "lora_add":
+                key, weights = args
+                lora.attach(self.loaded.model, key, shard_adapter(weights, self.loaded.config, self.split))
+            elif op == "lora_drop":
+                lora.detach(self.loaded.model, args[0])
             elif op == "stop":
                 return
 
     @torch.inference_mode()
-    def step(self, plan: Any, logit_rows: list[list[int]]) -> None:
+    def step(self, plan: Any, logit_rows: list[list[int]], lora_keys: list[int]) -> None:
         ctx = plan_context(plan, self.kv_caches, self.states, None, self.device)
         model = self.loaded.model
-        with forward_context(ctx):
+        with forward_context(ctx), lora.lora_batch(lora.LoRABatch(lora_keys)):
             hidden = model(torch.from_numpy(plan.ids).to(self.device), torch.from_numpy(plan.positions).to(self.device))
         for rows in logit_rows:
             model.compute_logits(hidden[rows])

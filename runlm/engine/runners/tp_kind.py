@@ -40,8 +40,6 @@ class TPKind:
 
         if config.device != "cpu" or use_gpu_runner(config):
             return f"on {config.device} (its ranks talk over gloo on CPUs; NCCL on GPUs is not built)"
-        if config.enable_lora:
-            return "LoRA adapters"
         if config.speculative_config is not None:
             return "speculative decoding"
         if spec.vision is not None or spec.projector is not None:
