@@ -141,10 +141,23 @@ def test_lora_adapters_are_cut_with_their_layers(tiny_model, recipe: str) -> Non
     assert base == LLM(path, **EXACT).generate(prompts[:1], GREEDY)[0].outputs[0].token_ids
 
 
+def test_speculative_decoding_verifies_on_every_rank(tiny_model) -> None:
+    """A draft model on rank 0 proposes; every rank computes the 1 + k rows, rank 0 verifies; rejected drafts'
+    K/V is overwritten on every rank alike: one rank's greedy tokens, some drafts accepted and some not."""
+    from tests.fixtures.near_copy import near_copy
+
+    path = str(tiny_model("qwen2"))
+    spec = {"model": str(near_copy("qwen2", noise=0.05)), "num_speculative_tokens": 3, "min_acceptance_rate": 0.0}
+    expected = _tokens(LLM(path, **EXACT), _prompts(), SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    split = LLM(path, tensor_parallel_size=2, speculative_config=spec, **EXACT)
+    assert _tokens(split, _prompts(), SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)) == expected
+    stats = split.engine.spec_decode_stats()
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
 @pytest.mark.parametrize(("recipe", "args", "reason"), [
     ("mixtral", {}, "mixtures of experts"),
     ("llama", {"tensor_parallel_size": 3}, "4 attention heads, which 3 ranks cannot share evenly"),
-    ("llama", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative decoding"),
     ("gemma2", {}, "models whose layers keep KV caches of different sizes"),
 ])
 def test_what_the_split_does_not_run_is_refused_by_name(tiny_model, recipe: str, args: dict, reason: str) -> None:

@@ -40,8 +40,6 @@ class TPKind:
 
         if config.device != "cpu" or use_gpu_runner(config):
             return f"on {config.device} (its ranks talk over gloo on CPUs; NCCL on GPUs is not built)"
-        if config.speculative_config is not None:
-            return "speculative decoding"
         if spec.vision is not None or spec.projector is not None:
             return "images (a vision-language model)"
         refused = why_not_gpu_model(spec)  # (what the GPU runner refuses, this split refuses too)

@@ -13,6 +13,7 @@ from runlm.engine.core.lora_manager import LoRAManager
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.torch_runner import ModelRunner, PreparedBatch
 from runlm.engine.runners.tp_group import TPGroup, TPLoaded
+from runlm.engine.sample.rejection import spec_rows
 from runlm.engine.sample.sampler import SampledToken
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
@@ -70,10 +71,12 @@ class TPRunner(ModelRunner):
 
     def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
         plan = plan_batch(sched, self.blocks)
-        # the rows execute() computes logits of, in its order: each prompt-logprob span, then the sampled rows
+        # the rows execute() computes logits of, in its order: each prompt-logprob span, then the sampled rows and
+        # the speculating sequences' rows (verified)
         rows = [list(range(r.first_row, r.first_row + r.count)) for r in plan.prompt_logprob_rows]
-        if plan.sample_seqs:
-            rows.append(plan.sample_rows)
+        sampled = plan.sample_rows + spec_rows(plan.spec_rows, plan.spec_seqs)
+        if sampled:
+            rows.append(sampled)
         step = replace(plan, sample_seqs=[], spec_seqs=[], prompt_logprob_rows=[])
         self.group.send(("step", step, rows, [s.lora_key for s in sched.seqs]))
         return self.prepare_plan(plan, sched)
