@@ -44,6 +44,15 @@ def test_split_model_gives_the_unsplit_models_greedy_tokens(tiny_model, recipe: 
         assert comm.all_reduces - before == 2 * engine.loaded.config.num_layers + 1
 
 
+# Gemma 2/3: sliding-window layers in a KV group of their own, soft-capping, sandwich norms; Phi-3: fused
+# checkpoint projections, partial rotary and LongRoPE; Granite: multipliers; GLM-4: partial RoPE on pairs;
+# Cohere 2: parallel attention and MLP under one LayerNorm, no RoPE on its global layers
+@pytest.mark.parametrize("recipe", ["gemma2", "gemma3", "phi3", "granite", "glm4", "cohere2"])
+def test_families_split_as_they_run_whole(tiny_model, recipe: str) -> None:
+    path = str(tiny_model(recipe))
+    assert _tokens(LLM(path, tensor_parallel_size=2, **EXACT), _prompts()) == _tokens(LLM(path, **EXACT), _prompts())
+
+
 def test_prefix_caching_and_preemption_across_ranks(tiny_model) -> None:
     path = str(tiny_model("qwen2"))
     shared = prompt_ids(24, seed=9)
@@ -158,7 +167,7 @@ def test_speculative_decoding_verifies_on_every_rank(tiny_model) -> None:
 @pytest.mark.parametrize(("recipe", "args", "reason"), [
     ("mixtral", {}, "mixtures of experts"),
     ("llama", {"tensor_parallel_size": 3}, "4 attention heads, which 3 ranks cannot share evenly"),
-    ("gemma2", {}, "models whose layers keep KV caches of different sizes"),
+    ("olmo2", {}, r"q/k norms over the whole projection \(OLMo 2's\)"),
 ])
 def test_what_the_split_does_not_run_is_refused_by_name(tiny_model, recipe: str, args: dict, reason: str) -> None:
     with pytest.raises(ValueError, match=f"tensor parallelism .* does not run {reason}"):

@@ -176,6 +176,7 @@ class Worker:
         self.device = torch.device(config.device)
         self.kv_caches: KVCaches = []
         self.states: States = None
+        self.layer_group: list[int] | None = None  # a cache in groups of layers (sliding-window layers')
         if config.enable_lora:
             lora.enable(loaded.model)
 
@@ -185,7 +186,7 @@ class Worker:
             if op == "step":
                 self.step(*args)
             elif op == "cache":
-                layer_slots, state_slots = args
+                layer_slots, state_slots, self.layer_group = args
                 self.kv_caches, self.states = allocate_caches(self.loaded.config, layer_slots, state_slots,
                                                               self.split.local_kv_heads, torch_dtype(self.config.dtype),
                                                               self.device)
@@ -201,7 +202,7 @@ class Worker:
 
     @torch.inference_mode()
     def step(self, plan: Any, logit_rows: list[list[int]], lora_keys: list[int]) -> None:
-        ctx = plan_context(plan, self.kv_caches, self.states, None, self.device)
+        ctx = plan_context(plan, self.kv_caches, self.states, self.layer_group, self.device)
         model = self.loaded.model
         with forward_context(ctx), lora.lora_batch(lora.LoRABatch(lora_keys)):
             hidden = model(torch.from_numpy(plan.ids).to(self.device), torch.from_numpy(plan.positions).to(self.device))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runlm.engine.runners.gpu_select import use_gpu_runner, why_not_gpu_model
+from runlm.engine.runners.gpu_select import use_gpu_runner
 from runlm.engine.runners.threads import set_torch_threads
 from runlm.engine.types.config import EngineConfig, kv_cache_blocks
 from runlm.models.spec import ModelSpec
@@ -42,9 +42,6 @@ class TPKind:
             return f"on {config.device} (its ranks talk over gloo on CPUs; NCCL on GPUs is not built)"
         if spec.vision is not None or spec.projector is not None:
             return "images (a vision-language model)"
-        refused = why_not_gpu_model(spec)  # (what the GPU runner refuses, this split refuses too)
-        if refused is not None:
-            return refused
         return why_not_tp(spec.config, config.tensor_parallel_size) if spec.config is not None else None
 
     def load(self, spec: ModelSpec, config: EngineConfig) -> TPLoaded:
