@@ -1,6 +1,6 @@
 """Every model family on a Q4_K_M file of a generated model: runlm's fast mode against llama.cpp.
 
-Each family of tests/fixtures/models.py (Llama, Gemma 2 and 3, Phi-3, the mixtures of experts, GLM-4) is
+Each family of tests/fixtures/models.py (Llama, Gemma 2 and 3, Phi-3, the mixtures of experts, GLM-4, gpt-oss) is
 built at a benchmark shape (hidden 512, 12 layers, 8 heads of 64, random weights, smollm2's tokenizer),
 written by llama.cpp's own converter (f16) and quantizer (Q4_K_M), then decoded greedily by both peers in
 child processes, alternating round by round (bench/quant_bench.py's children). llama.cpp cannot read the
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from bench.models import CACHE  # noqa: E402
 from bench.quant_bench import RESULTS, _run_child, cpu_name, prompt_ids, quantize  # noqa: E402
 
-FAMILIES = ("llama", "gemma2", "gemma3", "phi3", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "glm4")
+FAMILIES = ("llama", "gemma2", "gemma3", "phi3", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "glm4", "gpt-oss")
 NO_LLAMA_CPP = frozenset({"phi3"})
 SHAPE = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=8,
              num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
@@ -40,6 +40,8 @@ EXTRA = {
     "qwen2-moe": dict(moe_intermediate_size=768, shared_expert_intermediate_size=1536),
     "qwen3-moe": dict(moe_intermediate_size=768),
     "olmoe": dict(intermediate_size=768, num_key_value_heads=8),
+    # gpt-oss-20b's proportions: 32 experts as wide as the model, 4 a token, a 128-token window every other layer
+    "gpt-oss": dict(intermediate_size=512, num_local_experts=32, num_experts_per_tok=4, sliding_window=128),
 }
 
 

@@ -147,7 +147,8 @@ class NativeModel:
                 attn_out_norm=_norm(gguf, f"{b}.post_attention_norm.weight") if has_ffn_norm else None,
                 mlp_out_norm=_norm(gguf, f"{b}.post_ffw_norm.weight"),
                 family=kernels.LayerFamily(rotary=cfg.rotary_dim if cfg.rotary_dim != d else 0,
-                                           qk_norm_whole=cfg.qk_norm_whole)))
+                                           qk_norm_whole=cfg.qk_norm_whole),
+                sinks=_norm(gguf, f"{b}.attn_sinks.weight")))
         embed, embed_type = _matrix(gguf, "token_embd.weight")
         decoder = kernels.Decoder(hidden=h, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=d,
                                   eps=cfg.rms_norm_eps, interleaved=interleaved,

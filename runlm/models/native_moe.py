@@ -1,4 +1,4 @@
-"""A GGUF mixture of experts' layers for the native decoder (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE).
+"""A GGUF mixture of experts' layers for the native decoder (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss).
 
 Each MoE layer's experts stay in the file: the stacked ``ffn_gate_exps`` / ``ffn_up_exps`` /
 ``ffn_down_exps`` tensors (or llama.cpp's merged ``ffn_gate_up_exps``) are handed to the native op as
@@ -16,7 +16,7 @@ import numpy as np
 from runlm.formats.gguf import GGUFFile, ggml_type
 from runlm.models.config import ModelConfig
 from runlm.native import kernels
-from runlm.native.moe import Experts
+from runlm.native.moe import Experts, OAIExperts
 
 _F32 = 0  # ggml's type id of fp32
 # the routers: fp32 matrices the op reads as such (the native linear layers take no fp32 weights)
@@ -74,4 +74,21 @@ def layer_experts(gguf: GGUFFile, cfg: ModelConfig, i: int,
                                                dtype=np.float32)
     return Experts(cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob, h, cfg.expert_size, router,
                    router_type, gate, up, _stacked(gguf, f"{b}.ffn_down_exps.weight"), act=cfg.hidden_act,
-                   shared=shared, shared_gate=shared_gate)
+                   shared=shared, shared_gate=shared_gate, oai=_oai(gguf, cfg, b))
+
+
+def _oai(gguf: GGUFFile, cfg: ModelConfig, b: str) -> OAIExperts | None:
+    """gpt-oss's biases (the router's, each expert's gate/up and down) and its clamped SwiGLU; None for others."""
+    if cfg.swiglu_limit is None:
+        return None
+
+    def flat(name: str) -> np.ndarray | None:
+        return np.ascontiguousarray(gguf.load_array(name).reshape(-1), dtype=np.float32) \
+            if name in gguf.tensors else None
+
+    e, i = cfg.num_experts, cfg.expert_size
+    gate, up = (gguf.load_array(f"{b}.{n}.bias").reshape(e, i) for n in ("ffn_gate_exps", "ffn_up_exps")) \
+        if f"{b}.ffn_gate_exps.bias" in gguf.tensors else (None, None)
+    gate_up = None if gate is None else np.ascontiguousarray(np.concatenate([gate, up], axis=1).reshape(-1),
+                                                             dtype=np.float32)
+    return OAIExperts(flat(f"{b}.ffn_gate_inp.bias"), gate_up, flat(f"{b}.ffn_down_exps.bias"), cfg.swiglu_limit)

@@ -58,6 +58,7 @@ class DecoderLayer:
     mlp_out_norm: np.ndarray | None = None
     moe: Experts | None = None
     family: LayerFamily | None = None
+    sinks: np.ndarray | None = None  # [heads]: each head's attention sink logit (gpt-oss)
 
 
 class Decoder(Handle):
@@ -96,6 +97,8 @@ class Decoder(Handle):
                 layer.cos.shape[0], layer.scale, layer.window or 0, layer.softcap or 0.0, _ACTS[layer.act]))
             if layer.moe is not None:
                 ok(native.runlm_decoder_set_layer_moe(handle, i, layer.moe.handle))
+            if layer.sinks is not None:
+                ok(native.runlm_decoder_set_layer_sinks(handle, i, vector(layer.sinks, "sinks", heads)))
             if layer.family is not None:
                 ok(native.runlm_decoder_set_layer_family(handle, i, fam.rotary, int(fam.qk_norm_whole), fam.group))
         ok(native.runlm_decoder_check(handle))  # every layer's shapes against the decoder's

@@ -59,6 +59,8 @@ def _declare(library: ctypes.CDLL) -> None:
                                      c_int64, _P, c_int64, c_int]),
         "runlm_moe_free": (None, [c_void_p]),
         "runlm_moe_set_shared": (c_int, [c_void_p, c_void_p, c_void_p, _P]),
+        "runlm_moe_set_oai": (c_int, [c_void_p, _P, _P, _P, c_float]),
+        "runlm_decoder_set_layer_sinks": (c_int, [c_void_p, c_int64, _P]),
         "runlm_moe_forward": (c_int, [c_void_p, _P, c_int64, _P]),
         "runlm_decoder_set_layer_moe": (c_int, [c_void_p, c_int64, c_void_p]),
         "runlm_decoder_set_layer_family": (c_int, [c_void_p, c_int64, c_int64, c_int, c_int64]),

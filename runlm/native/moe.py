@@ -4,12 +4,24 @@ and Qwen2-MoE's gated shared expert. ``forward`` runs the op alone (tests); the 
 place of a dense layer's MLP (``DecoderLayer.moe``)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from runlm.native.library import F32, U8, Handle, arr, check_shape, lib, ok, optional_f32
 from runlm.native.linear_weights import LinearWeights
 
 _ACTS = {"silu": 0, "gelu_tanh": 1}
+
+
+@dataclass(frozen=True)
+class OAIExperts:
+    """gpt-oss's experts: the router's bias [E], each expert's gate_up bias [E, 2I] (its gate's, then its up's)
+    and down bias [E, hidden] (fp32, each may be None), and the clamped SwiGLU's limit."""
+    router_bias: np.ndarray | None
+    gate_up_bias: np.ndarray | None
+    down_bias: np.ndarray | None
+    swiglu_limit: float
 
 
 def _stack(name: str, raw: np.ndarray, experts: int, rows: int, row_bytes: int) -> int:
@@ -24,13 +36,14 @@ class Experts(Handle):
     blocks of ggml type ``router_type``), their weights renormalized to sum to 1 where ``renormalize``.
     gate / up / down are (raw uint8 array, ggml type): [E, I, hidden], [E, I, hidden], [E, hidden, I];
     up None: gate is llama.cpp's merged [E, 2I, hidden], the gate's rows first. ``shared``: an always-on
-    expert (gate_up [2S, hidden], down [hidden, S]) scaled by sigmoid(shared_gate · x) (fp32 [hidden] or None)."""
+    expert (gate_up [2S, hidden], down [hidden, S]) scaled by sigmoid(shared_gate · x) (fp32 [hidden] or None).
+    ``oai``: gpt-oss's experts, OAIExperts (the biases and the clamped SwiGLU)."""
 
     def __init__(self, experts: int, top_k: int, renormalize: bool, hidden: int, inner: int,
                  router: np.ndarray, router_type: int, gate: tuple[np.ndarray, int], up: tuple[np.ndarray, int] | None,
                  down: tuple[np.ndarray, int], act: str = "silu",
                  shared: tuple[LinearWeights, LinearWeights] | None = None,
-                 shared_gate: np.ndarray | None = None) -> None:
+                 shared_gate: np.ndarray | None = None, oai: OAIExperts | None = None) -> None:
         native = lib()
         if act not in _ACTS:
             raise ValueError(f"act must be one of {sorted(_ACTS)}, not {act!r}")
@@ -50,10 +63,14 @@ class Experts(Handle):
                                       gate_p, int(gate[1]), up_p, int(up[1]) if up else 0, down_p, int(down[1]),
                                       _ACTS[act])
         super().__init__(handle, "runlm_moe_free", "mixture of experts")
-        self._keep = (router, gate, up, down, shared, shared_gate)
+        self._keep = (router, gate, up, down, shared, shared_gate, oai)
         if shared is not None:
             ok(native.runlm_moe_set_shared(handle, shared[0].handle, shared[1].handle,
                                            optional_f32(shared_gate, "shared_gate", hidden)))
+        if oai is not None:
+            ok(native.runlm_moe_set_oai(handle, optional_f32(oai.router_bias, "router_bias", experts),
+                                        optional_f32(oai.gate_up_bias, "gate_up_bias", experts * 2 * inner),
+                                        optional_f32(oai.down_bias, "down_bias", experts * hidden), oai.swiglu_limit))
 
     def forward(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """out [T, hidden] = the mixture on x [T, hidden]."""

@@ -5,7 +5,8 @@
 // query row t of sequence b sits at position p = context_len[b] - query_len[b] + i and attends
 // to the positions max(0, p - window + 1) .. p of its context, whose K/V rows are read straight
 // from the cache through the sequence's slot list (no gather copies). Scores may be soft-capped
-// (softcap * tanh(s / softcap), Gemma 2) before the softmax.
+// (softcap * tanh(s / softcap), Gemma 2) before the softmax, and a head may have a sink (gpt-oss): a learned
+// logit that takes part in the softmax's normalization but adds no value row.
 //
 // Reduction order (what makes it batch-invariant): a row's result depends only on its own
 // q, its own context and its position. Scores are 8-lane dot products over head_dim combined
@@ -78,6 +79,7 @@ struct Args {
   float scale;
   int64_t window;        // 0: none
   float softcap;         // 0: none; else scores pass through softcap * tanh(s / softcap) (Gemma 2)
+  const float* sinks = nullptr;  // [H] or null: each head's sink logit (gpt-oss)
 };
 
 inline float dot(const Args& a, const float* x, const float* y) {
@@ -88,9 +90,10 @@ inline float dot(const Args& a, const float* x, const float* y) {
   return hsum8(acc);
 }
 
-// Scores [G, L] of one row: soft-capped, then each head's row turned in place into e^(s - max) with
-// inv[g] = 1 / its sum (the caller scales the weighted V sum by it). Shared by the q8_0 cache's rows.
-inline void softmax(const Args& a, float* scores, int64_t L, float* inv) {
+// Scores [G, L] of one row (KV head kvh's G query heads): soft-capped, then each head's row turned in place into
+// e^(s - max) with inv[g] = 1 / its sum (the caller scales the weighted V sum by it); a head's sink joins the max
+// and the sum. Shared by the q8_0 cache's rows.
+inline void softmax(const Args& a, float* scores, int64_t L, float* inv, int64_t kvh) {
   if (a.softcap > 0.0f)
     for (int64_t i = 0; i < a.G * L; ++i) scores[i] = std::tanh(scores[i] / a.softcap) * a.softcap;
   const int64_t lfull = L / 8 * 8;
@@ -102,7 +105,9 @@ inline void softmax(const Args& a, float* scores, int64_t L, float* inv) {
     int64_t j = 0;
     for (; j < lfull; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
     if (j < L) mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j, ltail), _mm256_castsi256_ps(ltail)));
-    const __m256 m = _mm256_set1_ps(hmax8(mx));
+    const float sink = a.sinks ? a.sinks[kvh * a.G + g] : -INFINITY;
+    const float top = std::max(hmax8(mx), sink);
+    const __m256 m = _mm256_set1_ps(top);
     __m256 sum = _mm256_setzero_ps();
     for (j = 0; j < lfull; j += 8) {
       const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
@@ -114,7 +119,7 @@ inline void softmax(const Args& a, float* scores, int64_t L, float* inv) {
       _mm256_maskstore_ps(s + j, ltail, e);
       sum = _mm256_add_ps(sum, e);
     }
-    inv[g] = 1.0f / hsum8(sum);
+    inv[g] = 1.0f / (a.sinks ? hsum8(sum) + std::exp(sink - top) : hsum8(sum));
   }
 }
 
@@ -129,7 +134,7 @@ inline void row(const Args& a, int64_t t, int64_t kvh, int64_t p, const int64_t*
     for (int64_t g = 0; g < a.G; ++g) scores[g * L + j] = dot(a, q + g * a.D, kr) * a.scale;
   }
   std::vector<float> inv(a.G);
-  softmax(a, scores, L, inv.data());
+  softmax(a, scores, L, inv.data(), kvh);
   std::fill(acc, acc + a.G * a.D, 0.0f);
   for (int64_t j = 0; j < L; ++j) {
     const float* vr = a.v + (slots[lo + j] * a.KVH + kvh) * a.D;
@@ -181,9 +186,9 @@ inline bool cpu_supported() { return __builtin_cpu_supports("avx2") && __builtin
 // [S, KVH, D]; slots: every sequence's context slots, concatenated; plan: from plan_rows.
 inline void paged_attention(const float* q, const float* k_cache, const float* v_cache, const int64_t* slots,
                             const RowPlan& plan, int64_t T, int64_t H, int64_t KVH, int64_t D, float scale,
-                            int64_t window, float softcap, float* out) {
+                            int64_t window, float softcap, float* out, const float* sinks = nullptr) {
   const int64_t G = H / KVH, max_len = plan.max_len;
-  Args a{q, k_cache, v_cache, slots, out, H, KVH, D, G, D / 8 * 8, first_lanes(D % 8), scale, window, softcap};
+  Args a{q, k_cache, v_cache, slots, out, H, KVH, D, G, D / 8 * 8, first_lanes(D % 8), scale, window, softcap, sinks};
   // Tasks are (row, KV head) pairs; rows are taken alternately from both ends, so that the
   // contiguous ranges handed to threads mix short (early) and long (late) causal rows.
   const int64_t tasks = T * KVH;

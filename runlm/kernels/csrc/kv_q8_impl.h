@@ -196,7 +196,7 @@ inline void row(const attn::Args& a, const Cache& c, int64_t t, int64_t kvh, int
     c.unpack(c.k + (slots[lo + j] * a.KVH + kvh) * rb, kb, a.D);
     for (int64_t g = 0; g < a.G; ++g) scores[g * L + j] = attn::dot(a, q + g * a.D, kb) * a.scale;
   }
-  attn::softmax(a, scores, L, inv);
+  attn::softmax(a, scores, L, inv, kvh);
   std::fill(acc, acc + a.G * a.D, 0.0f);
   for (int64_t j = 0; j < L; ++j) {
     c.unpack(c.v + (slots[lo + j] * a.KVH + kvh) * rb, kb, a.D);
@@ -218,10 +218,10 @@ inline void row(const attn::Args& a, const Cache& c, int64_t t, int64_t kvh, int
 // attention::paged_attention over packed caches (same rows, same split of work across threads).
 inline void paged_attention(const float* q, const Cache& cache, const int64_t* slots, const attn::RowPlan& plan,
                             int64_t T, int64_t H, int64_t KVH, int64_t D, float scale, int64_t window, float softcap,
-                            float* out) {
+                            float* out, const float* sinks = nullptr) {
   const int64_t G = H / KVH, max_len = plan.max_len;
   const attn::Args a{q, nullptr, nullptr, slots, out, H, KVH, D, G, D / 8 * 8, attn::first_lanes(D % 8), scale, window,
-                     softcap};
+                     softcap, sinks};
   parallel_for(0, T * KVH, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(G * max_len), acc(G * D), kb(D), inv(G);
     for (int64_t i = i0; i < i1; ++i) {

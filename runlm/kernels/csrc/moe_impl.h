@@ -6,7 +6,9 @@
 // through gl::linear), a softmax over all experts, the top k (renormalized to sum to 1 where the
 // family does), then for every expert in ascending order its rows' gate_up, act·mul, down, each
 // times its weight and added to the row's output (the order torch's index_add_ adds them), plus
-// Qwen2-MoE's shared expert scaled by sigmoid(gate · x).
+// Qwen2-MoE's shared expert scaled by sigmoid(gate · x). gpt-oss's experts add a router bias to the logits,
+// biases to each expert's gate_up and down outputs, and take its clamped SwiGLU:
+// (clamp(up, -limit, limit) + 1) · g · sigmoid(1.702 g), g = min(gate, limit).
 //
 // Threading: a decode step sends each token to k small experts; one parallel region per expert and
 // projection would cost a fork/join each. Instead the rows are grouped by expert (a packed copy of x,
@@ -78,6 +80,10 @@ struct Experts {
   // Qwen2-MoE's shared expert (null: none) and its gate [hidden] (null: ungated)
   const gl::Plan *shared_gate_up = nullptr, *shared_down = nullptr;
   const float* shared_gate = nullptr;
+  // gpt-oss (null / 0: none): the router's bias [E], each expert's gate_up bias [E, 2I] (its gate's, then its
+  // up's) and down bias [E, hidden], and the clamped SwiGLU's limit
+  const float *router_bias = nullptr, *gate_up_bias = nullptr, *down_bias = nullptr;
+  float swiglu_limit = 0.0f;
 
   // Plans for every expert; an error message, or "". gate: [E, I, hidden] and up [E, I, hidden], or gate
   // [E, 2I, hidden] (llama.cpp's merged gate_up, the gate's rows first) and up.data null.
@@ -106,11 +112,15 @@ struct Experts {
     for (int64_t j = 0; j < a; ++j)
       std::memcpy(s.xs.data() + j * hidden, x + s.token_of[j] * hidden, sizeof(float) * static_cast<size_t>(hidden));
     grouped(gate_up, s.xs.data(), hidden, s.gu.data(), two_i, s.qx, s);
-    if (gelu)
+    if (gate_up_bias) add_expert_bias(gate_up_bias, s.gu.data(), two_i, s);
+    if (swiglu_limit > 0.0f)
+      clamped_swiglu(s.gu.data(), s.act.data(), a);
+    else if (gelu)
       fused::gelu_tanh_mul(s.gu.data(), s.act.data(), a, inner);
     else
       fused::silu_mul(s.gu.data(), s.act.data(), a, inner);
     grouped(down, s.act.data(), inner, s.ys.data(), hidden, s.qact, s);
+    if (down_bias) add_expert_bias(down_bias, s.ys.data(), hidden, s);
     std::fill(out, out + t * hidden, 0.0f);
     for (int64_t j = 0; j < a; ++j) {  // expert by expert, ascending: index_add_'s order
       float* o = out + s.token_of[j] * hidden;
@@ -122,6 +132,31 @@ struct Experts {
   }
 
  private:
+  // y's packed rows (grouped by expert) += their expert's bias [E, n]
+  void add_expert_bias(const float* bias, float* y, int64_t n, const Scratch& s) const {
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const float* b = bias + e * n;
+      for (int64_t j = s.start[e]; j < s.start[e] + s.count[e]; ++j) {
+        float* row = y + j * n;
+        for (int64_t c = 0; c < n; ++c) row[c] = row[c] + b[c];
+      }
+    }
+  }
+
+  // act [m, I] = gpt-oss's clamped SwiGLU of gu [m, 2I] (each row's gate, then its up)
+  void clamped_swiglu(const float* gu, float* act, int64_t m) const {
+    constexpr float kAlpha = 1.702f;
+    const float lim = swiglu_limit;
+    for (int64_t r = 0; r < m; ++r) {
+      const float *g = gu + r * 2 * inner, *u = g + inner;
+      float* o = act + r * inner;
+      for (int64_t c = 0; c < inner; ++c) {
+        const float gate = std::min(g[c], lim), up = std::min(std::max(u[c], -lim), lim);
+        o[c] = (up + 1.0f) * (gate / (1.0f + std::exp(-gate * kAlpha)));
+      }
+    }
+  }
+
   static void grow(std::vector<float>& v, int64_t n) {
     if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
   }
@@ -137,6 +172,9 @@ struct Experts {
     } else {
       gl::linear(x, t, router_plan, nullptr, s.logits.data(), s.qx);
     }
+    if (router_bias)
+      for (int64_t r = 0; r < t; ++r)
+        for (int64_t e = 0; e < ne; ++e) s.logits[r * ne + e] = s.logits[r * ne + e] + router_bias[e];
     s.chosen.resize(static_cast<size_t>(t * k));
     grow(s.weights, t * k);
     std::vector<float> p(static_cast<size_t>(ne));

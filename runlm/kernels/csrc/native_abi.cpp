@@ -315,6 +315,25 @@ int runlm_moe_set_shared(void* handle, const void* gate_up, const void* down, co
   return 0;
 }
 
+// gpt-oss's experts: the router's bias [E], each expert's gate_up bias [E, 2I] (the gate's, then the up's) and
+// down bias [E, hidden] (each may be null), and its clamped SwiGLU's limit (> 0).
+int runlm_moe_set_oai(void* handle, const float* router_bias, const float* gate_up_bias, const float* down_bias,
+                      float swiglu_limit) {
+  auto* moe = static_cast<Experts*>(handle);
+  if (!(swiglu_limit > 0.0f)) return fail("the clamped SwiGLU's limit must be above 0");
+  moe->router_bias = router_bias, moe->gate_up_bias = gate_up_bias, moe->down_bias = down_bias;
+  moe->swiglu_limit = swiglu_limit;
+  return 0;
+}
+
+// Layer i's attention sinks: one logit per query head [heads] (gpt-oss), or null for none.
+int runlm_decoder_set_layer_sinks(void* handle, int64_t i, const float* sinks) {
+  auto* dec = static_cast<Decoder*>(handle);
+  if (i < 0 || i >= static_cast<int64_t>(dec->layers.size())) return fail("no layer " + std::to_string(i));
+  dec->layers[static_cast<size_t>(i)].sinks = sinks;
+  return 0;
+}
+
 // out [t, hidden] = the mixture of experts on x [t, hidden] (the op alone, for tests).
 int runlm_moe_forward(const void* handle, const float* x, int64_t t, float* out) {
   thread_local runlm::moe::Scratch scratch;

@@ -59,6 +59,7 @@ struct Layer {
   float scale = 1.0f;
   int64_t window = 0;   // 0: none
   float softcap = 0.0f; // 0: none
+  const float* sinks = nullptr;  // [H] each head's attention sink logit (gpt-oss), or null
   bool gelu = false;    // the MLP's activation: gelu_tanh, else silu
   float *k_cache = nullptr, *v_cache = nullptr;  // [cache_slots, KVH, D]
   kv_q8::Cache q8;                                // set instead of k_cache / v_cache: a q8_0 or fp16 cache
@@ -194,10 +195,10 @@ struct Decoder {
       if (l.q8.k) {
         kv_q8::store(kc, vc, slots, t, kv_heads, head_dim, l.q8);
         kv_q8::paged_attention(q.data(), l.q8, context, plan, t, heads, kv_heads, head_dim, l.scale, l.window,
-                               l.softcap, attn.data());
+                               l.softcap, attn.data(), l.sinks);
       } else {
         attention::paged_attention(q.data(), l.k_cache, l.v_cache, context, plan, t, heads, kv_heads, head_dim,
-                                   l.scale, l.window, l.softcap, attn.data());
+                                   l.scale, l.window, l.softcap, attn.data(), l.sinks);
       }
       l.o->apply(attn.data(), t, o.data(), quantized);
       lora.apply(i, lora::kO, attn.data(), l.o->in(), o.data(), hidden);
