@@ -48,8 +48,8 @@ class GemmaForCausalLM(LlamaForCausalLM):
         cap = self.config.final_logit_softcap
         return torch.tanh(logits / cap) * cap if cap else logits
 
-    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
-        super().load_weights(offset_norms(weights, self.config.norm_offset))
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterable[tuple[str, Weight]]:
+        return offset_norms(weights, self.config.norm_offset)
 
 
 class Gemma1Model(GemmaModel):

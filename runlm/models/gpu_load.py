@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Iterator
 from math import prod
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ from runlm.formats import ModelFormatError
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
-from runlm.models.llama import stacked_target
+from runlm.models.llama import LlamaForCausalLM, stacked_target
 from runlm.models.load import LoadedModel, _empty_model
 from runlm.models.spec import ModelSpec, as_spec
 
@@ -173,6 +174,8 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]
     ``dtype`` there; Q/K/V and gate/up stacked."""
     shards: dict[str, dict[int, torch.Tensor]] = {}
     tied = getattr(model, "lm_head", None) is None
+    if isinstance(model, LlamaForCausalLM):  # (a family's own reading of its checkpoint: Gemma's norms)
+        weights = cast(Iterator[tuple[str, torch.Tensor]], iter(model.checkpoint_weights(weights)))
     params = dict(model.named_parameters())
     for name, tensor in weights:
         if "rotary_emb" in name or (name == "lm_head.weight" and tied):

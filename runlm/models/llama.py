@@ -410,11 +410,17 @@ class LlamaForCausalLM(nn.Module):
     def _num_shards(param: str) -> int:
         return 3 if ".qkv_proj." in param else 2 if ".gate_up_proj." in param else 1
 
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterable[tuple[str, Weight]]:
+        """The checkpoint's HF-named tensors as this family's parameters take them (Gemma's norms stored as w of
+        1 + w): every loader's first step, the GPU runner's too (runlm.models.gpu_load)."""
+        return weights
+
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
         """Fill every parameter from HF-named weights: fp32 tensors, int8 blocks (BlockQuantized) or
         GGUF blocks as stored (GGMLWeight). The model may be built on "meta": parameters are
         materialized here, and a layer served from blocks never gets an fp32 weight at all."""
+        weights = self.checkpoint_weights(weights)
         shards: dict[str, dict[int, Weight]] = {}  # parameter -> shard -> weight
         params = dict(self.named_parameters())
         for name, tensor in weights:

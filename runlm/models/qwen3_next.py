@@ -15,9 +15,9 @@ from runlm.models.linear import GGMLWeight, Weight
 
 
 class Qwen3NextForCausalLM(HybridForCausalLM):
-    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterable[tuple[str, Weight]]:
         weights = _split_qkvz(weights, self.config)
-        super().load_weights(offset_norms(weights, self.config.norm_offset, plain=".linear_attn.norm.weight"))
+        return offset_norms(weights, self.config.norm_offset, plain=".linear_attn.norm.weight")
 
 
 def _split_qkvz(weights: Iterable[tuple[str, Weight]], cfg: ModelConfig) -> Iterator[tuple[str, Weight]]:

@@ -71,3 +71,17 @@ def test_packed_mixed_step_is_not_padded() -> None:
     assert parts["cu_seqlens_q"].tolist() == [0, 3, 4]
     assert parts["positions"].tolist() == [0, 1, 2, 6]
     assert block_table_rows([[0], [1, 2]], 2).tolist() == [[0, -1], [1, 2]]
+
+
+def test_a_kv_group_after_the_first_packs_its_own_slots_and_tables() -> None:
+    """Gemma's sliding-window group: its new tokens' slots (the plan's group_slots) and its block tables (blocks
+    behind the window given back: -1) after the main group's, padded alike."""
+    plan = _plan([1, 1], [5, 9])
+    plan.group_slots = [[(np.array([40]), np.arange(36, 41)), (np.array([77]), np.arange(69, 78))]]
+    out = np.zeros(StepLayout(8, 4, 4, 1).size, dtype=np.int64)
+    layout = pack_step(plan, [[3, 4], [7, 8, 9]], 4, out, pad_seqs=4, group_tables=[[[9, 10], [RELEASED, 19, 20]]])
+    assert layout.extra_groups == 1 and layout.size == StepLayout(4, 4, 3, 1).size
+    parts = {name: out[o:o + n] for name, (o, n) in layout.parts().items()}
+    assert parts["slot_mapping"].tolist() == [1004, 1008, -1, -1]
+    assert parts["slot_mapping1"].tolist() == [40, 77, -1, -1]
+    assert parts["block_table1"].reshape(4, 3).tolist() == [[9, 10, -1], [-1, 19, 20], [-1] * 3, [-1] * 3]

@@ -1,7 +1,7 @@
 """The GPU runner (runlm.engine.runners.gpu) on the CPU (RUNLM_GPU_RUNNER=1: eager, the reference attention, the
 device sampler on CPU tensors) gives the torch runner's tokens (exact numerics), through the engine's features:
 batching, prefix caching, chunked prefill, preemption, n > 1, seeded sampling, logprobs, structured outputs; and
-refuses by name what it does not run."""
+Gemma 2/3's KV groups; and refuses by name what it does not run."""
 from __future__ import annotations
 
 import json
@@ -119,6 +119,37 @@ def test_a_gguf_model_gives_the_torch_runners_greedy_tokens(monkeypatch) -> None
     gpu = _llm(path, True, monkeypatch)
     assert _tokens(gpu.generate(prompts, GREEDY)) == _tokens(_llm(path, False, monkeypatch).generate(
         prompts, GREEDY))
+
+
+def test_gemma_reads_its_norms_as_one_plus_w(tiny_model, monkeypatch) -> None:
+    """HF Gemma checkpoints store each norm's w of 1 + w: the device loader reads them through the family's own
+    checkpoint_weights, as the host loader does (it once took w as stored, and every token differed)."""
+    path = tiny_model("gemma")
+    prompts = [{"prompt_token_ids": prompt_ids(10 + 7 * i, seed=i)} for i in range(2)]
+    assert _tokens(_llm(path, True, monkeypatch).generate(prompts, GREEDY)) == \
+        _tokens(_llm(path, False, monkeypatch).generate(prompts, GREEDY))
+
+
+@pytest.mark.parametrize("recipe", ["gemma2", "gemma3"])
+def test_sliding_window_layers_in_a_kv_group_of_their_own(tiny_model, monkeypatch, recipe: str) -> None:
+    """Gemma 2/3: the window layers' cache is a KV group of its own (its blocks given back behind the window), the
+    global layers' another; both groups' tables and slots go up with the step. Prompts longer than the window (16),
+    prefilled in chunks, then decoded past it: the torch runner's tokens, with prefix-cache hits and a preemption."""
+    from runlm.engine.core.kv_groups import HybridBlockManager
+
+    path = tiny_model(recipe)
+    prompts = [{"prompt_token_ids": prompt_ids(40 + 13 * i, seed=i)} for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    expected = _tokens(_llm(path, False, monkeypatch, max_num_batched_tokens=32).generate(prompts, params))
+    gpu = _llm(path, True, monkeypatch, max_num_batched_tokens=32)
+    assert isinstance(gpu.engine.blocks, HybridBlockManager)
+    assert _tokens(gpu.generate(prompts, params)) == expected
+    assert _tokens(gpu.generate(prompts[:1], params)) == expected[:1]  # its prompt's blocks from the prefix cache
+    assert gpu.engine.stats().prefix_cache_hits > 0
+    tight = _llm(path, True, monkeypatch, max_num_batched_tokens=32,
+                 kv_cache_memory=40 * 4 * gpu.engine.kv_bytes_per_token)
+    assert _tokens(tight.generate(prompts, params)) == expected
+    assert tight.engine.num_preemptions > 0
 
 
 @pytest.mark.parametrize(("kw", "what"), [(dict(enable_lora=True), "LoRA adapters"),

@@ -19,9 +19,10 @@ runner's (tests/engine/test_gpu_*.py).
 
 Runs on the GPU path, unchanged above it: the scheduler, continuous batching and chunked prefill, the prefix cache,
 preemption, n > 1, seeded sampling, logprobs and prompt logprobs, structured outputs (an uploaded grammar mask),
-thinking budgets, sleep / wake_up. Refused by name (never a slow fallback): LoRA, speculative decoding, images
-(gpu_select.why_not_gpu), and of the model (gpu_select.why_not_gpu_model, at the runner choice): mixtures of
-experts (the family's gpu_refuses) and layers that keep KV caches of different sizes (Gemma 2/3). Per step, the
+thinking budgets, sleep / wake_up, and caches in KV groups (Gemma 2/3's sliding-window layers beside global ones:
+each group's block tables and slots in the step's one upload, the backend's per-group buffers). Refused by name
+(never a slow fallback): LoRA, speculative decoding, images (gpu_select.why_not_gpu), and of the model
+(gpu_select.why_not_gpu_model, at the runner choice): what the family declares (mixtures of experts). Per step, the
 sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 from runlm.dtypes import torch_dtype
 from runlm.engine.core.batch_plan import BatchPlan, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
-from runlm.engine.core.kv_groups import AnyBlockManager
+from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
 from runlm.engine.runners.gpu_sampler import sample_on_device
@@ -70,7 +71,9 @@ class GPURunner:
         self.max_seqs = config.max_num_seqs
         self.max_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
         self.max_blocks_per_seq = -(-self.max_model_len // config.block_size)
-        layout = StepLayout(self.max_tokens, self.max_seqs, self.max_blocks_per_seq)
+        # a cache in KV groups (Gemma 2/3's sliding-window layers): each group after the first has its own blocks
+        self.group_managers = blocks.groups[1:] if isinstance(blocks, HybridBlockManager) else []
+        layout = StepLayout(self.max_tokens, self.max_seqs, self.max_blocks_per_seq, len(self.group_managers))
         pinned = self.device.type == "cuda"
         self.host = torch.empty(layout.size, dtype=torch.int64, pin_memory=pinned)
         self.host_np = self.host.numpy()
@@ -88,9 +91,12 @@ class GPURunner:
     def allocate_kv_cache(self) -> None:
         mc = self.loaded.config
         _sync_free_rope(self.loaded.model, self.max_model_len, self.device)  # (the weights may be new: wake_up)
-        self.backend = PagedAttentionBackend(mc.num_layers, self.blocks.layer_blocks(0), self.blocks.block_size,
+        hybrid = self.blocks if isinstance(self.blocks, HybridBlockManager) else None
+        num_blocks = [len(g.blocks) for g in hybrid.groups] if hybrid else self.blocks.layer_blocks(0)
+        self.backend = PagedAttentionBackend(mc.num_layers, num_blocks, self.blocks.block_size,
                                              mc.num_kv_heads, mc.head_dim, self.dtype, self.device, self.max_seqs,
-                                             self.max_tokens, self.max_blocks_per_seq)
+                                             self.max_tokens, self.max_blocks_per_seq,
+                                             layer_group=hybrid.layer_group if hybrid else None)
         if self.device.type == "cuda" and not self.config.enforce_eager:
             if self.backend.graphable:
                 self.capture_graphs()
@@ -116,8 +122,9 @@ class GPURunner:
         model = self.loaded.model
         for size in sorted(self.graph_sizes, reverse=True):
             cu = torch.arange(size + 1, dtype=torch.int32)
-            self.backend.set_step(torch.zeros((size, 1), dtype=torch.int32), cu, torch.ones(size, dtype=torch.int32),
-                                  torch.full((size,), -1, dtype=torch.int64))
+            table, slots = torch.zeros((size, 1), dtype=torch.int32), torch.full((size,), -1, dtype=torch.int64)
+            self.backend.set_step(table, cu, torch.ones(size, dtype=torch.int32), slots,
+                                  groups=[(table, slots)] * len(self.group_managers))
             ctx = ForwardContext([1] * size, [1] * size, None, None, None, backend=self.backend)
             ids, pos = self.input_ids[:size], self.positions[:size]
             with forward_context(ctx):
@@ -153,14 +160,18 @@ class GPURunner:
         if self.uploaded is not None:
             self.uploaded.synchronize()
         size = padded_batch_size(b, list(self.graphs)) if self.graphs and is_decode_only(plan) else None
+        # each group's block tables: BlockTable.groups holds a sequence's tables of the groups after the first
+        group_tables = [[s.table.groups[g].blocks for s in sched.seqs] for g in range(len(self.group_managers))]
         layout = pack_step(plan, [s.table.blocks for s in sched.seqs], self.blocks.block_size, self.host_np,
-                           pad_seqs=size)
+                           pad_seqs=size, group_tables=group_tables)
         parts = self.upload(layout)
-        t = layout.num_tokens
+        t, shape = layout.num_tokens, (layout.num_seqs, layout.width)
         self.input_ids[:t].copy_(parts["ids"])
         self.positions[:t].copy_(parts["positions"])
-        self.backend.set_step(parts["block_table"].view(layout.num_seqs, layout.width), parts["cu_seqlens_q"],
-                              parts["seq_lens"], parts["slot_mapping"], max_query_len=max(plan.query_lens))
+        groups = [(parts[f"block_table{g}"].view(shape), parts[f"slot_mapping{g}"])
+                  for g in range(1, 1 + len(group_tables))]
+        self.backend.set_step(parts["block_table"].view(shape), parts["cu_seqlens_q"], parts["seq_lens"],
+                              parts["slot_mapping"], groups=groups, max_query_len=max(plan.query_lens))
         if size is not None:
             graph = self.graphs[size]
             graph.graph.replay()

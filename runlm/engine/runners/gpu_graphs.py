@@ -5,6 +5,7 @@ host->device copy uploads it.
 One step's int64 metadata, packed in this order (``StepLayout`` gives each part's offset)::
 
     ids [T] | positions [T] | slot_mapping [T] | cu_seqlens_q [B + 1] | seq_lens [B] | block_table [B, W]
+    then, for a cache in KV groups, per group after the first: slot_mapping{g} [T] | block_table{g} [B, W]
 
 T rows and B sequences, padded for a graph: padding rows have id 0, position 0 and slot -1 (the KV store writes
 nothing); padding sequences have no new tokens (cu_seqlens_q repeats its last value) and length 0. W is the
@@ -45,17 +46,21 @@ class StepLayout:
     num_tokens: int  # T, padded
     num_seqs: int    # B, padded
     width: int       # W: blocks per block-table row
+    extra_groups: int = 0  # KV groups after the first (Gemma's sliding-window layers): their slots and tables
 
     @property
     def size(self) -> int:
-        return 3 * self.num_tokens + 2 * self.num_seqs + 1 + self.num_seqs * self.width
+        per_group = self.num_tokens + self.num_seqs * self.width
+        return 2 * self.num_tokens + self.num_seqs + 1 + self.num_seqs + (1 + self.extra_groups) * per_group
 
     def parts(self) -> dict[str, tuple[int, int]]:
         """name -> (offset, length) in the packed array."""
         t, b = self.num_tokens, self.num_seqs
         offsets, out = 0, {}
+        groups = [x for g in range(1, 1 + self.extra_groups)
+                  for x in ((f"slot_mapping{g}", t), (f"block_table{g}", b * self.width))]
         for name, n in (("ids", t), ("positions", t), ("slot_mapping", t), ("cu_seqlens_q", b + 1),
-                        ("seq_lens", b), ("block_table", b * self.width)):
+                        ("seq_lens", b), ("block_table", b * self.width), *groups):
             out[name] = (offsets, n)
             offsets += n
         return out
@@ -71,14 +76,16 @@ def block_table_rows(tables: Sequence[Sequence[int]], width: int) -> np.ndarray:
 
 
 def pack_step(plan: BatchPlan, tables: Sequence[Sequence[int]], block_size: int, out: np.ndarray,
-              pad_seqs: int | None = None) -> StepLayout:
+              pad_seqs: int | None = None, group_tables: Sequence[Sequence[Sequence[int]]] = ()) -> StepLayout:
     """Write the step's metadata into ``out`` (a pinned host array, int64, large enough) and return its layout.
-    ``pad_seqs``: pad a decode-only step to this many sequences (one token each) for a graph."""
+    ``pad_seqs``: pad a decode-only step to this many sequences (one token each) for a graph. ``group_tables``:
+    for a cache in KV groups, per group after the first its sequences' block tables (the plan's group_slots
+    hold their new tokens' slots)."""
     t_real, b_real = len(plan.ids), len(plan.query_lens)
     b = pad_seqs if pad_seqs is not None else b_real
     t = t_real + (b - b_real) if pad_seqs is not None else t_real
     width = max(1, -(-max(plan.context_lens, default=1) // block_size))
-    layout = StepLayout(t, b, width)
+    layout = StepLayout(t, b, width, len(group_tables))
     parts = layout.parts()
 
     def part(name: str) -> np.ndarray:
@@ -97,7 +104,14 @@ def pack_step(plan: BatchPlan, tables: Sequence[Sequence[int]], block_size: int,
     lens = part("seq_lens")
     lens[:b_real] = plan.context_lens
     lens[b_real:] = 0
-    table = part("block_table").reshape(b, width)
-    table[:b_real] = block_table_rows(tables, width)
-    table[b_real:] = -1
+    for g, (suffix, seq_tables) in enumerate([("", tables), *((str(i), x) for i, x in
+                                                             enumerate(group_tables, 1))]):
+        if g:  # a group after the first: its new tokens' slots, from the plan
+            assert plan.group_slots is not None
+            slots = part(f"slot_mapping{suffix}")
+            slots[:t_real] = np.concatenate([new for new, _ in plan.group_slots[g - 1]]) if t_real else []
+            slots[t_real:] = -1
+        table = part(f"block_table{suffix}").reshape(b, width)
+        table[:b_real] = block_table_rows(seq_tables, width)
+        table[b_real:] = -1
     return layout

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-from runlm.engine.core.kv_groups import has_kv_groups
 from runlm.engine.types.config import EngineConfig
 from runlm.models import families
 from runlm.models.spec import ModelSpec
@@ -30,14 +29,12 @@ def why_not_gpu(config: EngineConfig) -> str | None:
 
 
 def why_not_gpu_model(spec: ModelSpec) -> str | None:
-    """What in the model the GPU runner does not run yet: images, KV caches in groups (Gemma 2/3), or what its
-    family declares (runlm.models.families: mixtures of experts)."""
+    """What in the model the GPU runner does not run yet: images, or what its family declares (runlm.models.families:
+    mixtures of experts)."""
     if spec.vision is not None and spec.projector is None:
         return "images (a vision-language model)"
     if spec.config is None:
         return None
-    if has_kv_groups(spec.config):
-        return "models whose layers keep KV caches of different sizes (sliding-window layers beside global ones)"
     return families.get(spec.config.family).gpu_refuses
 
 
