@@ -1,7 +1,7 @@
 """The GPU runner (runlm.engine.runners.gpu) on the CPU (RUNLM_GPU_RUNNER=1: eager, the reference attention, the
 device sampler on CPU tensors) gives the torch runner's tokens (exact numerics), through the engine's features:
 batching, prefix caching, chunked prefill, preemption, n > 1, seeded sampling, logprobs, structured outputs; and
-Gemma 2/3's KV groups; and refuses by name what it does not run."""
+Gemma 2/3's KV groups, speculative decoding; and refuses by name what it does not run."""
 from __future__ import annotations
 
 import json
@@ -152,9 +152,35 @@ def test_sliding_window_layers_in_a_kv_group_of_their_own(tiny_model, monkeypatc
     assert tight.engine.num_preemptions > 0
 
 
-@pytest.mark.parametrize(("kw", "what"), [(dict(enable_lora=True), "LoRA adapters"),
-                                          (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
-                                           "speculative decoding")])
+def test_speculative_decoding_keeps_the_greedy_tokens(tiny_model, smollm2_gguf, monkeypatch) -> None:
+    """A draft model (a near copy: some drafts accepted, some not) and n-gram lookup on a real model asked to repeat
+    a passage: each speculating sequence's 1 + k rows run in the step beside the others and are verified; the
+    tokens are the torch runner's without speculation."""
+    from tests.fixtures.near_copy import near_copy
+
+    path = tiny_model("qwen2")
+    prompts = [{"prompt_token_ids": prompt_ids(9 + 11 * i, seed=i)} for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    expected = _tokens(_llm(path, False, monkeypatch).generate(prompts, params))
+    draft = {"model": str(near_copy("qwen2", 0.01)), "num_speculative_tokens": 3, "min_acceptance_rate": 0.0}
+    gpu = _llm(path, True, monkeypatch, speculative_config=draft)
+    assert _tokens(gpu.generate(prompts, params)) == expected
+    stats = gpu.engine.spec_decode_stats()
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    passage = ("The lighthouse stood on the northern cliff for two hundred years. Every night its keeper climbed "
+               "the ninety steps and wound the clockwork that turned the great lens.")
+    kw = dict(block_size=16, max_num_batched_tokens=64, kv_cache_memory="64MiB")
+    plain = _llm(smollm2_gguf, False, monkeypatch, **kw)
+    prompt = {"prompt_token_ids": plain.encode_chat(
+        [{"role": "user", "content": f"Quote the following passage word for word, then stop.\n\n{passage}"}])}
+    want = _tokens(plain.generate([prompt], SamplingParams(temperature=0, max_tokens=16)))
+    ngram = _llm(smollm2_gguf, True, monkeypatch, **kw,
+                 speculative_config={"method": "ngram", "num_speculative_tokens": 5})
+    assert _tokens(ngram.generate([prompt], SamplingParams(temperature=0, max_tokens=16))) == want
+    assert ngram.engine.spec_decode_stats().acceptance_rate > 0.6
+
+
+@pytest.mark.parametrize(("kw", "what"), [(dict(enable_lora=True), "LoRA adapters")])
 def test_what_it_does_not_run_is_refused_by_name(tiny_model, monkeypatch, kw: dict, what: str) -> None:
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
     with pytest.raises(ValueError, match=f"the GPU runner does not run {what}"):

@@ -19,9 +19,10 @@ runner's (tests/engine/test_gpu_*.py).
 
 Runs on the GPU path, unchanged above it: the scheduler, continuous batching and chunked prefill, the prefix cache,
 preemption, n > 1, seeded sampling, logprobs and prompt logprobs, structured outputs (an uploaded grammar mask),
-thinking budgets, sleep / wake_up, and caches in KV groups (Gemma 2/3's sliding-window layers beside global ones:
-each group's block tables and slots in the step's one upload, the backend's per-group buffers). Refused by name
-(never a slow fallback): LoRA, speculative decoding, images (gpu_select.why_not_gpu), and of the model
+thinking budgets, sleep / wake_up, caches in KV groups (Gemma 2/3's sliding-window layers beside global ones:
+each group's block tables and slots in the step's one upload, the backend's per-group buffers), and speculative
+decoding (n-gram or a draft model; verification on the host). Refused by name (never a slow fallback): LoRA,
+images (gpu_select.why_not_gpu), and of the model
 (gpu_select.why_not_gpu_model, at the runner choice): what the family declares (mixtures of experts). Per step, the
 sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
 """
@@ -40,6 +41,7 @@ from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
 from runlm.engine.runners.gpu_sampler import sample_on_device
 from runlm.engine.runners.gpu_select import check_gpu
+from runlm.engine.sample.rejection import sample_and_verify, spec_rows
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig, kv_cache_blocks
@@ -60,10 +62,13 @@ class _Graph:
 class GPURunner:
     def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
-        check_gpu(config)  # LoRA, speculative decoding, images: refused by name
+        check_gpu(config)  # LoRA, images: refused by name
         if loaded.vision is not None:
             raise ValueError("the GPU runner does not run images (a vision-language model) yet; use --device cpu")
         self.config, self.loaded, self.blocks, self.structured = config, loaded, blocks, structured
+        # speculative decoding: the speculating sequences' 1 + k rows run in the step beside the others (eagerly:
+        # the decode graphs take one row a sequence), verified by the host's rejection sampler
+        self.speculating = config.speculative_config is not None
         self.dtype, self.device = torch_dtype(config.dtype), torch.device(config.device)
         self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         mc = loaded.config
@@ -142,11 +147,16 @@ class GPURunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
         plan = plan_batch(sched, self.blocks)
-        assert not plan.spec_seqs, "the GPU runner does not speculate"
         hidden = self.run_model(sched, plan)
         for rows in plan.prompt_logprob_rows:
             logits = self.loaded.model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count])
             add_prompt_logprobs(rows.seq, logits.float().cpu().numpy(), rows.first_pos)
+        if self.speculating:  # every step's tokens drawn and verified on the host: one sampler for the whole run
+            wanted = plan.sample_rows + spec_rows(plan.spec_rows, plan.spec_seqs)
+            if not wanted:
+                return []
+            raw = self.loaded.model.compute_logits(hidden[torch.as_tensor(wanted, device=self.device)])
+            return sample_and_verify(raw.float().cpu().numpy(), plan.sample_seqs, plan.spec_seqs, self.structured)
         if not plan.sample_seqs:
             return []
         sample_rows = plan.sample_rows

@@ -23,7 +23,6 @@ def use_gpu_runner(config: EngineConfig) -> bool:
 def why_not_gpu(config: EngineConfig) -> str | None:
     """What the engine asks for that the GPU runner does not run yet (refused by name, never a slow fallback)."""
     reasons = [(config.enable_lora, "LoRA adapters"),
-               (config.speculative_config is not None, "speculative decoding"),
                (config.mmproj is not None, "images (a vision projector)")]
     return next((what for bad, what in reasons if bad), None)
 
