@@ -154,15 +154,18 @@ def _gguf_tensors(gguf: GGUFFile, cfg: ModelConfig, device: torch.device, stats:
         if name in _GGUF_NOT_WEIGHTS:
             continue
         hf = hf_name_for_gguf(name, gguf.architecture)
-        if hf is None or "{e}" in hf:
+        if hf is None:
             raise ModelFormatError(f"{gguf.path}: tensor {name!r} is not part of a {gguf.architecture} decoder the "
-                                   f"GPU runner loads (mixtures of experts are not loaded on the device yet)")
+                                   f"GPU runner loads")
         if info.qtype in DEVICE_QUANTS or info.qtype in ("F32", "F16", "BF16"):
             tensor = dequantize_on_device(gguf.raw_tensor(name).to(device), info.qtype, info.shape)
         else:  # a rarer block type: the host's dequantizer, then the device
             tensor = gguf.load(name).to(device)
         stats[0] += info.n_bytes
         stats[1] += tensor.numel() * 4
+        if "{e}" in hf:  # a layer's experts stacked [experts, rows, cols]: one weight each, views of the stack
+            yield from ((hf.format(e=e), tensor[e]) for e in range(tensor.shape[0]))
+            continue
         heads = cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads if ".k_proj." in hf else 0
         if permute and heads:
             tensor = _unpermute(tensor, heads)

@@ -103,8 +103,8 @@ class MoeModel(LlamaModel):
 class MoeForCausalLM(LlamaForCausalLM):
     model_cls = MoeModel
 
-    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
-        super().load_weights(mixtral_names(weights))
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterable[tuple[str, Weight]]:
+        return mixtral_names(weights)
 
 
 # Mixtral's checkpoint names -> the Qwen-MoE names the modules use

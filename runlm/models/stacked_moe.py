@@ -15,12 +15,12 @@ from runlm.models.moe import MoeForCausalLM, stacked_experts
 
 
 class GptOssForCausalLM(MoeForCausalLM):
-    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
-        super().load_weights(stacked_experts(weights, interleaved=True))
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterable[tuple[str, Weight]]:
+        return super().checkpoint_weights(stacked_experts(weights, interleaved=True))
 
 
 class Llama4ForCausalLM(MoeForCausalLM):
     """Llama 4's text decoder (runlm.models.families.llama4_text): its stacked experts have gate's half first."""
 
-    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
-        super().load_weights(stacked_experts(weights, interleaved=False))
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterable[tuple[str, Weight]]:
+        return super().checkpoint_weights(stacked_experts(weights, interleaved=False))

@@ -1,7 +1,7 @@
 """The GPU runner (runlm.engine.runners.gpu) on the CPU (RUNLM_GPU_RUNNER=1: eager, the reference attention, the
 device sampler on CPU tensors) gives the torch runner's tokens (exact numerics), through the engine's features:
 batching, prefix caching, chunked prefill, preemption, n > 1, seeded sampling, logprobs, structured outputs; and
-Gemma 2/3's KV groups, speculative decoding; and refuses by name what it does not run."""
+Gemma 2/3's KV groups, speculative decoding, mixtures of experts; and refuses by name what it does not run."""
 from __future__ import annotations
 
 import json
@@ -130,7 +130,7 @@ def test_gemma_reads_its_norms_as_one_plus_w(tiny_model, monkeypatch) -> None:
         _tokens(_llm(path, False, monkeypatch).generate(prompts, GREEDY))
 
 
-@pytest.mark.parametrize("recipe", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("recipe", ["gemma2", "gemma3", "olmo3"])
 def test_sliding_window_layers_in_a_kv_group_of_their_own(tiny_model, monkeypatch, recipe: str) -> None:
     """Gemma 2/3: the window layers' cache is a KV group of its own (its blocks given back behind the window), the
     global layers' another; both groups' tables and slots go up with the step. Prompts longer than the window (16),
@@ -150,6 +150,20 @@ def test_sliding_window_layers_in_a_kv_group_of_their_own(tiny_model, monkeypatc
                  kv_cache_memory=40 * 4 * gpu.engine.kv_bytes_per_token)
     assert _tokens(tight.generate(prompts, params)) == expected
     assert tight.engine.num_preemptions > 0
+
+
+@pytest.mark.parametrize(("recipe", "fmt"), [("mixtral", "safetensors"), ("qwen2-moe", "safetensors"),
+                                             ("qwen3-moe", "safetensors"), ("olmoe", "safetensors"),
+                                             ("mixtral", "q8_0"), ("qwen2-moe", "q8_0")])
+def test_mixtures_of_experts_give_the_torch_runners_tokens(tiny_model, monkeypatch, recipe: str, fmt: str) -> None:
+    """Mixtral (its checkpoint names), Qwen2-MoE (a gated shared expert), Qwen3-MoE, OLMoE (unnormalized top-k); a
+    GGUF's stacked experts dequantized on the device and split one weight per expert."""
+    from tests.fixtures.gguf_convert import converted_gguf
+
+    path = tiny_model(recipe) if fmt == "safetensors" else converted_gguf(recipe, fmt)
+    prompts = [{"prompt_token_ids": prompt_ids(10 + 19 * i, seed=i)} for i in range(3)]
+    assert _tokens(_llm(path, True, monkeypatch).generate(prompts, GREEDY)) == \
+        _tokens(_llm(path, False, monkeypatch).generate(prompts, GREEDY))
 
 
 def test_speculative_decoding_keeps_the_greedy_tokens(tiny_model, smollm2_gguf, monkeypatch) -> None:

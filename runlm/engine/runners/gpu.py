@@ -103,10 +103,12 @@ class GPURunner:
                                              self.max_tokens, self.max_blocks_per_seq,
                                              layer_group=hybrid.layer_group if hybrid else None)
         if self.device.type == "cuda" and not self.config.enforce_eager:
-            if self.backend.graphable:
-                self.capture_graphs()
-            else:
+            if not self.backend.graphable:
                 log.info("CUDA graphs off: the attention backend %s reads the host", type(self.backend).__name__)
+            elif mc.num_experts:  # (runlm.models.moe.SparseMoeBlock groups each expert's tokens on the host)
+                log.info("CUDA graphs off: the mixture of experts routes its tokens on the host")
+            else:
+                self.capture_graphs()
 
     def free_kv_cache(self) -> None:
         self.graphs = {}

@@ -2,4 +2,4 @@
 from runlm.models.families import Family
 
 FAMILY = Family("mixtral", torch_model="runlm.models.moe:MoeForCausalLM", norm_topk_prob=True,
-                gguf_norm_topk_prob=True, gpu_refuses="mixtures of experts")
+                gguf_norm_topk_prob=True)

@@ -2,4 +2,4 @@
 from runlm.models.families import Family
 
 FAMILY = Family("olmoe", torch_model="runlm.models.moe:MoeForCausalLM", qk_norm=True, qk_norm_whole=True,
-                gpu_refuses="mixtures of experts")
+                )

@@ -2,4 +2,4 @@
 from runlm.models.families import Family
 
 FAMILY = Family("qwen2_moe", torch_model="runlm.models.moe:MoeForCausalLM", attention_bias=True, o_proj_bias=False,
-                shared_expert_gate=True, gpu_refuses="mixtures of experts")
+                shared_expert_gate=True)

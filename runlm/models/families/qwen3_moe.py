@@ -2,4 +2,4 @@
 from runlm.models.families import Family
 
 FAMILY = Family("qwen3_moe", torch_model="runlm.models.moe:MoeForCausalLM", qk_norm=True, gguf_norm_topk_prob=True,
-                gpu_refuses="mixtures of experts")
+                )
