@@ -194,11 +194,30 @@ def test_speculative_decoding_keeps_the_greedy_tokens(tiny_model, smollm2_gguf, 
     assert ngram.engine.spec_decode_stats().acceptance_rate > 0.6
 
 
-@pytest.mark.parametrize(("kw", "what"), [(dict(enable_lora=True), "LoRA adapters")])
-def test_what_it_does_not_run_is_refused_by_name(tiny_model, monkeypatch, kw: dict, what: str) -> None:
+def test_lora_adapters_mixed_in_a_batch(tiny_model, monkeypatch) -> None:
+    """Two adapters and the base model in one batch, then an adapter removed while serving: the torch runner's
+    tokens (the GPU runner computes the same LoRA layers, eagerly)."""
+    from runlm.engine.types.lora_request import LoRARequest
+    from tests.fixtures.lora import peft_adapter
+
+    path, lora = tiny_model("llama"), dict(enable_lora=True, max_loras=2, max_lora_rank=8)
+    adapters = [LoRARequest(f"a{i}", i + 1, str(peft_adapter("llama", 8, seed=i))) for i in range(2)]
+    prompts = [{"prompt_token_ids": prompt_ids(9 + 5 * i, seed=i)} for i in range(3)]
+    per_prompt = [adapters[0], None, adapters[1]]
+    torch_runner, gpu = _llm(path, False, monkeypatch, **lora), _llm(path, True, monkeypatch, **lora)
+    want = _tokens(torch_runner.generate(prompts, GREEDY, lora_request=per_prompt))
+    assert _tokens(gpu.generate(prompts, GREEDY, lora_request=per_prompt)) == want
+    assert want[0] != want[1]  # (the adapter changes the answer)
+    assert gpu.engine.remove_lora(1)
+    assert _tokens(gpu.generate(prompts[:2], GREEDY)) == _tokens(torch_runner.generate(prompts[:2], GREEDY))
+
+
+def test_what_it_does_not_run_is_refused_by_name(monkeypatch) -> None:
+    from tests.fixtures.vlm import vlm_dir
+
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
-    with pytest.raises(ValueError, match=f"the GPU runner does not run {what}"):
-        LLM(str(tiny_model("qwen2")), **{**KW, **kw})
+    with pytest.raises(ValueError, match="the GPU runner does not run images"):
+        LLM(str(vlm_dir("llava")), **KW)
 
 
 @pytest.mark.parametrize("level", [1, 2])

@@ -21,9 +21,10 @@ Runs on the GPU path, unchanged above it: the scheduler, continuous batching and
 preemption, n > 1, seeded sampling, logprobs and prompt logprobs, structured outputs (an uploaded grammar mask),
 thinking budgets, sleep / wake_up, caches in KV groups (Gemma 2/3's sliding-window layers beside global ones:
 each group's block tables and slots in the step's one upload, the backend's per-group buffers), and speculative
-decoding (n-gram or a draft model; verification on the host). Refused by name (never a slow fallback): LoRA,
-images (gpu_select.why_not_gpu), and of the model
-(gpu_select.why_not_gpu_model, at the runner choice): what the family declares (mixtures of experts). Per step, the
+decoding (n-gram or a draft model; verification on the host), mixtures of experts and LoRA adapters (both eager:
+their torch ops group rows on the host, so no CUDA graphs). Refused by name (never a slow fallback): images
+(gpu_select.why_not_gpu), and of the model (gpu_select.why_not_gpu_model, at the runner choice): what the family
+declares (latent attention, attention sinks, recurrent layers...). Per step, the
 sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
 """
 from __future__ import annotations
@@ -62,7 +63,7 @@ class _Graph:
 class GPURunner:
     def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
-        check_gpu(config)  # LoRA, images: refused by name
+        check_gpu(config)  # images: refused by name
         if loaded.vision is not None:
             raise ValueError("the GPU runner does not run images (a vision-language model) yet; use --device cpu")
         self.config, self.loaded, self.blocks, self.structured = config, loaded, blocks, structured
@@ -107,6 +108,8 @@ class GPURunner:
                 log.info("CUDA graphs off: the attention backend %s reads the host", type(self.backend).__name__)
             elif mc.num_experts:  # (runlm.models.moe.SparseMoeBlock groups each expert's tokens on the host)
                 log.info("CUDA graphs off: the mixture of experts routes its tokens on the host")
+            elif self.config.enable_lora:  # (runlm.models.lora groups each adapter's rows on the host)
+                log.info("CUDA graphs off: LoRA adapters group their rows on the host")
             else:
                 self.capture_graphs()
 

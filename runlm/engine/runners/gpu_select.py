@@ -22,8 +22,7 @@ def use_gpu_runner(config: EngineConfig) -> bool:
 
 def why_not_gpu(config: EngineConfig) -> str | None:
     """What the engine asks for that the GPU runner does not run yet (refused by name, never a slow fallback)."""
-    reasons = [(config.enable_lora, "LoRA adapters"),
-               (config.mmproj is not None, "images (a vision projector)")]
+    reasons = [(config.mmproj is not None, "images (a vision projector)")]
     return next((what for bad, what in reasons if bad), None)
 
 
