@@ -202,17 +202,21 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]
 
 
 def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bfloat16", device: str = "cuda",
-                   gpu_memory_utilization: float = 0.9) -> LoadedModel:
+                   gpu_memory_utilization: float = 0.9, mmproj: str | Path | None = None) -> LoadedModel:
     """A Llama-family decoder from a .gguf file or a safetensors directory (a ModelSpec, or its path), its weights
     on ``device`` in ``dtype`` (see the module docstring)."""
+    from runlm.models import vision as vlm
+    from runlm.models.load import split_vision
     from runlm.models.weights import hf_renamed, rope_freq_factors
 
-    spec = as_spec(model)
+    spec = as_spec(model, mmproj)
     dtype, dev, path = torch_dtype(dtype), torch.device(device), spec.path
     itemsize = torch.empty(0, dtype=dtype).element_size()
     cfg = spec.decoder_config()
     tokenizer = spec.tokenizer()
     stats = [0, 0]
+    vision_weights: list[tuple[str, torch.Tensor]] = []
+    family = vlm.family_module(spec.vision) if spec.vision is not None and spec.projector is None else None
     if spec.gguf is not None:
         gguf = spec.gguf
         check_fits(sum(i.n_values for n, i in gguf.tensors.items()) * itemsize, dev, gpu_memory_utilization,
@@ -223,7 +227,11 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
         values = sum(prod(t.shape) for t in spec.safetensors().tensors.values())
         check_fits(values * itemsize, dev, gpu_memory_utilization, path.name)
         model_ = _empty_model(cfg)
-        weights = hf_renamed(_safetensors_tensors(path, dev), cfg.family)
+        weights = _safetensors_tensors(path, dev)
+        if family is not None:  # a vision-language directory: the tower's tensors set aside as it goes
+            weights = cast(Iterator[tuple[str, torch.Tensor]],
+                           split_vision(weights, family.text_weight, vision_weights))
+        weights = hf_renamed(weights, cfg.family)
     try:
         with torch.no_grad():
             fill_parameters(model_, weights, dtype)
@@ -236,4 +244,12 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
                  dense / stats[0])
     model_ = model_.to(device=dev, dtype=dtype).eval()
     model_.model.fused = False
-    return LoadedModel(model_, cfg, tokenizer, path)
+    vision = None
+    if family is not None:
+        assert spec.hf_config is not None
+        vision = vlm.build_hf(path, spec.hf_config, [(n, t.float().cpu()) for n, t in vision_weights], tokenizer)
+    elif spec.projector is not None:
+        vision = vlm.build_mmproj(spec.projector, tokenizer)
+    if vision is not None:  # the tower on the device in float32 (its numerics: transformers'), its rows cast
+        vision = vision.to(device=dev)  # to the model's dtype as they are written over the placeholders
+    return LoadedModel(model_, cfg, tokenizer, path, vision)

@@ -55,7 +55,7 @@ def gguf_weight_mode(dtype: torch.dtype, device: str, exact_numerics: bool) -> s
     return "int8" if kernels.available() else "dense"
 
 
-def _split_vision(weights: Iterable[tuple[str, Weight]], text_weight: Callable[[str], str | None],
+def split_vision(weights: Iterable[tuple[str, Weight]], text_weight: Callable[[str], str | None],
                   vision: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, Weight]]:
     """A vision-language checkpoint's text weights under the text decoder's names; the rest go to ``vision``."""
     from runlm.models.linear import BlockQuantized, GGMLWeight
@@ -115,7 +115,7 @@ def load_decoder(model: ModelSpec | str | Path, dtype: torch.dtype | str = "floa
         mode = "ggml" if gguf_weight_mode(dtype, device, exact_numerics) == "ggml" else "dense"
         weights = safetensors_weights(spec.safetensors(), mode, spec.hf_config)  # (config.json read once)
         if family is not None:
-            weights = _split_vision(weights, family.text_weight, vision_weights)
+            weights = split_vision(weights, family.text_weight, vision_weights)
         weights = hf_renamed(weights, cfg.family)
     try:
         model_.load_weights(weights)

@@ -1,7 +1,8 @@
 """The GPU runner (runlm.engine.runners.gpu) on the CPU (RUNLM_GPU_RUNNER=1: eager, the reference attention, the
 device sampler on CPU tensors) gives the torch runner's tokens (exact numerics), through the engine's features:
 batching, prefix caching, chunked prefill, preemption, n > 1, seeded sampling, logprobs, structured outputs; and
-Gemma 2/3's KV groups, speculative decoding, mixtures of experts; and refuses by name what it does not run."""
+Gemma 2/3's KV groups, speculative decoding, mixtures of experts, LoRA, images; and refuses by name what it does not
+run."""
 from __future__ import annotations
 
 import json
@@ -212,12 +213,38 @@ def test_lora_adapters_mixed_in_a_batch(tiny_model, monkeypatch) -> None:
     assert _tokens(gpu.generate(prompts[:2], GREEDY)) == _tokens(torch_runner.generate(prompts[:2], GREEDY))
 
 
-def test_what_it_does_not_run_is_refused_by_name(monkeypatch) -> None:
+def _chat(text: str, *images) -> list[dict]:
+    return [{"role": "user", "content": [*({"type": "image", "image": i} for i in images),
+                                         {"type": "text", "text": text}]}]
+
+
+@pytest.mark.parametrize("source", ["llava", "idefics3", "llava-gguf"])
+def test_images_give_the_torch_runners_tokens(monkeypatch, source: str) -> None:
+    """The tower (a directory's, or llama.cpp's mmproj beside a GGUF) on the runner's device, each image's rows
+    written over its placeholders in the step; two images, prefilled in chunks; the encoder cache serves a second
+    turn on the same image without the tower."""
+    from tests.fixtures.vlm import test_image, vlm_dir
+    from tests.fixtures.vlm.gguf import vlm_gguf
+
+    path, kw = (vlm_dir(source), {}) if source != "llava-gguf" else (vlm_gguf("llava")[0],
+                                                                      {"mmproj": str(vlm_gguf("llava")[1])})
+    kw = {**kw, "max_model_len": 2048, "kv_cache_memory": "64MiB", "max_num_batched_tokens": 32}
+    messages = _chat("Describe both.", test_image(96, 64, seed=3), test_image(64, 96, seed=4))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    gpu = _llm(path, True, monkeypatch, **kw)
+    first = gpu.chat(messages, params)[0].outputs[0].token_ids
+    assert first == _llm(path, False, monkeypatch, **kw).chat(messages, params)[0].outputs[0].token_ids
+    assert gpu.chat(messages, params)[0].outputs[0].token_ids == first
+    assert gpu.engine.encoder_cache.images_encoded == 2  # (the second turn's images came from the encoder cache)
+
+
+@pytest.mark.parametrize(("family", "needs"), [("gemma3", "bidirectional attention"), ("qwen2_5_vl", "M-RoPE")])
+def test_what_it_does_not_run_is_refused_by_name(monkeypatch, family: str, needs: str) -> None:
     from tests.fixtures.vlm import vlm_dir
 
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
-    with pytest.raises(ValueError, match="the GPU runner does not run images"):
-        LLM(str(vlm_dir("llava")), **KW)
+    with pytest.raises(ValueError, match=f"the GPU runner does not run images for a text model that needs {needs}"):
+        LLM(str(vlm_dir(family)), **KW)
 
 
 @pytest.mark.parametrize("level", [1, 2])

@@ -22,8 +22,9 @@ preemption, n > 1, seeded sampling, logprobs and prompt logprobs, structured out
 thinking budgets, sleep / wake_up, caches in KV groups (Gemma 2/3's sliding-window layers beside global ones:
 each group's block tables and slots in the step's one upload, the backend's per-group buffers), and speculative
 decoding (n-gram or a draft model; verification on the host), mixtures of experts and LoRA adapters (both eager:
-their torch ops group rows on the host, so no CUDA graphs). Refused by name (never a slow fallback): images
-(gpu_select.why_not_gpu), and of the model (gpu_select.why_not_gpu_model, at the runner choice): what the family
+their torch ops group rows on the host, so no CUDA graphs), images (the tower on the device; an image's rows
+written over its placeholders in a prefill step). Refused by name (never a slow fallback), at the runner choice
+(gpu_select.why_not_gpu_model): images whose text model needs M-RoPE or bidirectional spans, and what the family
 declares (latent attention, attention sinks, recurrent layers...). Per step, the
 sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
 """
@@ -38,10 +39,11 @@ from runlm.dtypes import torch_dtype
 from runlm.engine.core.batch_plan import BatchPlan, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
+from runlm.engine.core.mm_step import step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
 from runlm.engine.runners.gpu_sampler import sample_on_device
-from runlm.engine.runners.gpu_select import check_gpu
+from runlm.engine.runners.torch_runner import image_rows
 from runlm.engine.sample.rejection import sample_and_verify, spec_rows
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
 from runlm.engine.structured.backend import StructuredOutputManager
@@ -63,9 +65,6 @@ class _Graph:
 class GPURunner:
     def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
-        check_gpu(config)  # images: refused by name
-        if loaded.vision is not None:
-            raise ValueError("the GPU runner does not run images (a vision-language model) yet; use --device cpu")
         self.config, self.loaded, self.blocks, self.structured = config, loaded, blocks, structured
         # speculative decoding: the speculating sequences' 1 + k rows run in the step beside the others (eagerly:
         # the decode graphs take one row a sequence), verified by the host's rejection sampler
@@ -192,6 +191,11 @@ class GPURunner:
             graph.graph.replay()
             return graph.hidden[:b]
         ctx = ForwardContext(plan.query_lens, plan.context_lens, None, None, None, backend=self.backend)
+        vision = self.loaded.vision
+        images = step_images(sched) if vision is not None else None
+        if images is not None:  # (an image's rows come in prefill steps: never a graph's)
+            assert vision is not None
+            ctx.mm_embeds = image_rows(self.encoder_cache, images, vision, self.device)
         with forward_context(ctx):
             return self.loaded.model(self.input_ids[:t], self.positions[:t])
 

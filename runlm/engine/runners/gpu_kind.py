@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runlm.engine.runners.gpu_select import check_gpu, use_gpu_runner, why_not_gpu_model
+from runlm.engine.runners.gpu_select import use_gpu_runner, why_not_gpu_model
 from runlm.engine.runners.threads import set_torch_threads
 from runlm.engine.types.config import EngineConfig
 from runlm.models.spec import ModelSpec
@@ -27,7 +27,6 @@ class GPUKind:
 
     def why_not(self, spec: ModelSpec, config: EngineConfig) -> str | None:
         """None, or a ValueError naming what it does not run: a GPU user is told, never moved to a slow runner."""
-        check_gpu(config)
         refused = why_not_gpu_model(spec)
         if refused is not None:
             raise ValueError(f"the GPU runner does not run {refused} yet; use --device cpu")

@@ -7,6 +7,7 @@ import os
 from runlm.engine.types.config import EngineConfig
 from runlm.models import families
 from runlm.models.spec import ModelSpec
+from runlm.models.vision import TEXT_MODEL_NEEDS
 
 GPU_RUNNER_ENV = "RUNLM_GPU_RUNNER"  # "1": the GPU runner on any device (tests and benchmarks on a CPU)
 
@@ -20,25 +21,15 @@ def use_gpu_runner(config: EngineConfig) -> bool:
     return config.device.startswith("cuda")
 
 
-def why_not_gpu(config: EngineConfig) -> str | None:
-    """What the engine asks for that the GPU runner does not run yet (refused by name, never a slow fallback)."""
-    reasons = [(config.mmproj is not None, "images (a vision projector)")]
-    return next((what for bad, what in reasons if bad), None)
-
-
 def why_not_gpu_model(spec: ModelSpec) -> str | None:
-    """What in the model the GPU runner does not run yet: images, or what its family declares (runlm.models.families:
-    mixtures of experts)."""
-    if spec.vision is not None and spec.projector is None:
-        return "images (a vision-language model)"
+    """What in the model the GPU runner does not run yet: images whose text model needs what its attention backend
+    does not do (Qwen2.5-VL's M-RoPE positions, Gemma 3's bidirectional image spans), or what its family declares
+    (runlm.models.families: latent attention, sinks, recurrent layers...)."""
+    need = TEXT_MODEL_NEEDS.get(spec.vision) if spec.vision is not None else None
+    if need is not None:
+        return f"images for a text model that needs {need} ({spec.vision})"
     if spec.config is None:
         return None
     return families.get(spec.config.family).gpu_refuses
 
-
-def check_gpu(config: EngineConfig) -> None:
-    reason = why_not_gpu(config)
-    if reason is not None:
-        raise ValueError(f"the GPU runner does not run {reason} yet; run this model with --device cpu (or set "
-                         f"{GPU_RUNNER_ENV}=0 for the torch runner on the GPU)")
 

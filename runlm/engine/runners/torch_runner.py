@@ -107,11 +107,7 @@ class ModelRunner:
                              plan.spec_rows, plan.spec_seqs, plan.prompt_logprob_rows)
 
     def image_rows(self, images: StepImages, vision: VisionModel) -> tuple[torch.Tensor, torch.Tensor]:
-        """(batch rows, their embeddings) for the step's image tokens: the tower runs once over the images not
-        in the encoder cache."""
-        embeds = self.encoder_cache.embeddings([f for f, _ in images.parts], vision.encode)
-        values = torch.cat([e[torch.from_numpy(idx)] for e, (_, idx) in zip(embeds, images.parts)])
-        return self.slot_tensor(images.rows), values.to(self.device)
+        return image_rows(self.encoder_cache, images, vision, self.device)
 
     def slot_tensor(self, slots: np.ndarray) -> torch.Tensor:
         """An int64 array (ids, positions, cache slots) as a tensor on the device: shared, not copied, on the CPU."""
@@ -124,6 +120,15 @@ class ModelRunner:
     def _prompt_logprobs(self, rows: PromptLogprobRows, hidden: torch.Tensor) -> None:
         logits = self.loaded.model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count]).float().cpu()
         add_prompt_logprobs(rows.seq, logits.numpy(), rows.first_pos)
+
+
+def image_rows(cache: EncoderCache, images: StepImages, vision: VisionModel, device: torch.device
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch rows, their embeddings) for the step's image tokens, on ``device``: the tower runs once over the
+    images not in the encoder cache."""
+    embeds = cache.embeddings([f for f, _ in images.parts], vision.encode)
+    values = torch.cat([e[torch.from_numpy(idx).to(e.device)] for e, (_, idx) in zip(embeds, images.parts)])
+    return torch.from_numpy(images.rows).to(device), values.to(device)
 
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
