@@ -36,6 +36,11 @@ class AttentionBackend(Protocol):
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                 window: int | None, softcap: float | None) -> torch.Tensor: ...
 
+    def context_kv(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sequence ``seq``'s cached K and V of layer ``layer`` this step, [context_len, KVH, D] each (read where an
+        image's rows are computed again with their bidirectional mask)."""
+        ...
+
 
 @dataclass(slots=True)
 class ForwardContext:
@@ -148,7 +153,8 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
     torch_only = sinks is not None or chunk is not None
     if ctx.backend is not None:
         assert not torch_only, "the runner's own attention takes no sinks or chunks"  # (the GPU runner refuses them)
-        return ctx.backend.forward(layer, q, k, v, scale, window, softcap)
+        return redo_bidirectional(layer, q, ctx.backend.forward(layer, q, k, v, scale, window, softcap), scale,
+                                  window, softcap)
     if ctx.kv_caches is not None:
         k_cache, v_cache = ctx.kv_caches[layer]
         slot_mapping, flat_slots, _ = ctx.slots_of(layer)
@@ -193,6 +199,8 @@ def _attend_one(ctx: ForwardContext, layer: int, i: int, start: int, q: torch.Te
         assert context_slots is not None  # and every sequence its context's slots
         slots = context_slots[i]
         ks, vs = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+    elif ctx.backend is not None:  # (the runner's own cache)
+        ks, vs = ctx.backend.context_kv(layer, i)
     else:
         ks, vs = k[start:end], v[start:end]
     qs = q[start:end].transpose(0, 1)

@@ -23,8 +23,9 @@ thinking budgets, sleep / wake_up, caches in KV groups (Gemma 2/3's sliding-wind
 each group's block tables and slots in the step's one upload, the backend's per-group buffers), and speculative
 decoding (n-gram or a draft model; verification on the host), mixtures of experts and LoRA adapters (both eager:
 their torch ops group rows on the host, so no CUDA graphs), images (the tower on the device; an image's rows
-written over its placeholders in a prefill step). Refused by name (never a slow fallback), at the runner choice
-(gpu_select.why_not_gpu_model): images whose text model needs M-RoPE or bidirectional spans, and what the family
+written over its placeholders in a prefill step; Gemma 3's bidirectional spans by a second pass over those rows).
+Refused by name (never a slow fallback), at the runner choice (gpu_select.why_not_gpu_model): images whose text
+model needs M-RoPE positions, and what the family
 declares (latent attention, attention sinks, recurrent layers...). Per step, the
 sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
 """
@@ -196,6 +197,7 @@ class GPURunner:
         if images is not None:  # (an image's rows come in prefill steps: never a graph's)
             assert vision is not None
             ctx.mm_embeds = image_rows(self.encoder_cache, images, vision, self.device)
+            ctx.bidirectional = images.bidirectional  # (Gemma 3: those rows again, with their spans' mask)
         with forward_context(ctx):
             return self.loaded.model(self.input_ids[:t], self.positions[:t])
 

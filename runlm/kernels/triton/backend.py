@@ -174,6 +174,14 @@ class PagedAttentionBackend:
         reference.store_kv_ref(k, v, k_cache, v_cache, buf.slot_mapping[:num_tokens])
         return self._attend_ref(buf, q, k_cache, v_cache, scale, window, softcap)
 
+    def context_kv(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sequence ``seq``'s cached K and V of layer ``layer`` this step, [seq_len, KVH, D] each (host-driven: an
+        image step's bidirectional rows, never inside a graph)."""
+        k_cache, v_cache = self.caches[layer]
+        buf = self.groups[self.layer_group[layer]]
+        slots = reference.context_slots(buf.block_table[seq], int(self.seq_lens[seq]), self.block_size)
+        return k_cache.view(-1, *k_cache.shape[2:])[slots], v_cache.view(-1, *v_cache.shape[2:])[slots]
+
     def _attend_ref(self, buf: _GroupBuffers, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
         """The torch reference, with each sequence's context slots worked out once per step."""
