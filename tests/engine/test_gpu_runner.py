@@ -218,11 +218,11 @@ def _chat(text: str, *images) -> list[dict]:
                                          {"type": "text", "text": text}]}]
 
 
-@pytest.mark.parametrize("source", ["llava", "idefics3", "llava-gguf"])
+@pytest.mark.parametrize("source", ["llava", "idefics3", "llava-gguf", "qwen2_5_vl"])
 def test_images_give_the_torch_runners_tokens(monkeypatch, source: str) -> None:
     """The tower (a directory's, or llama.cpp's mmproj beside a GGUF) on the runner's device, each image's rows
-    written over its placeholders in the step; two images, prefilled in chunks; the encoder cache serves a second
-    turn on the same image without the tower."""
+    written over its placeholders in the step (Qwen2.5-VL: with its [3, T] M-RoPE positions); two images, prefilled
+    in chunks; the encoder cache serves a second turn on the same image without the tower."""
     from tests.fixtures.vlm import test_image, vlm_dir
     from tests.fixtures.vlm.gguf import vlm_gguf
 
@@ -254,13 +254,12 @@ def test_gemma3_images_attend_both_ways(monkeypatch) -> None:
     assert len(got[0]) > 100 and np.abs(np.array(got[0]) - np.array(got[1])).max() < 1e-4
 
 
-@pytest.mark.parametrize(("family", "needs"), [("qwen2_5_vl", "M-RoPE")])
-def test_what_it_does_not_run_is_refused_by_name(monkeypatch, family: str, needs: str) -> None:
-    from tests.fixtures.vlm import vlm_dir
-
+@pytest.mark.parametrize(("recipe", "what"), [("deepseek-v3", "latent attention"), ("gpt-oss", "attention sinks"),
+                                              ("granitemoehybrid", "Mamba2 layers")])
+def test_what_it_does_not_run_is_refused_by_name(tiny_model, monkeypatch, recipe: str, what: str) -> None:
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
-    with pytest.raises(ValueError, match=f"the GPU runner does not run images for a text model that needs {needs}"):
-        LLM(str(vlm_dir(family)), **KW)
+    with pytest.raises(ValueError, match=f"the GPU runner does not run {what}"):
+        LLM(str(tiny_model(recipe)), **KW)
 
 
 @pytest.mark.parametrize("level", [1, 2])

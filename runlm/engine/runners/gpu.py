@@ -23,9 +23,9 @@ thinking budgets, sleep / wake_up, caches in KV groups (Gemma 2/3's sliding-wind
 each group's block tables and slots in the step's one upload, the backend's per-group buffers), and speculative
 decoding (n-gram or a draft model; verification on the host), mixtures of experts and LoRA adapters (both eager:
 their torch ops group rows on the host, so no CUDA graphs), images (the tower on the device; an image's rows
-written over its placeholders in a prefill step; Gemma 3's bidirectional spans by a second pass over those rows).
-Refused by name (never a slow fallback), at the runner choice (gpu_select.why_not_gpu_model): images whose text
-model needs M-RoPE positions, and what the family
+written over its placeholders in a prefill step; Gemma 3's bidirectional spans by a second pass over those rows;
+Qwen2.5-VL's M-RoPE positions, [3, T], uploaded beside the step). Refused by name (never a slow fallback), at the
+runner choice (gpu_select.why_not_gpu_model): what the family
 declares (latent attention, attention sinks, recurrent layers...). Per step, the
 sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
 """
@@ -34,13 +34,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from runlm.dtypes import torch_dtype
 from runlm.engine.core.batch_plan import BatchPlan, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
-from runlm.engine.core.mm_step import step_images
+from runlm.engine.core.mm_step import mrope_positions, step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
 from runlm.engine.runners.gpu_sampler import sample_on_device
@@ -87,7 +88,10 @@ class GPURunner:
         # the last upload: the pinned array is written again only once the copy out of it is done
         self.uploaded = torch.cuda.Event() if pinned else None
         self.input_ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=self.device)
-        self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=self.device)
+        # M-RoPE (Qwen2.5-VL): [3, T] positions, one row per axis, uploaded beside the packed step
+        self.mrope = loaded.vision is not None and loaded.vision.uses_mrope
+        shape = (3, self.max_tokens) if self.mrope else (self.max_tokens,)
+        self.positions = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self.backend: PagedAttentionBackend | None = None
         self.graphs: dict[int, _Graph] = {}
         self.graph_sizes = graph_batch_sizes(self.max_seqs)
@@ -136,7 +140,7 @@ class GPURunner:
             self.backend.set_step(table, cu, torch.ones(size, dtype=torch.int32), slots,
                                   groups=[(table, slots)] * len(self.group_managers))
             ctx = ForwardContext([1] * size, [1] * size, None, None, None, backend=self.backend)
-            ids, pos = self.input_ids[:size], self.positions[:size]
+            ids, pos = self.input_ids[:size], self.positions[..., :size]
             with forward_context(ctx):
                 model(ids, pos)  # warm-up: lazy initialisations happen outside the capture
                 torch.cuda.synchronize(self.device)
@@ -182,7 +186,12 @@ class GPURunner:
         parts = self.upload(layout)
         t, shape = layout.num_tokens, (layout.num_seqs, layout.width)
         self.input_ids[:t].copy_(parts["ids"])
-        self.positions[:t].copy_(parts["positions"])
+        if self.mrope:  # (padding rows at position 0)
+            rows = np.zeros((3, t), dtype=np.int64)
+            rows[:, :len(plan.ids)] = mrope_positions(sched, len(plan.ids))
+            self.positions[:, :t].copy_(torch.from_numpy(rows), non_blocking=self.uploaded is not None)
+        else:
+            self.positions[:t].copy_(parts["positions"])
         groups = [(parts[f"block_table{g}"].view(shape), parts[f"slot_mapping{g}"])
                   for g in range(1, 1 + len(group_tables))]
         self.backend.set_step(parts["block_table"].view(shape), parts["cu_seqlens_q"], parts["seq_lens"],
@@ -199,7 +208,7 @@ class GPURunner:
             ctx.mm_embeds = image_rows(self.encoder_cache, images, vision, self.device)
             ctx.bidirectional = images.bidirectional  # (Gemma 3: those rows again, with their spans' mask)
         with forward_context(ctx):
-            return self.loaded.model(self.input_ids[:t], self.positions[:t])
+            return self.loaded.model(self.input_ids[:t], self.positions[..., :t])
 
     def upload(self, layout: StepLayout) -> dict[str, torch.Tensor]:
         """The packed step to the device in one copy; its parts as views of the staging buffer."""
