@@ -48,8 +48,8 @@ class FalconH1Model(LlamaModel):
 class FalconH1ForCausalLM(LlamaForCausalLM):
     model_cls: type[LlamaModel] = FalconH1Model
 
-    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
-        super().load_weights(fold_multipliers(weights, self.config))
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterable[tuple[str, Weight]]:
+        return fold_multipliers(weights, self.config)
 
 
 def fold_multipliers(weights: Iterable[tuple[str, Weight]], cfg: ModelConfig) -> Iterator[tuple[str, Weight]]:

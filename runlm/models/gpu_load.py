@@ -111,11 +111,6 @@ def dequantize_on_device(raw: torch.Tensor, qtype: str, shape: tuple[int, ...]) 
     return fn(flat.view(-1, nbytes)).reshape(shape)
 
 
-def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    shape = w.shape
-    return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
-
-
 # ---- loading ---------------------------------------------------------------------------------------------------
 def check_fits(weight_bytes: int, device: torch.device, gpu_memory_utilization: float, what: str) -> None:
     """Refuse a model whose weights alone exceed the device's share, naming both sizes."""
@@ -146,30 +141,22 @@ def _safetensors_tensors(directory: Path, device: torch.device) -> Iterator[tupl
 
 def _gguf_tensors(gguf: GGUFFile, cfg: ModelConfig, device: torch.device, stats: list[int]
                   ) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named float32 tensors dequantized on the device; stats gets [stored bytes, dense fp32 bytes]."""
-    from runlm.models.weights import _GGUF_NOT_WEIGHTS, hf_name_for_gguf
+    """HF-named float32 tensors dequantized on the device (runlm.models.weights.gguf_weights' reading of the file,
+    every family's renaming and conversion included); stats gets [stored bytes, dense fp32 bytes]."""
+    from runlm.models.weights import gguf_weights
 
-    permute = gguf_rope_interleaved(gguf.architecture)
-    for name, info in gguf.tensors.items():
-        if name in _GGUF_NOT_WEIGHTS:
-            continue
-        hf = hf_name_for_gguf(name, gguf.architecture)
-        if hf is None:
-            raise ModelFormatError(f"{gguf.path}: tensor {name!r} is not part of a {gguf.architecture} decoder the "
-                                   f"GPU runner loads")
+    def load(name: str) -> torch.Tensor:
+        info = gguf.tensors[name]
         if info.qtype in DEVICE_QUANTS or info.qtype in ("F32", "F16", "BF16"):
             tensor = dequantize_on_device(gguf.raw_tensor(name).to(device), info.qtype, info.shape)
         else:  # a rarer block type: the host's dequantizer, then the device
             tensor = gguf.load(name).to(device)
         stats[0] += info.n_bytes
         stats[1] += tensor.numel() * 4
-        if "{e}" in hf:  # a layer's experts stacked [experts, rows, cols]: one weight each, views of the stack
-            yield from ((hf.format(e=e), tensor[e]) for e in range(tensor.shape[0]))
-            continue
-        heads = cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads if ".k_proj." in hf else 0
-        if permute and heads:
-            tensor = _unpermute(tensor, heads)
-        yield hf, tensor
+        return tensor
+
+    for name, tensor in gguf_weights(gguf, cfg, "dense", load):
+        yield name, cast(torch.Tensor, tensor).to(device)  # (metadata-derived weights are made on the host)
 
 
 def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype) -> None:
@@ -205,6 +192,7 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
                    gpu_memory_utilization: float = 0.9, mmproj: str | Path | None = None) -> LoadedModel:
     """A Llama-family decoder from a .gguf file or a safetensors directory (a ModelSpec, or its path), its weights
     on ``device`` in ``dtype`` (see the module docstring)."""
+    from runlm.models import families
     from runlm.models import vision as vlm
     from runlm.models.load import split_vision
     from runlm.models.weights import hf_renamed, rope_freq_factors
@@ -232,6 +220,10 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
             weights = cast(Iterator[tuple[str, torch.Tensor]],
                            split_vision(weights, family.text_weight, vision_weights))
         weights = hf_renamed(weights, cfg.family)
+    # GLM-4, ERNIE, Cohere: Q/K rows in rotated pairs (a GGUF whose converter permuted them is read turned back)
+    turned = spec.gguf is not None and gguf_rope_interleaved(spec.gguf.architecture)
+    if families.get(cfg.family).hf_rope_interleaved and not turned:
+        model_.model.rope.use_interleaved_pairs()
     try:
         with torch.no_grad():
             fill_parameters(model_, weights, dtype)

@@ -55,18 +55,19 @@ class GraniteMoeModel(GraniteModel):
 class GraniteMoeForCausalLM(GraniteForCausalLM):
     model_cls = GraniteMoeModel
 
-    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
-        super().load_weights(_per_expert(weights, self.config.expert_size))
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterable[tuple[str, Weight]]:
+        return super().checkpoint_weights(_per_expert(weights, self.config.expert_size))
 
 
 class GraniteHybridForCausalLM(HybridForCausalLM):
     """Granite 4 (GraniteMoeHybrid): the hybrid layers (runlm.models.hybrid) with Granite's multipliers, experts
     stacked in the checkpoint as GraniteMoE's and its always-on MLP (``shared_mlp``)."""
 
-    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterable[tuple[str, Weight]]:
         cfg = self.config
         shared = "mlp.shared_expert" if cfg.num_experts else "mlp"  # (a model without experts: the MLP alone)
-        super().load_weights(_per_expert(weights, cfg.expert_size, shared, cfg.shared_expert_intermediate_size))
+        return super().checkpoint_weights(_per_expert(weights, cfg.expert_size, shared,
+                                                      cfg.shared_expert_intermediate_size))
 
 
 def _per_expert(weights: Iterable[tuple[str, Weight]], size: int, shared: str = "",

@@ -84,9 +84,9 @@ class MiniMaxModel(LlamaModel):
 class MiniMaxForCausalLM(LlamaForCausalLM):
     model_cls: type[LlamaModel] = MiniMaxModel
 
-    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterable[tuple[str, Weight]]:
         # (checkpoints carry the decays as buffers; they follow from the layer's depth, and are computed so)
-        super().load_weights((name, w) for name, w in mixtral_names(weights) if not name.endswith(_DERIVED))
+        return ((name, w) for name, w in mixtral_names(weights) if not name.endswith(_DERIVED))
 
 
 _DERIVED = (".slope_rate", ".query_decay", ".key_decay", ".diagonal_decay")

@@ -5,7 +5,7 @@ Weights are yielded under Hugging Face names so one ``load_weights`` serves both
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
@@ -65,8 +65,10 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Iterator[tuple[str, Weight]]:
-    """HF-named weights of a GGUF decoder, in one of three forms:
+def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense",
+                 load: Callable[[str], torch.Tensor] | None = None) -> Iterator[tuple[str, Weight]]:
+    """HF-named weights of a GGUF decoder, in one of three forms (``load``: how a tensor is read dense, fp32; the
+    host's dequantizer by default, the GPU runner's on its device):
 
     * "dense": dequantized fp32 tensors, Q/K permuted back to the rotate-half layout;
     * "int8": the same, but matrices stored in a 32-value block type come as BlockQuantized;
@@ -75,6 +77,7 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
       RoPE rotates part of each head (see gguf_qk_rows_turned), whose Q/K rows come turned (copies, not views).
     """
     permute = gguf_qk_rows_turned(gguf.architecture, cfg, mode)
+    load = load or gguf.load
     for name, info in gguf.tensors.items():
         if name in _GGUF_NOT_WEIGHTS:
             continue
@@ -82,7 +85,7 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
         if hf is None:
             raise ModelFormatError(f"{gguf.path}: tensor {name!r} is not part of a {gguf.architecture} decoder")
         if "{e}" in hf:
-            yield from _experts(gguf, name, hf, mode)
+            yield from _experts(gguf, name, hf, mode, load)
             continue
         matrix = hf.endswith(".weight") and len(info.shape) == 2
         heads = cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads if ".k_proj." in hf else 0
@@ -93,7 +96,7 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
             continue
         blocks = gguf.load_block_parts(name) if mode == "int8" and matrix else None
         # q, d, m and the dense tensor they give (multiply, then add: the dequantizer's own floats)
-        parts = [gguf.load(name)] if blocks is None else [*blocks, dequantize_blocks(*blocks)]
+        parts = [load(name)] if blocks is None else [*blocks, dequantize_blocks(*blocks)]
         if permute and heads:
             parts = [_unpermute(t, heads) for t in parts]
         if hf.endswith(".A_log"):  # (the file's A = -exp(A_log))
@@ -105,12 +108,13 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense") -> Itera
             yield hf, torch.tensor(value, dtype=torch.float32)
 
 
-def _experts(gguf: GGUFFile, name: str, template: str, mode: str) -> Iterator[tuple[str, Weight]]:
+def _experts(gguf: GGUFFile, name: str, template: str, mode: str, load: Callable[[str], torch.Tensor]
+             ) -> Iterator[tuple[str, Weight]]:
     """One weight per expert of a stacked [experts, rows, cols] tensor: views of the file's blocks in "ggml"
     mode (the experts stay quantized), dequantized fp32 otherwise."""
     info = gguf.tensors[name]
     if len(info.shape) == 2:  # the experts' biases (gpt-oss): [experts, rows]
-        for e, bias in enumerate(gguf.load(name)):
+        for e, bias in enumerate(load(name)):
             yield template.format(e=e), bias
         return
     experts, rows, cols = info.shape
@@ -119,7 +123,7 @@ def _experts(gguf: GGUFFile, name: str, template: str, mode: str) -> Iterator[tu
         for e in range(experts):
             yield template.format(e=e), GGMLWeight(raw[e], ggml_type(info.qtype), rows, cols)
         return
-    stacked = gguf.load(name)
+    stacked = load(name)
     for e in range(experts):
         yield template.format(e=e), stacked[e]
 

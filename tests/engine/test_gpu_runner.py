@@ -153,18 +153,27 @@ def test_sliding_window_layers_in_a_kv_group_of_their_own(tiny_model, monkeypatc
     assert tight.engine.num_preemptions > 0
 
 
-@pytest.mark.parametrize(("recipe", "fmt"), [("mixtral", "safetensors"), ("qwen2-moe", "safetensors"),
-                                             ("qwen3-moe", "safetensors"), ("olmoe", "safetensors"),
-                                             ("mixtral", "q8_0"), ("qwen2-moe", "q8_0")])
-def test_mixtures_of_experts_give_the_torch_runners_tokens(tiny_model, monkeypatch, recipe: str, fmt: str) -> None:
-    """Mixtral (its checkpoint names), Qwen2-MoE (a gated shared expert), Qwen3-MoE, OLMoE (unnormalized top-k); a
-    GGUF's stacked experts dequantized on the device and split one weight per expert."""
+# mixtures of experts (Mixtral's checkpoint names, Qwen2-MoE's gated shared expert, OLMoE's unnormalized top-k, dots1's
+# and GLM-4.5's choice bias, GraniteMoE's stacked experts); hybrids with recurrent layers (a state slot per sequence:
+# Mamba2 mixers, LFM2's short convolutions, Qwen3-Next's gated DeltaNet, MiniMax's lightning attention); RoPE on
+# pairs (GLM-4, ERNIE, Cohere 2); LayerNorm families; multipliers (Granite, Falcon-H1); each from safetensors and
+# from llama.cpp's GGUF (its stacked experts dequantized on the device, one weight each; Mamba2's A from the file's)
+GPU_FAMILIES = ["mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "dots1", "glm4-moe", "granitemoe", "ernie4_5-moe",
+                "granitemoehybrid", "bamba", "nemotron-h", "mamba2", "lfm2", "qwen3-next", "falcon-h1", "minimax",
+                "glm4", "ernie4_5", "cohere2", "granite", "phi", "stablelm", "starcoder2", "apertus"]
+NO_GGUF = {"minimax", "dots1", "apertus"}  # (llama.cpp's converter writes no file, or runlm reads none, for these)
+
+
+@pytest.mark.parametrize(("recipe", "fmt"), [*((r, "safetensors") for r in GPU_FAMILIES),
+                                             *((r, "q8_0") for r in GPU_FAMILIES if r not in NO_GGUF)])
+def test_families_give_the_torch_runners_tokens(tiny_model, monkeypatch, recipe: str, fmt: str) -> None:
     from tests.fixtures.gguf_convert import converted_gguf
 
     path = tiny_model(recipe) if fmt == "safetensors" else converted_gguf(recipe, fmt)
     prompts = [{"prompt_token_ids": prompt_ids(10 + 19 * i, seed=i)} for i in range(3)]
-    assert _tokens(_llm(path, True, monkeypatch).generate(prompts, GREEDY)) == \
-        _tokens(_llm(path, False, monkeypatch).generate(prompts, GREEDY))
+    kw = dict(max_num_batched_tokens=32)  # (prompts prefilled in chunks: a recurrent state carried across them)
+    assert _tokens(_llm(path, True, monkeypatch, **kw).generate(prompts, GREEDY)) == \
+        _tokens(_llm(path, False, monkeypatch, **kw).generate(prompts, GREEDY))
 
 
 def test_speculative_decoding_keeps_the_greedy_tokens(tiny_model, smollm2_gguf, monkeypatch) -> None:
@@ -255,7 +264,7 @@ def test_gemma3_images_attend_both_ways(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(("recipe", "what"), [("deepseek-v3", "latent attention"), ("gpt-oss", "attention sinks"),
-                                              ("granitemoehybrid", "Mamba2 layers")])
+                                              ("llama4-text", "Llama 4's chunked attention")])
 def test_what_it_does_not_run_is_refused_by_name(tiny_model, monkeypatch, recipe: str, what: str) -> None:
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
     with pytest.raises(ValueError, match=f"the GPU runner does not run {what}"):

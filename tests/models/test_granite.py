@@ -36,12 +36,11 @@ def test_fast_mode_runs_on_the_torch_runner_and_says_why() -> None:
     assert llm.generate(["The capital of France is"])[0].outputs[0].token_ids
 
 
-def test_the_gpu_runner_refuses_it_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_gpu_runner_runs_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from runlm.engine.runners.select import select_runner
     from runlm.engine.types.config import EngineConfig
     from runlm.models.spec import read_spec
 
-    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
+    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")  # (its multipliers are the torch model's: tests/engine/test_gpu_runner)
     path = converted_gguf("granite", "q8_0")
-    with pytest.raises(ValueError, match="the GPU runner does not run Granite's residual and logit multipliers"):
-        select_runner(read_spec(path), EngineConfig(model=str(path)))
+    assert select_runner(read_spec(path), EngineConfig(model=str(path))).kind.name == "gpu"

@@ -236,7 +236,5 @@ def test_the_runners_say_why_not(recipe: str, monkeypatch: pytest.MonkeyPatch, t
     llm = LLM(str(path), max_model_len=256, kv_cache_memory="16MiB")
     assert llm.engine.choice.describe() == f"torch (the {FAMILIES[recipe][recipe in GGUF_RECIPES]} family)"
     assert llm.generate(["The capital of France is"])[0].outputs[0].token_ids
-    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
-    with pytest.raises(ValueError, match="the GPU runner does not run (Mamba2 layers|short convolutions|gated DeltaNet "
-                                         "layers|lightning attention)"):
-        select_runner(read_spec(path), EngineConfig(model=str(path)))
+    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")  # (the GPU runner keeps a state per sequence too: eager)
+    assert select_runner(read_spec(path), EngineConfig(model=str(path))).kind.name == "gpu"

@@ -102,22 +102,17 @@ def test_the_runner_choice_names_every_reason(smollm2_gguf: Path, monkeypatch: p
     with pytest.raises(ValueError, match="kv_cache_dtype 'q8_0' needs the native runner.*exact numerics"):
         select_runner(spec, EngineConfig(model=str(smollm2_gguf), exact_numerics=True, kv_cache_dtype="q8_0"))
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
-    with pytest.raises(ValueError, match="the GPU runner does not run LoRA adapters"):
-        select_runner(spec, EngineConfig(model=str(smollm2_gguf), enable_lora=True))
+    assert select_runner(spec, EngineConfig(model=str(smollm2_gguf), enable_lora=True)).kind.name == "gpu"
     assert select_runner(spec, EngineConfig(model=str(smollm2_gguf))).kind.name == "gpu"
     if kernels.available():
         monkeypatch.setenv("RUNLM_GPU_RUNNER", "0")
         assert select_runner(spec, EngineConfig(model=str(smollm2_gguf))).describe() == "native"
 
 
-def test_the_gpu_runner_refuses_a_model_by_name_before_loading(tiny_model, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a family declares the GPU runner does not run (runlm.models.families: gpu_refuses), and layers keeping KV
-    caches of different sizes, are refused at the choice, from the spec alone."""
+def test_the_gpu_runner_refuses_a_model_by_name_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a family declares the GPU runner does not run (runlm.models.families: gpu_refuses) is refused at the
+    choice, from the spec alone."""
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
-    path = converted_gguf("qwen3-moe", "q8_0")
-    with pytest.raises(ValueError, match="the GPU runner does not run mixtures of experts yet"):
+    path = converted_gguf("deepseek-v3", "q8_0")
+    with pytest.raises(ValueError, match=r"the GPU runner does not run latent attention \(MLA\) yet"):
         select_runner(read_spec(path), EngineConfig(model=str(path)))
-    gemma = tiny_model("gemma2")
-    with pytest.raises(ValueError, match="the GPU runner does not run models whose layers keep KV caches of "
-                                         "different sizes"):
-        LLM(str(gemma), **KW)

@@ -45,7 +45,7 @@ from runlm.engine.core.mm_step import mrope_positions, step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
 from runlm.engine.runners.gpu_sampler import sample_on_device
-from runlm.engine.runners.torch_runner import image_rows
+from runlm.engine.runners.torch_runner import States, allocate_states, image_rows
 from runlm.engine.sample.rejection import sample_and_verify, spec_rows
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
 from runlm.engine.structured.backend import StructuredOutputManager
@@ -93,6 +93,7 @@ class GPURunner:
         shape = (3, self.max_tokens) if self.mrope else (self.max_tokens,)
         self.positions = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self.backend: PagedAttentionBackend | None = None
+        self.states: States = None
         self.graphs: dict[int, _Graph] = {}
         self.graph_sizes = graph_batch_sizes(self.max_seqs)
         self.allocate_kv_cache()
@@ -106,10 +107,15 @@ class GPURunner:
         self.backend = PagedAttentionBackend(mc.num_layers, num_blocks, self.blocks.block_size,
                                              mc.num_kv_heads, mc.head_dim, self.dtype, self.device, self.max_seqs,
                                              self.max_tokens, self.max_blocks_per_seq,
-                                             layer_group=hybrid.layer_group if hybrid else None)
+                                             layer_group=hybrid.layer_group if hybrid else None,
+                                             kv_layers=mc.kv_layers)
+        # recurrent layers' (conv, ssm) states, a row per state slot (runlm.models.mamba2)
+        self.states = allocate_states(mc, self.blocks.state_slots, self.device)
         if self.device.type == "cuda" and not self.config.enforce_eager:
             if not self.backend.graphable:
                 log.info("CUDA graphs off: the attention backend %s reads the host", type(self.backend).__name__)
+            elif mc.recurrent_layers:  # (runlm.models.mamba2.by_sequence groups the step's rows on the host)
+                log.info("CUDA graphs off: the recurrent layers group their rows on the host")
             elif mc.num_experts:  # (runlm.models.moe.SparseMoeBlock groups each expert's tokens on the host)
                 log.info("CUDA graphs off: the mixture of experts routes its tokens on the host")
             elif self.config.enable_lora:  # (runlm.models.lora groups each adapter's rows on the host)
@@ -120,6 +126,7 @@ class GPURunner:
     def free_kv_cache(self) -> None:
         self.graphs = {}
         self.backend = None
+        self.states = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -201,6 +208,8 @@ class GPURunner:
             graph.graph.replay()
             return graph.hidden[:b]
         ctx = ForwardContext(plan.query_lens, plan.context_lens, None, None, None, backend=self.backend)
+        if self.states is not None:
+            ctx.states, ctx.state_slots, ctx.state_fresh = self.states, plan.state_slots, plan.state_fresh
         vision = self.loaded.vision
         images = step_images(sched) if vision is not None else None
         if images is not None:  # (an image's rows come in prefill steps: never a graph's)

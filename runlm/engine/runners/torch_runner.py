@@ -143,13 +143,18 @@ def allocate_caches(c: ModelConfig, layer_slots: list[int], state_slots: int, kv
     _, k_dim, v_dim = c.kv_cache_shape  # (latent attention: one latent row per token, no V)
     kv_caches = [(torch.empty((slots, kv_heads, k_dim), dtype=dtype, device=device),
                   torch.empty((slots, kv_heads, v_dim), dtype=dtype, device=device)) for slots in layer_slots]
+    return kv_caches, allocate_states(c, state_slots, device)
+
+
+def allocate_states(c: ModelConfig, state_slots: int, device: torch.device) -> States:
+    """A model's recurrent layers' (conv, ssm) states, float32, ``state_slots`` rows each (None for the other
+    layers; None for a model without recurrent layers)."""
     if not c.recurrent_layers:
-        return kv_caches, None
+        return None
     # (a sequence's first tokens start its state from zero: nothing need be cleared)
     recurrent, (conv, ssm) = set(c.recurrent_layers), c.state_shapes
-    return kv_caches, [(torch.empty((state_slots, *conv), device=device), torch.empty((state_slots, *ssm),
-                                                                                       device=device))
-                       if layer in recurrent else None for layer in range(c.num_layers)]
+    return [(torch.empty((state_slots, *conv), device=device), torch.empty((state_slots, *ssm), device=device))
+            if layer in recurrent else None for layer in range(c.num_layers)]
 
 
 def plan_context(plan: BatchPlan, kv_caches: KVCaches, states: States, layer_group: list[int] | None,

@@ -89,7 +89,7 @@ class PagedAttentionBackend:
     def __init__(self, num_layers: int, num_blocks: int | Sequence[int], block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str, max_num_seqs: int,
                  max_num_tokens: int, max_blocks_per_seq: int, layer_group: Sequence[int] | None = None,
-                 use_triton: bool | None = None) -> None:
+                 use_triton: bool | None = None, kv_layers: Sequence[int] | None = None) -> None:
         self.device = torch.device(device)
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
@@ -102,8 +102,9 @@ class PagedAttentionBackend:
         if self.use_triton and not available():
             raise RuntimeError("PagedAttentionBackend(use_triton=True) needs triton installed")
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for g in self.layer_group:
-            shape = (blocks[g], block_size, num_kv_heads, head_dim)
+        keeps = set(range(num_layers)) if kv_layers is None else set(kv_layers)  # (a recurrent layer keeps none)
+        for layer, g in enumerate(self.layer_group):
+            shape = (blocks[g] if layer in keeps else 0, block_size, num_kv_heads, head_dim)
             self.caches.append((torch.zeros(shape, dtype=dtype, device=self.device),
                                 torch.zeros(shape, dtype=dtype, device=self.device)))
         self.cu_seqlens_q = torch.zeros(max_num_seqs + 1, dtype=torch.int32, device=self.device)

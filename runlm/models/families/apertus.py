@@ -25,4 +25,4 @@ def _xielu_weights(metadata: Mapping[str, Any], layers: int) -> dict[str, Any]:
 FAMILY = Family("apertus", qk_norm=True, hidden_act="xielu", gated_mlp=False, gguf_metadata_weights=_xielu_weights,
                 hf_tensor_names={".attention_layernorm.": ".input_layernorm.",
                                  ".feedforward_layernorm.": ".post_attention_layernorm.", ".mlp.act_fn.": ".mlp.act."},
-                native=False, native_safetensors=False, gpu_refuses="Apertus's xIELU activation")
+                native=False, native_safetensors=False)

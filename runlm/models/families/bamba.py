@@ -22,4 +22,4 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
 FAMILY = Family("bamba", torch_model="runlm.models.hybrid:HybridForCausalLM", hf_fields=_hf_fields,
                 hf_tensor_names={".feed_forward.": ".mlp.", ".pre_ff_layernorm.": ".post_attention_layernorm.",
                                  "model.final_layernorm.": "model.norm."},
-                native=False, native_safetensors=False, gpu_refuses="Mamba2 layers")
+                native=False, native_safetensors=False)

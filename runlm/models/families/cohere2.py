@@ -25,4 +25,4 @@ def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str
 FAMILY = Family("cohere2", torch_model="runlm.models.stablelm:StableLmForCausalLM", layer_norm=True,
                 hf_rope_interleaved=True, sliding_window=True, sliding_pattern=PATTERN, hf_fields=_hf_fields,
                 gguf_fields=_gguf_fields,
-                native=False, native_safetensors=False, gpu_refuses="LayerNorm families (Cohere 2)")
+                native=False, native_safetensors=False)

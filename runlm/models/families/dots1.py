@@ -18,4 +18,4 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
 
 FAMILY = Family("dots1", torch_model="runlm.models.moe:MoeForCausalLM", qk_norm=True, moe_gating="sigmoid",
                 moe_score_bias=True, hf_fields=_hf_fields, hf_tensor_names=SHARED_EXPERTS_NAMES, native=False,
-                native_safetensors=False, gpu_refuses="mixtures of experts")
+                native_safetensors=False)

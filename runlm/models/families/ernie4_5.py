@@ -4,5 +4,4 @@ checkpoints are trained; llama.cpp's files keep that layout (its "normal" RoPE),
 halves there), nor the GPU runner's yet."""
 from runlm.models.families import Family
 
-FAMILY = Family("ernie4_5", hf_rope_interleaved=True, native_safetensors=False,
-                gpu_refuses="ERNIE 4.5's interleaved RoPE")
+FAMILY = Family("ernie4_5", hf_rope_interleaved=True, native_safetensors=False)

@@ -25,4 +25,4 @@ FAMILY = Family("ernie4_5_moe", torch_model="runlm.models.moe:MoeForCausalLM", h
                 norm_topk_prob=True, gguf_norm_topk_prob=True, moe_score_bias=True, hf_fields=_hf_fields,
                 hf_tensor_names={**SHARED_EXPERTS_NAMES, ".mlp.moe_statics.e_score_correction_bias":
                                  ".mlp.score_bias.bias"},
-                native=False, native_safetensors=False, gpu_refuses="mixtures of experts")
+                native=False, native_safetensors=False)

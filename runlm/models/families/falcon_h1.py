@@ -39,4 +39,4 @@ FAMILY = Family("falcon_h1", torch_model="runlm.models.falcon_h1:FalconH1ForCaus
                 gguf_fields=_gguf_fields,
                 hf_tensor_names={".feed_forward.": ".mlp.", ".pre_ff_layernorm.": ".post_attention_layernorm.",
                                  "model.final_layernorm.": "model.norm."},
-                native=False, native_safetensors=False, gpu_refuses="Mamba2 layers")
+                native=False, native_safetensors=False)

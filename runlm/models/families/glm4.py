@@ -14,4 +14,4 @@ FAMILY = Family("glm4", torch_model="runlm.models.gemma:GemmaForCausalLM", atten
                                  "post_self_attn_layernorm.": "post_attention_layernorm.",
                                  "post_mlp_layernorm.": "post_feedforward_layernorm."},
                 gguf_tensor_names={**GEMMA_TENSOR_NAMES, "ffn_up": "mlp.gate_up_proj"},
-                native_safetensors=False, gpu_refuses="GLM-4's partial RoPE on feature pairs")
+                native_safetensors=False)

@@ -20,4 +20,4 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
 FAMILY = Family("glm4_moe", torch_model="runlm.models.moe:MoeForCausalLM", o_proj_bias=False, moe_gating="sigmoid",
                 moe_score_bias=True, hf_fields=_hf_fields, hf_tensor_names=SHARED_EXPERTS_NAMES,
                 gguf_tensor_names={"post_attention_norm": "post_attention_layernorm"}, native=False,
-                native_safetensors=False, gpu_refuses="mixtures of experts")
+                native_safetensors=False)

@@ -29,5 +29,4 @@ def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str
 
 
 FAMILY = Family("granite", torch_model="runlm.models.granite:GraniteForCausalLM", hf_fields=_hf_fields,
-                gguf_fields=_gguf_fields, native=False, native_safetensors=False,
-                gpu_refuses="Granite's residual and logit multipliers")
+                gguf_fields=_gguf_fields, native=False, native_safetensors=False)

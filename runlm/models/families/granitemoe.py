@@ -7,4 +7,4 @@ from runlm.models.families.granite import FAMILY as GRANITE
 
 FAMILY = Family("granitemoe", torch_model="runlm.models.granite:GraniteMoeForCausalLM", norm_topk_prob=True,
                 gguf_norm_topk_prob=True, hf_fields=GRANITE.hf_fields, gguf_fields=GRANITE.gguf_fields, native=False,
-                native_safetensors=False, gpu_refuses="Granite's multipliers and mixtures of experts")
+                native_safetensors=False)

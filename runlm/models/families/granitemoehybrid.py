@@ -83,4 +83,4 @@ def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str
 
 FAMILY = Family("granitemoehybrid", torch_model="runlm.models.granite:GraniteHybridForCausalLM",
                 norm_topk_prob=True, gguf_norm_topk_prob=True, hf_fields=_hf_fields, gguf_fields=_gguf_fields,
-                native=False, native_safetensors=False, gpu_refuses="Mamba2 layers")
+                native=False, native_safetensors=False)

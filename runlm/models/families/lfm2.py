@@ -45,4 +45,4 @@ FAMILY = Family("lfm2", torch_model="runlm.models.hybrid:HybridForCausalLM", qk_
                                  ".self_attn.k_layernorm.": ".self_attn.k_norm.",
                                  ".operator_norm.": ".input_layernorm.", ".ffn_norm.": ".post_attention_layernorm.",
                                  "model.embedding_norm.": "model.norm."},
-                native=False, native_safetensors=False, gpu_refuses="short convolutions")
+                native=False, native_safetensors=False)

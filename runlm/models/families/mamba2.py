@@ -30,4 +30,4 @@ FAMILY = Family("mamba2", torch_model="runlm.models.nemotron_h:MixerBlockForCaus
                                    "ssm_d": "mixer.D", "ssm_dt.bias": "mixer.dt_bias"},
                 hf_tensor_names={"backbone.embeddings.": "model.embed_tokens.", "backbone.norm_f.": "model.norm.",
                                  "backbone.layers.": "model.layers."},
-                native=False, native_safetensors=False, gpu_refuses="Mamba2 layers")
+                native=False, native_safetensors=False)

@@ -23,4 +23,4 @@ def _hf_fields(cfg: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, A
 
 
 FAMILY = Family("minimax", torch_model="runlm.models.minimax:MiniMaxForCausalLM", norm_topk_prob=True,
-                hf_fields=_hf_fields, native=False, native_safetensors=False, gpu_refuses="lightning attention")
+                hf_fields=_hf_fields, native=False, native_safetensors=False)

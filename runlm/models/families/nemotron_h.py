@@ -75,4 +75,4 @@ FAMILY = Family("nemotron_h", torch_model="runlm.models.nemotron_h:MixerBlockFor
                 hf_tensor_names={"backbone.embeddings.": "model.embed_tokens.", "backbone.norm_f.": "model.norm.",
                                  "backbone.layers.": "model.layers.", ".mixer.shared_experts.": ".mixer.shared_expert.",
                                  ".mixer.gate.e_score_correction_bias": ".mixer.score_bias.bias"},
-                native=False, native_safetensors=False, gpu_refuses="Mamba2 layers")
+                native=False, native_safetensors=False)

@@ -29,4 +29,4 @@ FAMILY = Family("phi", torch_model="runlm.models.stablelm:StableLmForCausalLM", 
                 gated_mlp=False, hf_fields=_hf_fields, gguf_fields=_gguf_fields,
                 hf_tensor_names={"self_attn.dense.": "self_attn.o_proj.", "mlp.fc1.": "mlp.up_proj.",
                                  "mlp.fc2.": "mlp.down_proj.", "model.final_layernorm.": "model.norm."},
-                native=False, native_safetensors=False, gpu_refuses="LayerNorm families (Phi-2)")
+                native=False, native_safetensors=False)

@@ -42,4 +42,4 @@ _GGUF = {"attn_qkv": "linear_attn.in_proj_qkv", "attn_gate": "linear_attn.in_pro
 FAMILY = Family("qwen3_next", torch_model="runlm.models.qwen3_next:Qwen3NextForCausalLM", qk_norm=True,
                 hf_norm_offset=1.0, shared_expert_gate=True, norm_topk_prob=True, gguf_norm_topk_prob=True,
                 hf_fields=_hf_fields, gguf_fields=_gguf_fields, gguf_tensor_names=_GGUF, native=False,
-                native_safetensors=False, gpu_refuses="gated DeltaNet layers")
+                native_safetensors=False)

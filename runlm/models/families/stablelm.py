@@ -24,5 +24,4 @@ def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str
 
 FAMILY = Family("stablelm", torch_model="runlm.models.stablelm:StableLmForCausalLM", layer_norm=True,
                 o_proj_bias=False,
-                hf_fields=_hf_fields, gguf_fields=_gguf_fields, native=False, native_safetensors=False,
-                gpu_refuses="LayerNorm families (StableLM)")
+                hf_fields=_hf_fields, gguf_fields=_gguf_fields, native=False, native_safetensors=False)

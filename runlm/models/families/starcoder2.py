@@ -23,4 +23,4 @@ FAMILY = Family("starcoder2", torch_model="runlm.models.stablelm:StableLmForCaus
                 hidden_act="gelu_tanh",
                 gated_mlp=False, sliding_window=True, hf_fields=_hf_fields, gguf_fields=_gguf_fields,
                 hf_tensor_names={"mlp.c_fc.": "mlp.up_proj.", "mlp.c_proj.": "mlp.down_proj."},
-                native=False, native_safetensors=False, gpu_refuses="LayerNorm families (StarCoder2)")
+                native=False, native_safetensors=False)
