@@ -164,8 +164,14 @@ GPU_FAMILIES = ["mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "dots1", "glm4-moe
 NO_GGUF = {"minimax", "dots1", "apertus"}  # (llama.cpp's converter writes no file, or runlm reads none, for these)
 
 
-@pytest.mark.parametrize(("recipe", "fmt"), [*((r, "safetensors") for r in GPU_FAMILIES),
-                                             *((r, "q8_0") for r in GPU_FAMILIES if r not in NO_GGUF)])
+# the default run: one of each kind, from each format; `make test-slow` runs the whole matrix
+QUICK = {("mixtral", "q8_0"), ("qwen2-moe", "safetensors"), ("granitemoehybrid", "safetensors"),
+         ("qwen3-next", "q8_0"), ("glm4", "q8_0"), ("cohere2", "safetensors"), ("falcon-h1", "safetensors")}
+
+
+@pytest.mark.parametrize(("recipe", "fmt"), [
+    pytest.param(r, f, marks=() if (r, f) in QUICK else pytest.mark.slow)
+    for r, f in [*((r, "safetensors") for r in GPU_FAMILIES), *((r, "q8_0") for r in GPU_FAMILIES if r not in NO_GGUF)]])
 def test_families_give_the_torch_runners_tokens(tiny_model, monkeypatch, recipe: str, fmt: str) -> None:
     from tests.fixtures.gguf_convert import converted_gguf
 
