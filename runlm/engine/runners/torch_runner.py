@@ -59,11 +59,18 @@ class ModelRunner:
         self.allocate_kv_cache()
 
     def allocate_kv_cache(self) -> None:
+        self.kv_caches, self.states = allocate_caches(self.loaded.config, self.layer_slots(), self.blocks.state_slots,
+                                                      self.kv_cache_heads(), self.dtype, self.device)
+
+    def layer_slots(self) -> list[int]:
+        """Each layer's cache slots (0 for a layer that keeps no K/V)."""
         c, bs = self.loaded.config, self.blocks.block_size
-        layer_slots = [self.blocks.layer_blocks(layer) * bs if layer in c.kv_layers else 0
-                       for layer in range(c.num_layers)]
-        self.kv_caches, self.states = allocate_caches(c, layer_slots, self.blocks.state_slots, self.kv_cache_heads(),
-                                                      self.dtype, self.device)
+        return [self.blocks.layer_blocks(layer) * bs if layer in c.kv_layers else 0 for layer in range(c.num_layers)]
+
+    @property
+    def layer_group(self) -> list[int] | None:
+        """Each layer's KV group, for a cache in groups (sliding-window layers beside global ones); else None."""
+        return self.blocks.layer_group if isinstance(self.blocks, HybridBlockManager) else None
 
     def kv_cache_heads(self) -> int:
         """The KV heads a layer's cache holds per token (a tensor-parallel rank: its own)."""
@@ -92,8 +99,7 @@ class ModelRunner:
     def prepare_plan(self, plan: BatchPlan, sched: SchedulerOutput) -> PreparedBatch:
         """The step's plan (runlm.engine.core.batch_plan) as tensors: shared, not copied, and moved to the device."""
         t = self.slot_tensor
-        layer_group = self.blocks.layer_group if isinstance(self.blocks, HybridBlockManager) else None
-        ctx = plan_context(plan, self.kv_caches, self.states, layer_group, self.device)
+        ctx = plan_context(plan, self.kv_caches, self.states, self.layer_group, self.device)
         positions = t(plan.positions)
         vision = self.loaded.vision
         if vision is not None:

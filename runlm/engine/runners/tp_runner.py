@@ -8,7 +8,7 @@ from dataclasses import replace
 import torch
 
 from runlm.engine.core.batch_plan import plan_batch
-from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
+from runlm.engine.core.kv_groups import AnyBlockManager
 from runlm.engine.core.lora_manager import LoRAManager
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.torch_runner import ModelRunner, PreparedBatch
@@ -53,11 +53,7 @@ class TPRunner(ModelRunner):
         return self.local_kv_heads
 
     def allocate_kv_cache(self) -> None:
-        c, bs = self.loaded.config, self.blocks.block_size
-        layer_slots = [self.blocks.layer_blocks(layer) * bs if layer in c.kv_layers else 0
-                       for layer in range(c.num_layers)]
-        layer_group = self.blocks.layer_group if isinstance(self.blocks, HybridBlockManager) else None
-        self.group.send(("cache", layer_slots, self.blocks.state_slots, layer_group))
+        self.group.send(("cache", self.layer_slots(), self.blocks.state_slots, self.layer_group))
         super().allocate_kv_cache()
 
     def free_kv_cache(self) -> None:
