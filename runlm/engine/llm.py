@@ -6,8 +6,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
-from tqdm import tqdm
-
 from runlm.engine.factory import EngineCoreType, engine_from_model
 from runlm.engine.llm_engine import PromptType
 from runlm.engine.pooling_engine import PoolingPromptType
@@ -93,6 +91,8 @@ class LLM:
         return encode_chat(self.engine.tokenizer, messages, chat_template, add_generation_prompt, tools)
 
     def _run(self, order: dict[str, int], progress: bool) -> list:
+        from tqdm import tqdm  # (imported when used: a few MB resident)
+
         results: list[RequestOutput | PoolingRequestOutput | None] = [None] * len(order)
         bar = tqdm(total=len(order), desc="Processed prompts", disable=not progress, dynamic_ncols=True)
         while self.engine.has_unfinished_requests():

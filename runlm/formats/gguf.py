@@ -1,6 +1,6 @@
 """GGUF model files: metadata, tensor index and vectorised dequantization.
 
-Parsing is delegated to :class:`gguf.GGUFReader` (the file stays memory-mapped, read-only);
+The header is read by gguf_header (the file stays memory-mapped, read-only);
 dequantization is our own whole-tensor numpy code following ggml's block layouts.
 """
 from __future__ import annotations
@@ -11,11 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import gguf
 import numpy as np
 
 from runlm.formats import ModelFormatError
 from runlm.formats.architectures import DECODER_GGUF_ARCHS
+from runlm.formats.ggml_types import BY_NAME
 from runlm.formats.gguf_header import TensorInfo, read_model
 
 if TYPE_CHECKING:  # torch is imported by the methods that return tensors: reading a file's metadata needs none
@@ -150,7 +150,7 @@ _GGUF_PY_TYPES: frozenset[str] = frozenset({"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", 
 
 def ggml_type(qtype: str) -> int:
     """ggml's enum value for a type name ("Q4_K" -> 12)."""
-    return int(gguf.GGMLQuantizationType[qtype].value)
+    return BY_NAME[qtype].value
 
 # Dequantize about this many values at a time: bounds the size of the temporaries.
 _CHUNK_VALUES = 1 << 20
@@ -286,6 +286,8 @@ class GGUFFile:
             if info.qtype in SUPPORTED_TYPES:
                 return dequantize(self.raw(name), info.qtype, info.shape)
             # the rarer block types: gguf-py's reference dequantizer (slower, same floats)
+            import gguf  # (only here: gguf-py's imports are about 10 MB resident)
+
             values = gguf.quants.dequantize(self.raw(name), gguf.GGMLQuantizationType[info.qtype])
             return values.astype(np.float32, copy=False).reshape(info.shape)
         except ValueError as e:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
+
+from runlm.formats.ggml_types import BY_VALUE
 
 
 @dataclass(slots=True, frozen=True)
@@ -171,13 +172,10 @@ def read_header(path: str | os.PathLike, spans: dict[str, tuple[int, int]] | Non
     metadata, entries, data_start = _parse(data, spans)
     tensors: dict[str, TensorInfo] = {}
     for name, dims, type_id, offset in entries:
-        try:
-            qtype = gguf.GGMLQuantizationType(type_id)
-        except ValueError:
-            raise ValueError(f"tensor {name!r} has an unknown ggml type {type_id}") from None
-        if qtype not in gguf.GGML_QUANT_SIZES:
-            raise GGUFHeaderError(f"tensor {name!r} has a ggml type runlm cannot size")
-        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        qtype = BY_VALUE.get(type_id)
+        if qtype is None:
+            raise ValueError(f"tensor {name!r} has an unknown ggml type {type_id}")
+        block, type_size = qtype.block, qtype.type_size
         n_values = math.prod(dims)  # python ints: a shape cannot overflow into a small size
         if n_values > data.nbytes * block or (dims and dims[0] % block):
             raise GGUFHeaderError(f"tensor {name!r} has a shape that does not fit its type or the file")

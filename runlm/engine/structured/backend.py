@@ -21,15 +21,19 @@ import threading
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import llguidance
 import numpy as np
 
 from runlm.engine.core.sequence import Sequence
-from runlm.engine.structured.compiler import GrammarCompiler
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.engine.types.structured_params import coerce_structured_outputs
 from runlm.formats.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # llguidance (a few MB resident) is imported when a grammar is first compiled
+    import llguidance
+
+    from runlm.engine.structured.compiler import GrammarCompiler
 
 log = logging.getLogger(__name__)
 # byte value -> its 8 bits as 0.0 (allowed) or -inf, low bit first (llguidance's bit order)
@@ -69,6 +73,10 @@ class StructuredOutputManager:
             return self._compiler
         with self._build_lock:  # ~0.2 s for a 50k vocabulary, so only when first needed
             if self._compiler is None:
+                import llguidance
+
+                from runlm.engine.structured.compiler import GrammarCompiler
+
                 n_vocab = max(self.vocab_size, self.tokenizer.vocab_size)
                 lltok = llguidance.LLTokenizer(self.tokenizer.hf.to_str(), n_vocab=n_vocab, eos_token=self.eos_ids)
                 self._compiler = GrammarCompiler(lltok)
@@ -113,6 +121,8 @@ class StructuredOutputManager:
             rows[0][1].matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data, words * 4)
         else:
             if self._executor is None:
+                import llguidance
+
                 self._executor = llguidance.LLExecutor(num_threads=self.num_threads)
             self._executor.unsafe_compute_mask_ptr([(g.matcher, k) for k, (_, g) in enumerate(rows)],
                                                    bitmask.ctypes.data, words * 4, len(rows))
