@@ -27,6 +27,8 @@ def sampling_fields(body: dict) -> tuple[dict[str, Any], LoadOptions]:
         out["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
     elif fmt not in (None, ""):
         raise BadRequest("'format' must be \"json\" or a JSON schema object", param="format")
+    if body.get("structured_outputs") is not None:  # runlm's extension (a regex, a grammar...): the backend checks it
+        out["structured_outputs"] = body["structured_outputs"]
     return out, load
 
 
@@ -90,11 +92,27 @@ def _tool_call(call: Any, where: str, call_id: str) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": fn["name"], "arguments": json.dumps(args)}}
 
 
+def merge_tool_call_deltas(deltas: list[dict]) -> list[dict]:
+    """A stream's ``tool_calls`` deltas (the first of a call with its name, then pieces of its arguments, each
+    carrying the call's ``index``) as whole calls, in order."""
+    calls: dict[Any, dict] = {}
+    for d in deltas:
+        fn = d.get("function") or {}
+        call = calls.setdefault(d.get("index", len(calls)), {"function": {"name": "", "arguments": ""}})
+        call["function"]["name"] += fn.get("name") or ""
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            call["function"]["arguments"] += args
+        elif args is not None:  # already whole (an object)
+            call["function"]["arguments"] = args
+    return list(calls.values())
+
+
 def ollama_tool_calls(calls: list[dict] | None) -> list[dict] | None:
     if not calls:
         return None
     out = []
-    for c in calls:
+    for c in merge_tool_call_deltas(calls):
         fn = c.get("function") or {}
         args = fn.get("arguments")
         try:

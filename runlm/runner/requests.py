@@ -79,6 +79,7 @@ class GenerateRequest(_Ollama):
     suffix: StrictStr | None = None  # fill-in-the-middle: the text after the gap
     raw: StrictBool | None = None
     format: StrictStr | dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None  # runlm's extension, as on /v1/chat/completions
     think: StrictBool | StrictStr | None = None
     images: list[Any] | None = None
     width: StrictInt | None = None   # image generation models
@@ -90,6 +91,7 @@ class ChatRequest(_Ollama):
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     format: StrictStr | dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None  # runlm's extension, as on /v1/chat/completions
     think: StrictBool | StrictStr | None = None  # a reasoning model's thinking: on, off, or low/medium/high
 
 

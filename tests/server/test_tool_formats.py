@@ -14,39 +14,8 @@ import openai
 import pytest
 
 from tests.fixtures.models import templated_model
+from tests.fixtures.tool_formats import ASK, FORMATS, TOOLS
 from tests.server.process import ServerProcess
-
-# the shapes of the real templates, as far as format detection and a conversation need them
-_TURNS = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-_PROMPT = "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-QWEN3_CODER = (_TURNS + "{% if tools %}Call a function as <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n"
-               "</parameter>\n</function>\n</tool_call>{% endif %}" + _PROMPT)
-GPT_OSS = ("{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
-           "{% if tools %}<|start|>developer<|message|>call as <|channel|>commentary to=functions.NAME<|end|>"
-           "{% endif %}{% if add_generation_prompt %}<|start|>assistant{% endif %}")
-GLM_45 = (_TURNS + "{% if tools %}Call as <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n"
-          "</tool_call>{% endif %}" + _PROMPT)
-DEEPSEEK_V3 = (_TURNS + "{% if tools %}Call as <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n"
-               "```json\nARGS\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>{% endif %}" + _PROMPT)
-PYTHONIC = _TURNS + "{% if tools %}Call as [func_name(param=value)]{% endif %}" + _PROMPT
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
-    "city": {"type": "string"}, "days": {"type": "integer"}, "zip": {"type": "string"}}}}}]
-ASK = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
-PARIS_3 = {"city": "Paris", "days": 3}
-# format -> (its template, the output forced, the call's arguments as the tools' schemas type them, the reasoning)
-FORMATS = {
-    "qwen3-coder": (QWEN3_CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-                    "<parameter=days>\n3\n</parameter>\n<parameter=zip>\n75001\n</parameter>\n</function>\n"
-                    "</tool_call>", {**PARIS_3, "zip": "75001"}, None),
-    "gpt-oss": (GPT_OSS, "<|channel|>analysis<|message|>Need the weather tool.<|end|><|start|>assistant "
-                "to=functions.get_weather<|channel|>commentary json<|message|>" + json.dumps(PARIS_3), PARIS_3,
-                "Need the weather tool."),
-    "glm45": (GLM_45, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days"
-              "</arg_key>\n<arg_value>3</arg_value>\n</tool_call>", PARIS_3, None),
-    "deepseek-v3": (DEEPSEEK_V3, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-                    + json.dumps(PARIS_3) + "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", PARIS_3, None),
-    "pythonic": (PYTHONIC, '[get_weather(city="Paris", days=3)]', PARIS_3, None),
-}
 
 
 @pytest.fixture(scope="module", params=list(FORMATS))
