@@ -14,7 +14,7 @@ refused, with both sizes named. The tensors equal ``runlm.models.load.load_decod
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from math import prod
 from pathlib import Path
 from typing import cast
@@ -27,89 +27,13 @@ from runlm.formats import ModelFormatError
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
+from runlm.models.gpu_blocks import DEVICE_QUANTS, KEPT_TYPES, dense, dequantize_on_device
+from runlm.models.linear import Embedding, GGMLWeight, Linear, Weight
 from runlm.models.llama import LlamaForCausalLM, stacked_target
 from runlm.models.load import LoadedModel, _empty_model
 from runlm.models.spec import ModelSpec, as_spec
 
 log = logging.getLogger("runlm.gpu")
-
-# ---- GGUF blocks dequantized by torch, on whatever device holds them ------------------------------------------
-def _f16(raw: torch.Tensor) -> torch.Tensor:
-    """Little-endian fp16 from a [..., 2] uint8 tensor, as float32."""
-    return raw.contiguous().view(torch.float16).float().squeeze(-1)
-
-
-def _q8_0(b: torch.Tensor) -> torch.Tensor:
-    d = _f16(b[:, :2])
-    q = b[:, 2:].contiguous().view(torch.int8).float()
-    return d[:, None] * q
-
-
-def _q4_0(b: torch.Tensor) -> torch.Tensor:
-    d = _f16(b[:, :2])
-    qs = b[:, 2:].to(torch.int16)
-    q = torch.cat([qs & 0xF, qs >> 4], dim=1).float() - 8.0
-    return d[:, None] * q
-
-
-def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K/Q5_K's 12 bytes of 6-bit scales and mins -> [blocks, 8] each (ggml's get_scale_min_k4)."""
-    s = scales.to(torch.int16)
-    sc_lo, m_lo = s[:, 0:4] & 63, s[:, 4:8] & 63
-    sc_hi = (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)
-    m_hi = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
-    return torch.cat([sc_lo, sc_hi], 1).float(), torch.cat([m_lo, m_hi], 1).float()
-
-
-def _q4_k(b: torch.Tensor) -> torch.Tensor:
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, m = _k_scales(b[:, 4:16])
-    qs = b[:, 16:144].to(torch.int16).view(-1, 4, 32)  # 4 chunks of 32 bytes: 64 values each
-    q = torch.stack([qs & 0xF, qs >> 4], dim=2).reshape(-1, 8, 32).float()  # sub-block j: 32 values
-    return (d[:, None, None] * sc[:, :, None] * q - dmin[:, None, None] * m[:, :, None]).reshape(-1, 256)
-
-
-def _q5_k(b: torch.Tensor) -> torch.Tensor:
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, m = _k_scales(b[:, 4:16])
-    qh = b[:, 16:48].to(torch.int16)
-    qs = b[:, 48:176].to(torch.int16).view(-1, 4, 32)
-    low = torch.stack([qs & 0xF, qs >> 4], dim=2).reshape(-1, 8, 32)
-    high = torch.stack([(qh >> j) & 1 for j in range(8)], dim=1)  # sub-block j takes bit j of qh
-    q = (low | (high << 4)).float()
-    return (d[:, None, None] * sc[:, :, None] * q - dmin[:, None, None] * m[:, :, None]).reshape(-1, 256)
-
-
-def _q6_k(b: torch.Tensor) -> torch.Tensor:
-    ql = b[:, 0:128].to(torch.int16).view(-1, 2, 64)
-    qh = b[:, 128:192].to(torch.int16).view(-1, 2, 32)
-    sc = b[:, 192:208].contiguous().view(torch.int8).float().view(-1, 2, 8)
-    d = _f16(b[:, 208:210])
-    lo0, lo1 = ql[:, :, :32], ql[:, :, 32:]
-    q = torch.stack([(lo0 & 0xF) | ((qh & 3) << 4), (lo1 & 0xF) | (((qh >> 2) & 3) << 4),
-                     (lo0 >> 4) | (((qh >> 4) & 3) << 4), (lo1 >> 4) | (((qh >> 6) & 3) << 4)], dim=2)
-    q = q.float().view(-1, 2, 4, 2, 16) - 32.0  # half, quarter, 16-value group (scale index 2 * quarter + group)
-    scale = sc.view(-1, 2, 4, 2)[..., None]
-    return (d[:, None, None, None, None] * scale * q).reshape(-1, 256)
-
-
-# qtype -> (values per block, bytes per block, dequantizer)
-DEVICE_QUANTS: dict[str, tuple[int, int, Callable[[torch.Tensor], torch.Tensor]]] = {
-    "Q8_0": (32, 34, _q8_0), "Q4_0": (32, 18, _q4_0), "Q4_K": (256, 144, _q4_k), "Q5_K": (256, 176, _q5_k),
-    "Q6_K": (256, 210, _q6_k),
-}
-
-
-def dequantize_on_device(raw: torch.Tensor, qtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """ggml bytes (uint8, on any device) of type ``qtype`` -> float32 of ``shape`` on the same device."""
-    flat = raw.reshape(-1)
-    if qtype == "F32":
-        return flat.view(torch.float32).reshape(shape).clone()
-    if qtype in ("F16", "BF16"):
-        return flat.view(torch.float16 if qtype == "F16" else torch.bfloat16).float().reshape(shape)
-    per_block, nbytes, fn = DEVICE_QUANTS[qtype]
-    return fn(flat.view(-1, nbytes)).reshape(shape)
-
 
 # ---- loading ---------------------------------------------------------------------------------------------------
 def check_fits(weight_bytes: int, device: torch.device, gpu_memory_utilization: float, what: str) -> None:
@@ -139,10 +63,12 @@ def _safetensors_tensors(directory: Path, device: torch.device) -> Iterator[tupl
             raise ModelFormatError(f"{file}: cannot read safetensors ({exc})") from None
 
 
-def _gguf_tensors(gguf: GGUFFile, cfg: ModelConfig, device: torch.device, stats: list[int]
-                  ) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named float32 tensors dequantized on the device (runlm.models.weights.gguf_weights' reading of the file,
-    every family's renaming and conversion included); stats gets [stored bytes, dense fp32 bytes]."""
+def _gguf_tensors(gguf: GGUFFile, cfg: ModelConfig, device: torch.device, stats: list[int], blocks: bool
+                  ) -> Iterator[tuple[str, Weight]]:
+    """HF-named weights on the device (runlm.models.weights.gguf_weights' reading of the file, every family's
+    renaming and conversion included): with ``blocks``, matrices of a type the GPU kernel reads as GGMLWeight
+    (their bytes uploaded as stored), the rest float32 dequantized on the device; stats gets [stored bytes, bytes
+    on the device as float32 or blocks]."""
     from runlm.models.weights import gguf_weights
 
     def load(name: str) -> torch.Tensor:
@@ -155,23 +81,31 @@ def _gguf_tensors(gguf: GGUFFile, cfg: ModelConfig, device: torch.device, stats:
         stats[1] += tensor.numel() * 4
         return tensor
 
-    for name, tensor in gguf_weights(gguf, cfg, "dense", load):
-        yield name, cast(torch.Tensor, tensor).to(device)  # (metadata-derived weights are made on the host)
+    for name, weight in gguf_weights(gguf, cfg, "blocks" if blocks else "dense", load,
+                                     KEPT_TYPES if blocks else frozenset()):
+        if isinstance(weight, GGMLWeight):
+            stats[0] += weight.raw.numel()
+            stats[1] += weight.raw.numel()
+            yield name, GGMLWeight(weight.raw.to(device), weight.qtype, weight.rows, weight.cols)
+        else:  # (metadata-derived weights are made on the host)
+            yield name, cast(torch.Tensor, weight).to(device)
 
 
-def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype) -> None:
+def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dtype: torch.dtype) -> None:
     """Every parameter of a model built on "meta" from HF-named tensors already on the device, converted to
-    ``dtype`` there; Q/K/V and gate/up stacked."""
-    shards: dict[str, dict[int, torch.Tensor]] = {}
+    ``dtype`` there; Q/K/V and gate/up stacked. A linear layer whose every part comes in GGUF blocks keeps them
+    (Linear.keep_device_blocks); blocks meant for anything else are dequantized."""
+    shards: dict[str, dict[int, torch.Tensor | GGMLWeight]] = {}
     tied = getattr(model, "lm_head", None) is None
     if isinstance(model, LlamaForCausalLM):  # (a family's own reading of its checkpoint: Gemma's norms)
-        weights = cast(Iterator[tuple[str, torch.Tensor]], iter(model.checkpoint_weights(weights)))
+        weights = cast(Iterator[tuple[str, Weight]], iter(model.checkpoint_weights(weights)))
     params = dict(model.named_parameters())
     for name, tensor in weights:
         if "rotary_emb" in name or (name == "lm_head.weight" and tied):
             continue
         target, shard = stacked_target(name, params)
-        shards.setdefault(target, {})[shard] = tensor.to(dtype)
+        shards.setdefault(target, {})[shard] = \
+            tensor if isinstance(tensor, GGMLWeight) else cast(torch.Tensor, tensor).to(dtype)
     unexpected = [n for n in shards if n not in params]
     if unexpected:
         raise KeyError(f"unexpected weight {unexpected[0]!r}")
@@ -179,9 +113,25 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]
     if missing:
         raise KeyError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
     for name, parts in shards.items():
-        tensor = parts[-1] if -1 in parts else torch.cat([parts[i] for i in sorted(parts)])
         module_name, attr = name.rsplit(".", 1)
         module = model.get_submodule(module_name)
+        ordered = [parts[-1]] if -1 in parts else [parts[i] for i in sorted(parts)]
+        if all(isinstance(p, GGMLWeight) for p in ordered) and isinstance(module, Linear | Embedding) and \
+                attr == "weight":
+            segments = cast(list[GGMLWeight], ordered)
+            shape = getattr(module, attr).shape
+            if sum(s.rows for s in segments) != shape[0] or segments[0].cols != shape[1]:
+                raise RuntimeError(f"{name}: checkpoint blocks do not fit {tuple(shape)}")
+            if isinstance(module, Linear):
+                module.keep_device_blocks(segments)
+                continue
+            module.keep_device_blocks(segments[0], dtype)
+            if tied and isinstance(model, LlamaForCausalLM):  # the logits read the same blocks
+                model.tied_head = Linear(shape[1], shape[0], bias=False, device="meta")
+                model.tied_head.keep_device_blocks(segments)
+            continue
+        dense_parts = [dense(p).to(dtype) if isinstance(p, GGMLWeight) else p for p in ordered]
+        tensor = dense_parts[0] if len(dense_parts) == 1 else torch.cat(dense_parts)
         shape = getattr(module, attr).shape
         if tensor.numel() != shape.numel():
             raise RuntimeError(f"{name}: checkpoint shape {tuple(tensor.shape)} does not fit {tuple(shape)}")
@@ -189,9 +139,11 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]
 
 
 def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bfloat16", device: str = "cuda",
-                   gpu_memory_utilization: float = 0.9, mmproj: str | Path | None = None) -> LoadedModel:
+                   gpu_memory_utilization: float = 0.9, mmproj: str | Path | None = None,
+                   gguf_blocks: bool = True) -> LoadedModel:
     """A Llama-family decoder from a .gguf file or a safetensors directory (a ModelSpec, or its path), its weights
-    on ``device`` in ``dtype`` (see the module docstring)."""
+    on ``device`` in ``dtype`` (see the module docstring); ``gguf_blocks``: a GGUF's matrices stay in their blocks
+    where the kernel reads their type (else every weight is dequantized to ``dtype`` at load)."""
     from runlm.models import families
     from runlm.models import vision as vlm
     from runlm.models.load import split_vision
@@ -207,10 +159,10 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
     family = vlm.family_module(spec.vision) if spec.vision is not None and spec.projector is None else None
     if spec.gguf is not None:
         gguf = spec.gguf
-        check_fits(sum(i.n_values for n, i in gguf.tensors.items()) * itemsize, dev, gpu_memory_utilization,
-                   path.name)
+        check_fits(sum(i.n_bytes if gguf_blocks and i.qtype in KEPT_TYPES and len(i.shape) == 2 else
+                       i.n_values * itemsize for i in gguf.tensors.values()), dev, gpu_memory_utilization, path.name)
         model_ = _empty_model(cfg, rope_freq_factors(gguf))
-        weights = _gguf_tensors(gguf, cfg, dev, stats)
+        weights = _gguf_tensors(gguf, cfg, dev, stats, gguf_blocks)
     else:
         values = sum(prod(t.shape) for t in spec.safetensors().tensors.values())
         check_fits(values * itemsize, dev, gpu_memory_utilization, path.name)
@@ -229,12 +181,16 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
             fill_parameters(model_, weights, dtype)
     except (KeyError, RuntimeError) as exc:
         raise ModelFormatError(f"{path}: weights do not fit the {cfg.family} config: {exc}") from None
-    if stats[0]:
-        dense = sum(p.numel() * p.element_size() for p in model_.parameters())
-        log.info("%s: GGUF blocks (%.1f MiB as stored) dequantized on %s to %s: the weights take %.1f MiB there "
-                 "(%.1fx)", path.name, stats[0] / 2**20, dev, str(dtype).removeprefix("torch."), dense / 2**20,
-                 dense / stats[0])
     model_ = model_.to(device=dev, dtype=dtype).eval()
+    if stats[0]:
+        kept = [m for m in model_.modules() if isinstance(m, Linear) and m.device_blocks]
+        tables = [m.device_blocks for m in model_.modules() if isinstance(m, Embedding) and m.device_blocks]
+        held = sum(p.numel() * p.element_size() for p in model_.parameters()) + \
+            sum(s.raw.numel() for m in kept if m is not getattr(model_, "tied_head", None) for s in m.device_blocks) + \
+            sum(t.raw.numel() for t in tables if t is not None)
+        log.info("%s: GGUF blocks (%.1f MiB as stored), %d matrices kept in their blocks, the rest dequantized on %s "
+                 "to %s: the weights take %.1f MiB there (%.2fx the file's)", path.name, stats[0] / 2**20, len(kept),
+                 dev, str(dtype).removeprefix("torch."), held / 2**20, held / stats[0])
     model_.model.fused = False
     vision = None
     if family is not None:

@@ -79,6 +79,7 @@ class Linear(nn.Linear):
         for name in ("qweight", "scales", "offsets"):  # set by keep_quantized
             self.register_buffer(name, None)
         self.ggml: list[GGMLWeight] = []  # set by keep_ggml
+        self.device_blocks: list[GGMLWeight] = []  # set by keep_device_blocks
         self.lora: Adapter | None = None  # set where LoRA adapters may be attached (runlm.models.lora)
 
     def reset_parameters(self) -> None:
@@ -98,6 +99,15 @@ class Linear(nn.Linear):
         self._ggml_types = [s.qtype for s in segments]
         self.register_parameter("weight", None)
 
+    def keep_device_blocks(self, segments: list[GGMLWeight]) -> None:
+        """Serve this layer from GGUF blocks on the GPU runner's device (runlm.models.gpu_blocks); outputs are
+        the segments' rows in order."""
+        from runlm.models.gpu_blocks import blocks_linear
+
+        self.device_blocks = segments
+        self._blocks_forward = functools.partial(blocks_linear, segments=segments)
+        self.register_parameter("weight", None)
+
     def direct_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """``forward`` with this layer's weights bound once: for loops that call it thousands of times."""
         if self.ggml:
@@ -112,6 +122,8 @@ class Linear(nn.Linear):
         return y if self.lora is None else self.lora.apply(x, y)
 
     def _base_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.device_blocks:
+            return self._blocks_forward(x, bias=self.bias)
         if self.ggml:
             return ggml.linear(x, self._ggml_raw, self._ggml_types, self.bias)
         if self.qweight is not None:
@@ -126,6 +138,8 @@ class Embedding(nn.Embedding):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.ggml: GGMLWeight | None = None
+        self.device_blocks: GGMLWeight | None = None  # set by keep_device_blocks
+        self.rows_dtype = torch.float32
 
     def reset_parameters(self) -> None:
         """No random init: the table is loaded from a checkpoint."""
@@ -134,7 +148,16 @@ class Embedding(nn.Embedding):
         self.ggml = table
         self.register_parameter("weight", None)
 
+    def keep_device_blocks(self, table: GGMLWeight, dtype: torch.dtype) -> None:
+        """Keep the table in its GGUF blocks on the GPU runner's device: rows dequantized (to ``dtype``) as gathered."""
+        self.device_blocks, self.rows_dtype = table, dtype
+        self.register_parameter("weight", None)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.device_blocks is not None:
+            from runlm.models.gpu_blocks import dense_rows
+
+            return dense_rows(self.device_blocks, ids).to(self.rows_dtype)
         if self.ggml is not None:
             return ggml.embedding(ids, self.ggml.raw, self.ggml.qtype, self.ggml.cols)
         return super().forward(ids)

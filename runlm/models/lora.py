@@ -190,7 +190,7 @@ def attach(model: torch.nn.Module, key: int, weights: LoRAWeights, max_rank: int
 
 
 def _device(layer: Linear) -> torch.device:
-    for t in (layer.weight, layer.qweight, *(s.raw for s in layer.ggml)):
+    for t in (layer.weight, layer.qweight, *(s.raw for s in (*layer.ggml, *layer.device_blocks))):
         if t is not None and t.device.type != "meta":
             return t.device
     return torch.device("cpu")

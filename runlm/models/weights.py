@@ -66,15 +66,18 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense",
-                 load: Callable[[str], torch.Tensor] | None = None) -> Iterator[tuple[str, Weight]]:
-    """HF-named weights of a GGUF decoder, in one of three forms (``load``: how a tensor is read dense, fp32; the
+                 load: Callable[[str], torch.Tensor] | None = None,
+                 block_types: frozenset[str] = frozenset()) -> Iterator[tuple[str, Weight]]:
+    """HF-named weights of a GGUF decoder, in one of four forms (``load``: how a tensor is read dense, fp32; the
     host's dequantizer by default, the GPU runner's on its device):
 
     * "dense": dequantized fp32 tensors, Q/K permuted back to the rotate-half layout;
     * "int8": the same, but matrices stored in a 32-value block type come as BlockQuantized;
     * "ggml": matrices in a type ggml computes on come as GGMLWeight views of the mapped file, and
       nothing is permuted: the model rotates Q/K in the stored layout (``gguf_rope_interleaved``) -- but where
-      RoPE rotates part of each head (see gguf_qk_rows_turned), whose Q/K rows come turned (copies, not views).
+      RoPE rotates part of each head (see gguf_qk_rows_turned), whose Q/K rows come turned (copies, not views);
+    * "blocks": "dense", but matrices stored in one of ``block_types`` come as GGMLWeight (Q/K rows turned back
+      whole: a row's blocks move with it), for the GPU runner to keep as stored.
     """
     permute = gguf_qk_rows_turned(gguf.architecture, cfg, mode)
     load = load or gguf.load
@@ -89,7 +92,8 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense",
             continue
         matrix = hf.endswith(".weight") and len(info.shape) == 2
         heads = cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads if ".k_proj." in hf else 0
-        if mode == "ggml" and matrix and info.qtype != "F32" and ggml.supported(ggml_type(info.qtype)):
+        if matrix and (mode == "ggml" and info.qtype != "F32" and ggml.supported(ggml_type(info.qtype))
+                       or mode == "blocks" and info.qtype in block_types):
             raw = gguf.raw_tensor(name)
             yield hf, GGMLWeight(_unpermute(raw, heads).contiguous() if permute and heads else raw,
                                  ggml_type(info.qtype), *info.shape)

@@ -104,7 +104,7 @@ def test_kv_cache_from_the_memory_profile_and_refusal_naming_sizes(qwen, monkeyp
 
 
 def test_device_dequantizers_equal_the_cpus() -> None:
-    from runlm.models.gpu_load import DEVICE_QUANTS, dequantize_on_device
+    from runlm.models.gpu_blocks import DEVICE_QUANTS, dequantize_on_device
 
     rng = np.random.default_rng(0)
     for qtype, (per_block, nbytes, _) in DEVICE_QUANTS.items():

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from runlm.models.gpu_load import DEVICE_QUANTS, dequantize_on_device, load_to_device
+from runlm.models.gpu_blocks import DEVICE_QUANTS, dense, dequantize_on_device
+from runlm.models.gpu_load import load_to_device
+from runlm.models.linear import Embedding, Linear
 from runlm.models.load import load_decoder
 
 
@@ -37,7 +39,16 @@ def test_torch_dequantizers_equal_gguf_py(qtype: str) -> None:
 
 
 def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach() for n, p in model.named_parameters()}
+    """Every weight as a tensor: a layer kept in GGUF blocks as its blocks dequantized (then cast as the dense
+    loader casts them)."""
+    out = {n: p.detach() for n, p in model.named_parameters()}
+    dtype = next(p for p in model.parameters()).dtype
+    for name, m in model.named_modules():
+        if isinstance(m, Linear) and m.device_blocks and name != "tied_head":
+            out[f"{name}.weight"] = torch.cat([dense(s) for s in m.device_blocks]).to(dtype)
+        if isinstance(m, Embedding) and m.device_blocks is not None:
+            out[f"{name}.weight"] = dense(m.device_blocks).to(dtype)
+    return out
 
 
 @pytest.mark.parametrize("recipe", ["qwen2", "llama-tied"])
@@ -52,14 +63,21 @@ def test_safetensors_weights_equal_todays_loader(tiny_model, recipe: str, dtype:
         assert torch.equal(got[name], want[name]), name
 
 
-def test_gguf_weights_dequantized_on_the_device_equal_todays_loader(caplog) -> None:
+@pytest.mark.parametrize("blocks", [False, True])
+def test_gguf_weights_on_the_device_equal_todays_loader(caplog, blocks: bool) -> None:
+    """Dequantized on the device, or kept in their blocks there (every matrix, the embedding's table too: Q/K rows
+    turned back whole), the weights are the host loader's; the blocks take the file's bytes."""
     from tests.fixtures.gguf_convert import converted_gguf
 
     path = converted_gguf("llama", "q8_0")
     want = _params(load_decoder(path, dtype=torch.bfloat16).model)  # dense: dequantized on the host
     with caplog.at_level("INFO", logger="runlm.gpu"):
-        got = _params(load_to_device(path, dtype=torch.bfloat16, device="cpu").model)
+        model = load_to_device(path, dtype=torch.bfloat16, device="cpu", gguf_blocks=blocks).model
+    got = _params(model)
+    kept = [n for n, m in model.named_modules() if isinstance(m, Linear) and m.device_blocks]
+    assert len(kept) == (4 * 2 + 1 if blocks else 0)  # (2 layers: qkv, o, gate_up, down; the LM head)
     assert "dequantized on cpu to bfloat16" in caplog.text and "MiB as stored" in caplog.text
+    assert ("(1.0" if blocks else "x the file's") in caplog.text  # (the norms: a few KiB)
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name

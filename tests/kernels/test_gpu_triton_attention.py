@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from runlm.kernels import triton as rtriton
 from runlm.kernels.triton import reference
+from tests.fixtures.triton_aot import compile_for_h100
 
 pytestmark = pytest.mark.skipif(not rtriton.available(), reason="triton is not installed")
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -261,14 +262,6 @@ def test_backend_through_write_kv_and_attend():
 
 # ---------------------------------------------------------------- compiled: for an H100 on the CPU, then on CUDA
 
-def _compile_for_h100(fn, args: dict[str, str], constants: dict[str, object]):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile
-    signature = {name: "constexpr" if name in constants else args[name] for name in fn.arg_names}
-    consts = {(fn.arg_names.index(name),): value for name, value in constants.items()}
-    return compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32))
-
-
 @compiled
 @pytest.mark.skipif(CUDA, reason="with CUDA the kernels are compiled and run below")
 def test_kernels_compile_for_sm90():
@@ -284,19 +277,19 @@ def test_kernels_compile_for_sm90():
         args |= {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32"}
         args |= {"block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32", "scale": "fp32",
                  "softcap": "fp32", "num_seqs": "i32"}
-        _compile_for_h100(kernel, args, dict(
+        compile_for_h100(kernel, args, dict(
             GROUP=6, BLOCK_Q=rows // 6, BLOCK_M=rows, HEAD_DIM=128, HEAD_DIM_P=128, BLOCK_SIZE=16, TILE=32, WINDOW=window,
             USE_SOFTCAP=softcap, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False,
             NUM_HEADS=12, NUM_SEGMENTS=segments))
     merge = attention._merge_segments_kernel
-    _compile_for_h100(merge, {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
+    compile_for_h100(merge, {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
                               "part_l_ptr": "*fp32", "cu_seqlens_q_ptr": "*i32", "num_seqs": "i32",
                               "stride_ot": "i32", "stride_oh": "i32"},
                       dict(NUM_HEADS=12, NUM_SEGMENTS=16, HEAD_DIM=128, HEAD_DIM_P=128))
     store = kv_store._store_kv_kernel
     args = {name: "i32" for name in store.arg_names if name.startswith("stride")}
     args |= {"k_ptr": "*fp32", "v_ptr": "*fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "slot_ptr": "*i64"}
-    _compile_for_h100(store, args, dict(NUM_KV_HEADS=2, HEAD_DIM=128, HEADS_P=2, HEAD_DIM_P=128, BLOCK_SIZE=16))
+    compile_for_h100(store, args, dict(NUM_KV_HEADS=2, HEAD_DIM=128, HEADS_P=2, HEAD_DIM_P=128, BLOCK_SIZE=16))
 
 
 @needs_cuda
