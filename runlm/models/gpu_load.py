@@ -27,7 +27,7 @@ from runlm.formats import ModelFormatError
 from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
-from runlm.models.gpu_blocks import DEVICE_QUANTS, KEPT_TYPES, dense, dequantize_on_device
+from runlm.models.gpu_blocks import DEVICE_QUANTS, KEPT_TYPES, blocks_linear, dense, dense_rows, dequantize_on_device
 from runlm.models.linear import Embedding, GGMLWeight, Linear, Weight
 from runlm.models.llama import LlamaForCausalLM, stacked_target
 from runlm.models.load import LoadedModel, _empty_model
@@ -123,12 +123,12 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dty
             if sum(s.rows for s in segments) != shape[0] or segments[0].cols != shape[1]:
                 raise RuntimeError(f"{name}: checkpoint blocks do not fit {tuple(shape)}")
             if isinstance(module, Linear):
-                module.keep_device_blocks(segments)
+                module.keep_device_blocks(segments, blocks_linear)
                 continue
-            module.keep_device_blocks(segments[0], dtype)
+            module.keep_device_blocks(segments[0], dense_rows, dtype)
             if tied and isinstance(model, LlamaForCausalLM):  # the logits read the same blocks
                 model.tied_head = Linear(shape[1], shape[0], bias=False, device="meta")
-                model.tied_head.keep_device_blocks(segments)
+                model.tied_head.keep_device_blocks(segments, blocks_linear)
             continue
         dense_parts = [dense(p).to(dtype) if isinstance(p, GGMLWeight) else p for p in ordered]
         tensor = dense_parts[0] if len(dense_parts) == 1 else torch.cat(dense_parts)

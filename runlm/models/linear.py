@@ -99,13 +99,11 @@ class Linear(nn.Linear):
         self._ggml_types = [s.qtype for s in segments]
         self.register_parameter("weight", None)
 
-    def keep_device_blocks(self, segments: list[GGMLWeight]) -> None:
-        """Serve this layer from GGUF blocks on the GPU runner's device (runlm.models.gpu_blocks); outputs are
-        the segments' rows in order."""
-        from runlm.models.gpu_blocks import blocks_linear
-
+    def keep_device_blocks(self, segments: list[GGMLWeight], matmul: Callable[..., torch.Tensor]) -> None:
+        """Serve this layer from GGUF blocks on the GPU runner's device: ``matmul(x, segments=, bias=)``
+        (runlm.models.gpu_blocks.blocks_linear), outputs the segments' rows in order."""
         self.device_blocks = segments
-        self._blocks_forward = functools.partial(blocks_linear, segments=segments)
+        self._blocks_forward = functools.partial(matmul, segments=segments)
         self.register_parameter("weight", None)
 
     def direct_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -148,16 +146,16 @@ class Embedding(nn.Embedding):
         self.ggml = table
         self.register_parameter("weight", None)
 
-    def keep_device_blocks(self, table: GGMLWeight, dtype: torch.dtype) -> None:
-        """Keep the table in its GGUF blocks on the GPU runner's device: rows dequantized (to ``dtype``) as gathered."""
-        self.device_blocks, self.rows_dtype = table, dtype
+    def keep_device_blocks(self, table: GGMLWeight, rows: Callable[[GGMLWeight, torch.Tensor], torch.Tensor],
+                           dtype: torch.dtype) -> None:
+        """Keep the table in its GGUF blocks on the GPU runner's device: ``rows(table, ids)`` dequantizes the rows
+        gathered (runlm.models.gpu_blocks.dense_rows), then cast to ``dtype``."""
+        self.device_blocks, self._rows, self.rows_dtype = table, rows, dtype
         self.register_parameter("weight", None)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.device_blocks is not None:
-            from runlm.models.gpu_blocks import dense_rows
-
-            return dense_rows(self.device_blocks, ids).to(self.rows_dtype)
+            return self._rows(self.device_blocks, ids).to(self.rows_dtype)
         if self.ggml is not None:
             return ggml.embedding(ids, self.ggml.raw, self.ggml.qtype, self.ggml.cols)
         return super().forward(ids)
