@@ -37,6 +37,22 @@ RequestParams = SamplingParams | PoolingParams
 log = logging.getLogger("runlm.engine")
 
 
+def kernel_kinds(device: str) -> list[str]:
+    """The kernels a torch engine on ``device`` computes with, for its start line. Only that device's are asked:
+    on a GPU the CPU kernels are never compiled or loaded (their first use builds them: half a minute)."""
+    import torch
+
+    if torch.device(device).type != "cpu":
+        from runlm.kernels import triton as rtriton
+
+        return ["triton (paged attention, GGUF blocks)"] if rtriton.available() else []
+    from runlm import kernels
+    from runlm.kernels import fused, ggml
+
+    return [name for name, ok in (("ggml blocks", ggml.available()), ("linear", kernels.available()),
+                                  ("attention", kernels.attention_available()), ("fused", fused.available())) if ok]
+
+
 @dataclass(slots=True)
 class EngineStats:
     num_running: int
@@ -105,12 +121,7 @@ class EngineCore:
         else:
             import torch
 
-            from runlm import kernels
-            from runlm.kernels import fused, ggml
-
-            kinds = [name for name, ok in (("ggml blocks", ggml.available()), ("linear", kernels.available()),
-                                           ("attention", kernels.attention_available()),
-                                           ("fused", fused.available())) if ok]
+            kinds = kernel_kinds(str(self.config.device))
             threads = torch.get_num_threads()
         log.info("engine ready: %s; runner %s; max_model_len %d; KV cache %d blocks x %d tokens (%.1f MiB, %s); "
                  "%s numerics; kernels: %s; %d threads", type(self).__name__, self.runner_desc, self.max_model_len,

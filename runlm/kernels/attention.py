@@ -24,7 +24,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     window: int | None = None, softcap: float | None = None) -> torch.Tensor | None:
     """q [T, H, D]; caches [S, KVH, D]; slots: every sequence's context slots, concatenated; softcap: scores
     pass through softcap * tanh(s / softcap) first. -> [T, H, D], or None when the kernel does not apply."""
-    if not available():
+    if q.device.type != "cpu" or not available():
         return None
     return _kernel.loaded().paged_attention(q, k_cache, v_cache, slots, query_lens, context_lens, scale,
                                             window or 0, softcap or 0.0)

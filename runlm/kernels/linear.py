@@ -26,8 +26,9 @@ def available() -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T (+ bias[N]) -> [..., N]; batch-invariant on the fp32 CPU path.
 
-    weight should be contiguous (a strided one is copied on every call)."""
-    if available():
+    weight should be contiguous (a strided one is copied on every call). A tensor off the CPU never asks for the
+    kernel (a GPU run compiles no CPU code)."""
+    if x.device.type == "cpu" and available():
         y = _kernel.loaded().linear(x, weight, bias)  # None: not fp32/CPU, or autograd wants a graph
         if y is not None:
             return y
@@ -45,7 +46,7 @@ def linear_q8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offs
               bias: torch.Tensor | None = None) -> torch.Tensor:
     """``linear`` with block-quantized weights (w = q * scale + offset per 32 values along K), dequantized in
     registers: bitwise the fp32 kernel's result on the dequantized weights, reading a quarter of the bytes."""
-    if available():
+    if x.device.type == "cpu" and available():
         y = _kernel.loaded().linear_q8(x, qweight, scales, offsets, bias)
         if y is not None:
             return y

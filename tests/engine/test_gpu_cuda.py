@@ -143,3 +143,19 @@ def test_device_sampler_on_the_gpu_equals_numpy() -> None:
         if w.logprobs is not None:
             assert g.logprobs is not None and list(g.logprobs) == list(w.logprobs)
             assert all(abs(g.logprobs[t].logprob - w.logprobs[t].logprob) < 1e-5 for t in w.logprobs)
+
+
+def test_a_gpu_run_builds_no_cpu_kernel(qwen) -> None:
+    """Load, profile, capture and generate on CUDA in a fresh process: no CPU kernel is built or loaded (their build
+    was 32 s of a 38 s cold load)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom runlm.engine.llm import LLM\nfrom runlm.engine.types.sampling_params import "
+            "SamplingParams\nfrom runlm.kernels import build\n"
+            f"llm = LLM({str(qwen)!r}, device='cuda', dtype='bfloat16', max_model_len=256)\n"
+            "llm.generate([{'prompt_token_ids': [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=4))\n"
+            "print(sorted(build._loaded))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "[]", run.stdout
