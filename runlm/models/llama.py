@@ -23,6 +23,21 @@ from runlm.models.linear import BlockQuantized, Embedding, GGMLWeight, Int8Parts
 from runlm.models.rope import RotaryEmbedding
 
 
+@functools.cache
+def device_fused(device_type: str) -> bool:
+    """Whether tensors on this kind of device take runlm.kernels.triton.fused's one-launch ops (CUDA, or anywhere
+    under TRITON_INTERPRET=1, with Triton installed): the GPU runner's norms, residual adds and SiLU * up."""
+    from runlm.kernels.triton.backend import use_triton_on
+
+    return use_triton_on(torch.device(device_type))
+
+
+def _triton_fused() -> Any:
+    from runlm.kernels.triton import fused as triton_fused
+
+    return triton_fused
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -30,11 +45,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" and device_fused(x.device.type):
+            return _triton_fused().rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op, row by row; the same values as the formula below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+    def add_forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + y, this norm of it): one launch on a device with the fused ops."""
+        if x.device.type != "cpu" and device_fused(x.device.type):
+            return _triton_fused().add_rms_norm(x, y, self.weight, self.eps)
+        total = x + y
+        return total, self(total)
 
 
 class LayerNorm(nn.Module):
@@ -136,7 +160,10 @@ class MLP(nn.Module):
         self.limit = cfg.swiglu_limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.act is F.silu and self.limit is None and x.device.type != "cpu" and device_fused(x.device.type):
+            return self.down_proj(_triton_fused().silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         if self.limit is not None:  # gpt-oss: both clamped, (up + 1) * gate * sigmoid(1.702 gate)
             gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
             return self.down_proj((up + 1) * (gate * torch.sigmoid(gate * _SWIGLU_ALPHA)))
@@ -197,8 +224,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm: RMSNorm | LayerNorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        post = self.post_attention_layernorm
+        if type(post) is RMSNorm:  # the residual add and the norm after it: one launch where the device fuses them
+            x, normed = post.add_forward(x, self.self_attn(positions, self.input_layernorm(x)))
+            return x + self.mlp(normed)
         x = x + self.self_attn(positions, self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(post(x))
 
 
 class LlamaModel(nn.Module):

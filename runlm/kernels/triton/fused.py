@@ -1,0 +1,82 @@
+"""A decoder layer's small ops as one Triton launch each, for the GPU runner (where they were ~40% of a decode step's
+launches on an H100): RMSNorm (torch: 7 launches in bf16), the residual add with the next RMSNorm (vLLM's
+``fused_add_rms_norm``: 8) and SiLU(gate) * up over the fused gate_up output (3). One program per row; float32
+inside, the torch path's roundings at its points: x normalized in float32 and rounded to x's dtype before the weight
+multiplies it (runlm.models.llama.RMSNorm's formula), the sum x + y rounded before it is normalized, SiLU's result
+rounded before the product (F.silu in x's dtype)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_y, stride_out, stride_sum, n, eps,
+                     ADD: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if ADD:  # the residual stream: x + y rounded to x's dtype (as torch adds), stored, then normalized
+        y = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + y.to(tl.float32)).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * stride_sum + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n + eps)
+    normed = (xf * inv).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    gate = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + row * stride_gu + n + cols, mask=mask, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    x2 = _rows(x)
+    y2 = _rows(y) if y is not None else x2
+    out = torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    total = torch.empty_like(x2) if y is not None else out
+    n = x2.shape[1]
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](x2, y2, weight, out, total, x2.stride(0), y2.stride(0), out.stride(0),
+                                         total.stride(0), n, eps, ADD=y is not None, BLOCK=triton.next_power_of_2(n))
+    return out.view(*x.shape[:-1], n), total.view(x.shape) if y is not None else None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * (x / rms(x)), over x's last dimension."""
+    return _norm(x, None, weight, eps)[0]
+
+
+def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + y, rms_norm(x + y)) in one pass."""
+    normed, total = _norm(x, y, weight, eps)
+    assert total is not None
+    return total, normed
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up, gate and up the two halves of gate_up's last dimension."""
+    g2 = _rows(gate_up)
+    n = g2.shape[1] // 2
+    out = torch.empty(g2.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, triton.next_power_of_2(n))
+    if g2.shape[0]:
+        _silu_mul_kernel[(g2.shape[0], triton.cdiv(n, block))](g2, out, g2.stride(0), out.stride(0), n, BLOCK=block)
+    return out.view(*gate_up.shape[:-1], n)

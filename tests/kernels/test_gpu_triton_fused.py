@@ -1,0 +1,83 @@
+"""The GPU runner's fused small ops (runlm/kernels/triton/fused.py) under Triton's interpreter against the torch
+formulas they replace (runlm.models.llama's RMSNorm, the residual add, SiLU * up), fp32 and bf16, rows of any
+stride; compiled for sm_90 ahead of time. As the other Triton tests, the interpreted ones run in a child pytest."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runlm.kernels import triton as rtriton
+
+pytestmark = pytest.mark.skipif(not rtriton.available(), reason="triton is not installed")
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available() and not INTERPRETING
+
+
+def test_kernels_under_interpreter():
+    if INTERPRETING:
+        pytest.skip("this is the interpreter's process")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+                          "-k", "interpreted_"], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
+
+
+def _torch_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _check(ops, dtype: torch.dtype, device: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    for rows, n in [(1, 64), (5, 96), (3, 1000)]:
+        base = torch.randn(rows, 2 * n, generator=g).to(device=device, dtype=dtype)
+        x = base[:, :n]  # rows strided: a slice of a wider tensor
+        y = torch.randn(rows, n, generator=g).to(device=device, dtype=dtype)
+        w = (1 + 0.1 * torch.randn(n, generator=g)).to(device=device, dtype=dtype)
+        torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), _torch_rms_norm(x, w, 1e-6), **tol)
+        total, normed = ops.add_rms_norm(x, y, w, 1e-6)
+        if dtype == torch.float32:
+            assert torch.equal(total, x + y)
+        else:  # (the interpreter rounds to bf16 by truncation: a unit in the last place)
+            torch.testing.assert_close(total, x + y, atol=0, rtol=1e-2)
+        torch.testing.assert_close(normed, _torch_rms_norm(x + y, w, 1e-6), **tol)
+        gate, up = base.chunk(2, dim=-1)
+        out = ops.silu_mul(base.reshape(rows, 1, 2 * n))
+        assert out.shape == (rows, 1, n)
+        torch.testing.assert_close(out.reshape(rows, n), F.silu(gate) * up, **tol)
+        assert ops.rms_norm(x[:0], w, 1e-6).shape == (0, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interpreted_each_op_equals_the_torch_formula(dtype):
+    if not INTERPRETING:
+        pytest.skip("runs in test_kernels_under_interpreter's child process")
+    from runlm.kernels.triton import fused
+    _check(fused, dtype, "cpu")
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda(dtype):
+    from runlm.kernels.triton import fused
+    _check(fused, dtype, "cuda")
+
+
+@pytest.mark.skipif(INTERPRETING or CUDA, reason="compiled and run on CUDA above; interpreted here")
+def test_the_kernels_compile_for_sm90():
+    from runlm.kernels.triton import fused
+    from tests.fixtures.triton_aot import compile_for_h100
+    for add in (False, True):
+        args = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "sum_ptr": "*bf16",
+                "stride_x": "i32", "stride_y": "i32", "stride_out": "i32", "stride_sum": "i32", "n": "i32",
+                "eps": "fp32"}
+        compile_for_h100(fused._rms_norm_kernel, args, dict(ADD=add, BLOCK=2048))
+    compile_for_h100(fused._silu_mul_kernel, {"gu_ptr": "*bf16", "out_ptr": "*bf16", "stride_gu": "i32",
+                                              "stride_out": "i32", "n": "i32"}, dict(BLOCK=1024))
