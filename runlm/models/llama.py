@@ -26,7 +26,8 @@ from runlm.models.rope import RotaryEmbedding
 @functools.cache
 def device_fused(device_type: str) -> bool:
     """Whether tensors on this kind of device take runlm.kernels.triton.fused's one-launch ops (CUDA, or anywhere
-    under TRITON_INTERPRET=1, with Triton installed): the GPU runner's norms, residual adds and SiLU * up."""
+    under TRITON_INTERPRET=1, with Triton installed): the GPU runner's norms, residual adds and SiLU * up. Asked once
+    per kind of device (a CPU run without the interpreter pays a cached lookup)."""
     from runlm.kernels.triton.backend import use_triton_on
 
     return use_triton_on(torch.device(device_type))
@@ -45,7 +46,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" and device_fused(x.device.type):
+        if device_fused(x.device.type):
             return _triton_fused().rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op, row by row; the same values as the formula below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -55,7 +56,7 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + y, this norm of it): one launch on a device with the fused ops."""
-        if x.device.type != "cpu" and device_fused(x.device.type):
+        if device_fused(x.device.type):
             return _triton_fused().add_rms_norm(x, y, self.weight, self.eps)
         total = x + y
         return total, self(total)
@@ -161,7 +162,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.act is F.silu and self.limit is None and x.device.type != "cpu" and device_fused(x.device.type):
+        if self.act is F.silu and self.limit is None and device_fused(x.device.type):
             return self.down_proj(_triton_fused().silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         if self.limit is not None:  # gpt-oss: both clamped, (up + 1) * gate * sigmoid(1.702 gate)
