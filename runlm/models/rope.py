@@ -35,6 +35,7 @@ class RotaryEmbedding(nn.Module):
                  freq_factors: torch.Tensor | None = None, rotary_dim: int | None = None) -> None:
         super().__init__()
         self.head_dim, self.rotary_dim = head_dim, rotary_dim or head_dim
+        self.sync_free = False  # the tables cover every position, on the positions' device (the GPU runner's)
         self.mrope_section: list[int] | None = None
         if scaling is not None and scaling.get("mrope_section"):
             self.mrope_section = [int(s) for s in scaling["mrope_section"]]
@@ -109,6 +110,13 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, H, D], k: [T, KVH, D], positions: [T] (or [3, T] with M-RoPE)."""
+        if self.sync_free and positions.ndim == 1 and self.long is None:
+            from runlm.models.llama import device_fused
+
+            if device_fused(q.device.type):  # one launch: the tables' rows looked up on the device
+                from runlm.kernels.triton.fused import rope
+
+                return rope(q, k, positions, self.cos, self.sin, self.interleaved)
         if positions.ndim == 2:
             if self.mrope_section is None:
                 raise ValueError("[3, T] positions need an M-RoPE model (a rope scaling with mrope_section)")

@@ -81,3 +81,48 @@ def test_the_kernels_compile_for_sm90():
         compile_for_h100(fused._rms_norm_kernel, args, dict(ADD=add, BLOCK=2048))
     compile_for_h100(fused._silu_mul_kernel, {"gu_ptr": "*bf16", "out_ptr": "*bf16", "stride_gu": "i32",
                                               "stride_out": "i32", "n": "i32"}, dict(BLOCK=1024))
+
+
+def _check_rope(ops, dtype: torch.dtype, device: str) -> None:
+    from runlm.models.rope import RotaryEmbedding
+    g = torch.Generator().manual_seed(1)
+    for head_dim, rotary, interleaved in [(64, 64, False), (64, 64, True), (80, 40, False), (64, 32, True)]:
+        rope = RotaryEmbedding(head_dim, 10000.0, None, 64, rotary_dim=rotary)
+        if interleaved:
+            rope.use_interleaved_pairs()
+        qkv = torch.randn(5, (6 + 2 * 2) * head_dim, generator=g).to(device=device, dtype=dtype)
+        q, k, _ = qkv.split([6 * head_dim, 2 * head_dim, 2 * head_dim], dim=-1)
+        q, k = q.reshape(5, 6, head_dim), k.reshape(5, 2, head_dim)  # strided views, as the layer has them
+        positions = torch.tensor([0, 3, 17, 40, 63], device=device)
+        want_q, want_k = rope(positions, q, k)
+        got_q, got_k = ops.rope(q, k, positions, rope.cos.to(device), rope.sin.to(device), interleaved)
+        tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(got_q, want_q, **tol)
+        torch.testing.assert_close(got_k, want_k, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interpreted_rope_equals_the_torch_rotation(dtype):
+    if not INTERPRETING:
+        pytest.skip("runs in test_kernels_under_interpreter's child process")
+    from runlm.kernels.triton import fused
+    _check_rope(fused, dtype, "cpu")
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_rope_on_cuda():
+    from runlm.kernels.triton import fused
+    _check_rope(fused, torch.bfloat16, "cuda")
+
+
+@pytest.mark.skipif(INTERPRETING or CUDA, reason="compiled and run on CUDA above; interpreted here")
+def test_the_rope_kernel_compiles_for_sm90():
+    from runlm.kernels.triton import fused
+    from tests.fixtures.triton_aot import compile_for_h100
+    kernel = fused._rope_kernel
+    args = {name: "i32" for name in kernel.arg_names if name.startswith("stride")}
+    args |= {"q_ptr": "*bf16", "k_ptr": "*bf16", "q_out_ptr": "*bf16", "k_out_ptr": "*bf16", "cos_ptr": "*fp32",
+             "sin_ptr": "*fp32", "pos_ptr": "*i64"}
+    for interleaved, rotary in ((False, 128), (True, 64)):
+        compile_for_h100(kernel, args, dict(HEADS=12, KV_HEADS=2, HEADS_P=16, HEAD_DIM=128, HEAD_DIM_P=128,
+                                            ROTARY=rotary, INTERLEAVED=interleaved))

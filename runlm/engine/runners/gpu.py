@@ -237,7 +237,8 @@ def _sync_free_rope(model: torch.nn.Module, max_len: int, device: torch.device) 
         if getattr(rope, "long", None) is not None:
             continue  # long-context RoPE (Phi-3) picks its tables by the positions: keeps its own lookup
         rope.ensure_positions(max_len)
-        rope.cos, rope.sin = rope.cos.to(device), rope.sin.to(device)
+        rope.cos, rope.sin = rope.cos.to(device).contiguous(), rope.sin.to(device).contiguous()
+        rope.sync_free = True
 
         def tables(positions: torch.Tensor, dev: torch.device, r: RotaryEmbedding = rope
                    ) -> tuple[torch.Tensor, torch.Tensor]:

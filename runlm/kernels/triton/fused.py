@@ -80,3 +80,56 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if g2.shape[0]:
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(n, block))](g2, out, g2.stride(0), out.stride(0), n, BLOCK=block)
     return out.view(*gate_up.shape[:-1], n)
+
+
+@triton.jit
+def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr,
+                 stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_c,
+                 HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_P: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 HEAD_DIM_P: tl.constexpr, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM_P)[None, :]
+    h = tl.arange(0, HEADS_P)[:, None]
+    if tl.program_id(1) == 0:
+        src, dst, sh, dh, n = q_ptr + t * stride_qt, q_out_ptr + t * stride_qot, stride_qh, stride_qoh, HEADS
+    else:
+        src, dst, sh, dh, n = k_ptr + t * stride_kt, k_out_ptr + t * stride_kot, stride_kh, stride_koh, KV_HEADS
+    mask = (h < n) & (d < HEAD_DIM)
+    rot = mask & (d < ROTARY)
+    x = tl.load(src + h * sh + d, mask=mask, other=0.0)
+    if INTERLEAVED:  # pairs (2i, 2i + 1): rotated = (-x[2i + 1], x[2i])
+        partner = d ^ 1
+        first = d % 2 == 0
+    else:  # halves: rotated = (-x[half:], x[:half])
+        partner = tl.where(d < ROTARY // 2, d + ROTARY // 2, d - ROTARY // 2)
+        first = d < ROTARY // 2
+    xp = tl.load(src + h * sh + partner, mask=rot, other=0.0).to(tl.float32)
+    xp = tl.where(first, -xp, xp)
+    dt = x.dtype
+    c = tl.load(cos_ptr + pos * stride_c + d, mask=d < ROTARY, other=0.0).to(dt).to(tl.float32)
+    s = tl.load(sin_ptr + pos * stride_c + d, mask=d < ROTARY, other=0.0).to(dt).to(tl.float32)
+    # x * cos + rotated * sin, each product and the sum rounded to x's dtype as torch's three ops round them
+    y = ((x.to(tl.float32) * c).to(dt).to(tl.float32) + (xp * s).to(dt).to(tl.float32)).to(dt)
+    tl.store(dst + h * dh + d, tl.where(rot, y, x), mask=mask)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H, D] and k [T, KVH, D] (any token/head strides: views of a fused QKV output) rotated at ``positions``
+    [T] by the tables' rows (cos, sin [>= max position + 1, R]: the first R features of each head rotate, in pairs
+    or halves), into new tensors: one launch for both."""
+    t, heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    rotary = cos.shape[1]
+    if q.stride(2) != 1 or k.stride(2) != 1 or cos.stride(1) != 1 or cos.stride() != sin.stride():
+        raise ValueError("rope needs each head's features and the tables' rows contiguous")
+    q_out, k_out = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype,
+                                                                                   device=k.device)
+    if t:
+        _rope_kernel[(t, 2)](q, k, q_out, k_out, cos, sin, positions, q.stride(0), q.stride(1), k.stride(0),
+                             k.stride(1), q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+                             cos.stride(0), HEADS=heads, KV_HEADS=kv_heads,
+                             HEADS_P=triton.next_power_of_2(max(heads, kv_heads)), HEAD_DIM=head_dim,
+                             HEAD_DIM_P=triton.next_power_of_2(head_dim), ROTARY=rotary, INTERLEAVED=interleaved)
+    return q_out, k_out
