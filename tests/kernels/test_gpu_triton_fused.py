@@ -126,3 +126,65 @@ def test_the_rope_kernel_compiles_for_sm90():
     for interleaved, rotary in ((False, 128), (True, 64)):
         compile_for_h100(kernel, args, dict(HEADS=12, KV_HEADS=2, HEADS_P=16, HEAD_DIM=128, HEAD_DIM_P=128,
                                             ROTARY=rotary, INTERLEAVED=interleaved))
+
+
+def test_interpreted_a_decode_step_stays_within_its_launch_budget(monkeypatch):
+    """The GPU runner's decode step, counted on the CPU: Triton launches (interpreted) plus the aten ops that launch
+    a kernel on CUDA (views, reshapes and allocations do not). A tiny Qwen2 (2 layers, q/k/v biases): 12 a layer
+    (4 matmuls, 2 norms, RoPE, the KV store, attention and its merge, SiLU * up, the last residual add) and 13 a
+    step (the embedding, the final norm, the LM head, the step's input copies, the sampler). A fused op that falls
+    back to torch's several shows here."""
+    if not INTERPRETING:
+        pytest.skip("runs in test_kernels_under_interpreter's child process")
+    import collections
+    import importlib
+
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from runlm.engine.llm import LLM
+    from runlm.engine.types.sampling_params import SamplingParams
+    from tests.fixtures.models import build_model
+
+    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
+    monkeypatch.setenv("RUNLM_NATIVE_RUNNER", "0")
+    # the CPU's C++ matmul is invisible to the dispatcher: torch's F.linear stands for cuBLAS's one launch
+    monkeypatch.setattr(importlib.import_module("runlm.kernels.linear"), "available", lambda: False)
+    launches: collections.Counter[str] = collections.Counter()
+    run = InterpretedFunction.run
+
+    def counted(self, *args, **kwargs):
+        launches[self.fn.__name__] += 1
+        with _disable_current_modes():  # (the interpreter's own tensor plumbing is not the kernel's)
+            return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", counted)
+    free = {"view", "reshape", "_unsafe_view", "slice", "select", "unsqueeze", "squeeze", "transpose", "t", "permute",
+            "split", "split_with_sizes", "chunk", "unflatten", "flatten", "expand", "as_strided", "alias", "detach",
+            "empty", "empty_like", "empty_strided", "new_empty", "resolve_conj", "resolve_neg", "promote_types",
+            "lift_fresh", "set_"}
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: collections.Counter[str] = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func.overloadpacket).removeprefix("aten.")
+            if name not in free:
+                self.ops[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    llm = LLM(str(build_model("qwen2")), block_size=4, max_num_batched_tokens=32, kv_cache_memory="16MiB",
+              exact_numerics=True, max_model_len=64, enforce_eager=True)
+    engine, layers = llm.engine, llm.engine.runner.loaded.config.num_layers
+    engine.add_request("r", {"prompt_token_ids": list(range(5, 12))},
+                       SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    engine.step()  # the prompt
+    engine.step()
+    launches.clear()
+    with Ops() as counter:
+        engine.step()  # one decode step
+    total = sum(counter.ops.values()) + sum(launches.values())
+    assert launches["_rms_norm_kernel"] == 2 * layers + 1 and launches["_rope_kernel"] == layers, launches
+    assert total <= 12 * layers + 13, (total, counter.ops, launches)
