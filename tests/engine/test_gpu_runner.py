@@ -286,3 +286,20 @@ def test_sleep_and_wake_up_keep_the_tokens(tiny_model, monkeypatch, level: int) 
     assert llm.engine.runner.kv_caches == []
     llm.engine.wake_up()
     assert _tokens(llm.generate(prompts, GREEDY)) == before
+
+
+def test_a_gguf_kept_dense_on_request_gives_the_same_tokens(monkeypatch) -> None:
+    """RUNLM_GPU_GGUF_DENSE=1: the matrices dequantized at load instead of kept in their blocks; the same tokens."""
+    from runlm.models.linear import Linear
+    from tests.fixtures.gguf_convert import converted_gguf
+
+    path = converted_gguf("llama", "q8_0")
+    prompts = [{"prompt_token_ids": prompt_ids(9, seed=3)}]
+    tokens = {}
+    for dense in ("0", "1"):
+        monkeypatch.setenv("RUNLM_GPU_GGUF_DENSE", dense)
+        llm = _llm(path, True, monkeypatch)
+        kept = [m for m in llm.engine.runner.loaded.model.modules() if isinstance(m, Linear) and m.device_blocks]
+        assert bool(kept) == (dense == "0")
+        tokens[dense] = _tokens(llm.generate(prompts, GREEDY))
+    assert tokens["0"] == tokens["1"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runlm.engine.runners.gpu_select import use_gpu_runner, why_not_gpu_model
+from runlm.engine.runners.gpu_select import keep_gguf_blocks, use_gpu_runner, why_not_gpu_model
 from runlm.engine.runners.threads import set_torch_threads
 from runlm.engine.types.config import EngineConfig
 from runlm.models.spec import ModelSpec
@@ -36,7 +36,7 @@ class GPUKind:
         from runlm.models.gpu_load import load_to_device
 
         return load_to_device(spec, dtype=config.dtype, device=config.device,
-                              gpu_memory_utilization=config.gpu_memory_utilization)
+                              gpu_memory_utilization=config.gpu_memory_utilization, gguf_blocks=keep_gguf_blocks())
 
     def build(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
               structured: StructuredOutputManager) -> GPURunner:

@@ -9,6 +9,13 @@ from runlm.models import families
 from runlm.models.spec import ModelSpec
 
 GPU_RUNNER_ENV = "RUNLM_GPU_RUNNER"  # "1": the GPU runner on any device (tests and benchmarks on a CPU)
+GGUF_DENSE_ENV = "RUNLM_GPU_GGUF_DENSE"  # "1": a GGUF's matrices dequantized to the compute dtype at load
+
+
+def keep_gguf_blocks() -> bool:
+    """Whether the GPU runner keeps a GGUF's matrices in their blocks (the default), or dequantizes them at load
+    (RUNLM_GPU_GGUF_DENSE=1: the fallback to measure against, and to use where a GPU's prefill is faster dense)."""
+    return os.environ.get(GGUF_DENSE_ENV) != "1"
 
 
 def use_gpu_runner(config: EngineConfig) -> bool:
