@@ -4,7 +4,7 @@ Files: smollm2 (Q4_1, as shipped), the 0.5B-shape model (bench/models.py) writte
 quantizer (``llama_cpp.llama_model_quantize``) as Q8_0, Q4_K_M and Q4_0, and the sizes people run on a
 CPU (1.5B- and 3B-shaped Qwen2.5, 8B-shaped Llama 3.1: ``1.5b-q4_k_m``, ``3b-q8_0``...) quantized the same way.
 Each file's bytes per block type, and each peer's decode speed as a share of the bandwidth limit (the
-machine's read bandwidth, measured at start, over the bytes a step reads). For each
+machine's read bandwidth, measured before each round and the median taken, over the bytes a step reads). For each
 file and each peer, one child process per measurement, peers alternating round by round:
 load seconds (to ready for the first token), time to first token and prefill tok/s on a
 ``--prompt-tokens`` prompt, single-stream greedy decode tok/s over ``--gen-tokens``, peak RSS.
@@ -356,7 +356,9 @@ def main() -> None:
         read_bytes, by_type = bytes_per_token(path)
         warm_page_cache(path)
         runs: dict[str, list[dict]] = {p: [] for p in peers}
+        measured: list[float] = []  # the bandwidth before each round: a shared host's drifts by 2x within minutes
         for r in range(args.rounds):
+            measured.append(read_bandwidth(args.threads))
             for peer in peers:
                 res = _run_child(peer, path, ids, args)
                 runs[peer].append(res)
@@ -367,7 +369,10 @@ def main() -> None:
                          if "runner" in res else ""), flush=True)
         median = {p: {m: statistics.median(x[m] for x in v) for m in METRICS} for p, v in runs.items()}
         results[key] = {"file": str(path), "size_bytes": path.stat().st_size, "read_bytes": read_bytes,
-                        "bytes_by_type": by_type, "bandwidth": bandwidth, "runs": runs, "median": median}
+                        "bytes_by_type": by_type, "bandwidth": statistics.median(measured),
+                        "bandwidth_rounds": measured, "runs": runs, "median": median}
+        print(f"{key:8s} read bandwidth before each round: "
+              f"{', '.join(f'{b / 1e9:.1f}' for b in measured)} GB/s", flush=True)
         if args.kl_positions and (args.kl_sizes or "-" not in key):
             out = subprocess.run([sys.executable, __file__, "--child", "kl", "--model", str(path), "--positions",
                                   str(args.kl_positions)], capture_output=True, text=True, check=True)
@@ -376,7 +381,8 @@ def main() -> None:
                   f"llama.cpp {kl['llamacpp']:.5f}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     report = table(results)
-    print(f"\nCPU: {cpu_name()}; {args.threads} threads; read bandwidth {bandwidth / 1e9:.1f} GB/s\n\n{report}")
+    print(f"\nCPU: {cpu_name()}; {args.threads} threads; read bandwidth {bandwidth / 1e9:.1f} GB/s at start (each "
+          f"file's limit: the median of its rounds' measurements)\n\n{report}")
     (RESULTS / "quant_bench.json").write_text(json.dumps({"cpu": cpu_name(), "threads": args.threads,
                                                           "bandwidth": bandwidth,
                                                           "args": vars(args), "results": results}, indent=2))
