@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,13 @@ class AttentionBackend(Protocol):
         """Sequence ``seq``'s cached K and V of layer ``layer`` this step, [context_len, KVH, D] each (read where an
         image's rows are computed again with their bidirectional mask)."""
         ...
+
+    # where true, rope_forward rotates q and k, stores K/V and attends in the backend's kernels
+    use_triton: bool
+
+    def rope_forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, scale: float, window: int | None,
+                     softcap: float | None) -> torch.Tensor: ...
 
 
 @dataclass(slots=True)
@@ -171,6 +178,22 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
         _attend_one(ctx, layer, i, start, q, k, v, out, scale, window, softcap, sinks, chunk)
         start += q_len
     return out
+
+
+def rope_write_kv_and_attend(layer: int, positions: torch.Tensor, rope: Any, q: torch.Tensor, k: torch.Tensor,
+                             v: torch.Tensor, scale: float, window: int | None = None,
+                             softcap: float | None = None) -> torch.Tensor | None:
+    """``rope`` (a RotaryEmbedding) on q and k, then write_kv_and_attend, with the rotation and the K/V store in
+    one launch where the runner's backend runs Triton kernels and the rope's tables are on the device (the GPU
+    runner's); None elsewhere (the caller rotates and calls write_kv_and_attend), and in a step with bidirectional
+    image rows (their second pass reads the rotated queries)."""
+    ctx = get_forward_context()
+    backend = ctx.backend
+    if backend is None or not backend.use_triton or not rope.sync_free or positions.ndim != 1 \
+            or rope.long is not None or ctx.bidirectional is not None:
+        return None
+    return backend.rope_forward(layer, q, k, v, positions, rope.cos, rope.sin, rope.interleaved, scale, window,
+                                softcap)
 
 
 def redo_bidirectional(layer: int, q: torch.Tensor, out: torch.Tensor, scale: float, window: int | None,

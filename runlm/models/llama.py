@@ -17,7 +17,12 @@ from torch import nn
 
 from runlm import kernels
 from runlm.kernels import fused, linear
-from runlm.models.attention import get_forward_context, redo_bidirectional, write_kv_and_attend
+from runlm.models.attention import (
+    get_forward_context,
+    redo_bidirectional,
+    rope_write_kv_and_attend,
+    write_kv_and_attend,
+)
 from runlm.models.config import ModelConfig
 from runlm.models.linear import BlockQuantized, Embedding, GGMLWeight, Int8Parts, Linear, Weight
 from runlm.models.rope import RotaryEmbedding
@@ -116,6 +121,9 @@ class Attention(nn.Module):
         # what only this torch forward computes (the fused loop does not)
         self.torch_only = bool(self.qk_norm_whole or self.clip or self.qk_norm_after_rope or self.sinks is not None
                                or self.chunk or self.l2_norm or self.temperature or self.output_gate)
+        # nothing between the rotation and the attention (rope_write_kv_and_attend may do both)
+        self.rope_then_attend = not (self.qk_norm_after_rope or self.l2_norm or self.temperature is not None
+                                     or self.sinks is not None or self.chunk)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
@@ -135,6 +143,11 @@ class Attention(nn.Module):
         v = v.reshape(t, self.kv_heads, self.head_dim)
         if self.qk_norm and not self.qk_norm_whole and not self.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope_then_attend:  # RoPE and the K/V store in one launch, where the runner's backend can
+            o = rope_write_kv_and_attend(self.layer, positions, self.rope, q, k, v, self.scale, self.window,
+                                         self.softcap)
+            if o is not None:
+                return self.o_proj((o if gate is None else o * torch.sigmoid(gate)).reshape(t, self.q_size))
         q, k = self.rope(positions, q, k)
         if self.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)

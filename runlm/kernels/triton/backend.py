@@ -175,6 +175,20 @@ class PagedAttentionBackend:
         reference.store_kv_ref(k, v, k_cache, v_cache, buf.slot_mapping[:num_tokens])
         return self._attend_ref(buf, q, k_cache, v_cache, scale, window, softcap)
 
+    def rope_forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, scale: float, window: int | None,
+                     softcap: float | None) -> torch.Tensor:
+        """``forward`` on q and k not yet rotated: the rotation and the K/V store in one launch
+        (runlm.kernels.triton.fused.rope_store), then the attention. Only where the Triton kernels run."""
+        from runlm.kernels.triton.fused import rope_store
+
+        assert self.use_triton
+        k_cache, v_cache = self.caches[layer]
+        buf = self.groups[self.layer_group[layer]]
+        q = rope_store(q, k, v, positions, cos, sin, interleaved, k_cache, v_cache, buf.slot_mapping)
+        return kernels()[1](q, k_cache, v_cache, buf.block_table, self.cu_seqlens_q, self.seq_lens, scale, window,
+                            softcap, num_seqs=self.num_seqs, num_segments=self.num_segments())
+
     def context_kv(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence ``seq``'s cached K and V of layer ``layer`` this step, [seq_len, KVH, D] each (host-driven: an
         image step's bidirectional rows, never inside a graph)."""

@@ -83,19 +83,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr,
-                 stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_c,
-                 HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_P: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 HEAD_DIM_P: tl.constexpr, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    d = tl.arange(0, HEAD_DIM_P)[None, :]
-    h = tl.arange(0, HEADS_P)[:, None]
-    if tl.program_id(1) == 0:
-        src, dst, sh, dh, n = q_ptr + t * stride_qt, q_out_ptr + t * stride_qot, stride_qh, stride_qoh, HEADS
-    else:
-        src, dst, sh, dh, n = k_ptr + t * stride_kt, k_out_ptr + t * stride_kot, stride_kh, stride_koh, KV_HEADS
-    mask = (h < n) & (d < HEAD_DIM)
+def _rotated(src, sh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Heads ``h`` [HP, 1] x features ``d`` [1, DP] at ``src`` rotated at ``pos``: x * cos + rotated * sin on the
+    first ROTARY features (pairs, or halves), each product and the sum rounded to x's dtype as torch's three ops
+    round them; the rest as they are."""
     rot = mask & (d < ROTARY)
     x = tl.load(src + h * sh + d, mask=mask, other=0.0)
     if INTERLEAVED:  # pairs (2i, 2i + 1): rotated = (-x[2i + 1], x[2i])
@@ -109,9 +100,73 @@ def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr,
     dt = x.dtype
     c = tl.load(cos_ptr + pos * stride_c + d, mask=d < ROTARY, other=0.0).to(dt).to(tl.float32)
     s = tl.load(sin_ptr + pos * stride_c + d, mask=d < ROTARY, other=0.0).to(dt).to(tl.float32)
-    # x * cos + rotated * sin, each product and the sum rounded to x's dtype as torch's three ops round them
     y = ((x.to(tl.float32) * c).to(dt).to(tl.float32) + (xp * s).to(dt).to(tl.float32)).to(dt)
-    tl.store(dst + h * dh + d, tl.where(rot, y, x), mask=mask)
+    return tl.where(rot, y, x)
+
+
+@triton.jit
+def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr,
+                 stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_c,
+                 HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_P: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 HEAD_DIM_P: tl.constexpr, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM_P)[None, :]
+    h = tl.arange(0, HEADS_P)[:, None]
+    if tl.program_id(1) == 0:
+        mask = (h < HEADS) & (d < HEAD_DIM)
+        y = _rotated(q_ptr + t * stride_qt, stride_qh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY,
+                     INTERLEAVED)
+        tl.store(q_out_ptr + t * stride_qot + h * stride_qoh + d, y, mask=mask)
+    else:
+        mask = (h < KV_HEADS) & (d < HEAD_DIM)
+        y = _rotated(k_ptr + t * stride_kt, stride_kh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY,
+                     INTERLEAVED)
+        tl.store(k_out_ptr + t * stride_kot + h * stride_koh + d, y, mask=mask)
+
+
+@triton.jit
+def _rope_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, cos_ptr, sin_ptr, pos_ptr,
+                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qot, stride_qoh,
+                       stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_c,
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_P: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       HEAD_DIM_P: tl.constexpr, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
+                       BLOCK_SIZE: tl.constexpr):
+    """_rope_kernel, with the rotated K and V written into the paged caches at the token's slot (kv_store.py's
+    layout; a slot below 0, a graph batch's padding row, writes nothing) instead of returned."""
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM_P)[None, :]
+    h = tl.arange(0, HEADS_P)[:, None]
+    which = tl.program_id(1)
+    if which == 0:
+        mask = (h < HEADS) & (d < HEAD_DIM)
+        y = _rotated(q_ptr + t * stride_qt, stride_qh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY,
+                     INTERLEAVED)
+        tl.store(q_out_ptr + t * stride_qot + h * stride_qoh + d, y, mask=mask)
+    else:
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:
+            block = slot // BLOCK_SIZE
+            within = slot % BLOCK_SIZE
+            mask = (h < KV_HEADS) & (d < HEAD_DIM)
+            if which == 1:
+                y = _rotated(k_ptr + t * stride_kt, stride_kh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY,
+                             INTERLEAVED)
+                tl.store(k_cache_ptr + block * stride_kcb + within * stride_kcs + h * stride_kch + d,
+                         y.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            else:
+                v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+                tl.store(v_cache_ptr + block * stride_vcb + within * stride_vcs + h * stride_vch + d,
+                         v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def _rope_shapes(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict:
+    if q.stride(2) != 1 or k.stride(2) != 1 or cos.stride(1) != 1 or cos.stride() != sin.stride():
+        raise ValueError("rope needs each head's features and the tables' rows contiguous")
+    heads, head_dim, kv_heads = q.shape[1], q.shape[2], k.shape[1]
+    return dict(HEADS=heads, KV_HEADS=kv_heads, HEADS_P=triton.next_power_of_2(max(heads, kv_heads)),
+                HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), ROTARY=cos.shape[1])
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -119,17 +174,29 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.T
     """q [T, H, D] and k [T, KVH, D] (any token/head strides: views of a fused QKV output) rotated at ``positions``
     [T] by the tables' rows (cos, sin [>= max position + 1, R]: the first R features of each head rotate, in pairs
     or halves), into new tensors: one launch for both."""
-    t, heads, head_dim = q.shape
-    kv_heads = k.shape[1]
-    rotary = cos.shape[1]
-    if q.stride(2) != 1 or k.stride(2) != 1 or cos.stride(1) != 1 or cos.stride() != sin.stride():
-        raise ValueError("rope needs each head's features and the tables' rows contiguous")
+    consts = _rope_shapes(q, k, cos, sin)
     q_out, k_out = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype,
                                                                                    device=k.device)
-    if t:
-        _rope_kernel[(t, 2)](q, k, q_out, k_out, cos, sin, positions, q.stride(0), q.stride(1), k.stride(0),
-                             k.stride(1), q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
-                             cos.stride(0), HEADS=heads, KV_HEADS=kv_heads,
-                             HEADS_P=triton.next_power_of_2(max(heads, kv_heads)), HEAD_DIM=head_dim,
-                             HEAD_DIM_P=triton.next_power_of_2(head_dim), ROTARY=rotary, INTERLEAVED=interleaved)
+    if q.shape[0]:
+        _rope_kernel[(q.shape[0], 2)](q, k, q_out, k_out, cos, sin, positions, q.stride(0), q.stride(1), k.stride(0),
+                                      k.stride(1), q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+                                      cos.stride(0), INTERLEAVED=interleaved, **consts)
     return q_out, k_out
+
+
+def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor, interleaved: bool, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               slot_mapping: torch.Tensor) -> torch.Tensor:
+    """``rope``'s rotation of q (returned) and k, with k and v stored into the caches [blocks, block_size, KVH, D]
+    at ``slot_mapping`` (kv_store.store_kv's layout): the RoPE and the KV store of a layer in one launch."""
+    consts = _rope_shapes(q, k, cos, sin)
+    if v.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("rope_store needs a contiguous last (head_dim) dimension")
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if q.shape[0]:
+        _rope_store_kernel[(q.shape[0], 3)](
+            q, k, v, q_out, k_cache, v_cache, slot_mapping, cos, sin, positions, q.stride(0), q.stride(1),
+            k.stride(0), k.stride(1), v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+            v_cache.stride(2), cos.stride(0), INTERLEAVED=interleaved, BLOCK_SIZE=k_cache.shape[1], **consts)
+    return q_out
