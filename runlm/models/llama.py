@@ -17,6 +17,7 @@ from torch import nn
 
 from runlm import kernels
 from runlm.kernels import fused, linear
+from runlm.kernels.triton import runs_on
 from runlm.models.attention import (
     get_forward_context,
     redo_bidirectional,
@@ -26,16 +27,6 @@ from runlm.models.attention import (
 from runlm.models.config import ModelConfig
 from runlm.models.linear import BlockQuantized, Embedding, GGMLWeight, Int8Parts, Linear, Weight
 from runlm.models.rope import RotaryEmbedding
-
-
-@functools.cache
-def device_fused(device_type: str) -> bool:
-    """Whether tensors on this kind of device take runlm.kernels.triton.fused's one-launch ops (CUDA, or anywhere
-    under TRITON_INTERPRET=1, with Triton installed): the GPU runner's norms, residual adds and SiLU * up. Asked once
-    per kind of device (a CPU run without the interpreter pays a cached lookup)."""
-    from runlm.kernels.triton.backend import use_triton_on
-
-    return use_triton_on(torch.device(device_type))
 
 
 def _triton_fused() -> Any:
@@ -51,7 +42,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if device_fused(x.device.type):
+        if runs_on(x.device.type):
             return _triton_fused().rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op, row by row; the same values as the formula below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -61,7 +52,7 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + y, this norm of it): one launch on a device with the fused ops."""
-        if device_fused(x.device.type):
+        if runs_on(x.device.type):
             return _triton_fused().add_rms_norm(x, y, self.weight, self.eps)
         total = x + y
         return total, self(total)
@@ -175,7 +166,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.act is F.silu and self.limit is None and device_fused(x.device.type):
+        if self.act is F.silu and self.limit is None and runs_on(x.device.type):
             return self.down_proj(_triton_fused().silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         if self.limit is not None:  # gpt-oss: both clamped, (up + 1) * gate * sigmoid(1.702 gate)

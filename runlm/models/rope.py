@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from runlm.kernels.triton import runs_on
 from runlm.models.attention import get_forward_context
 from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, longrope, rope_kind, rope_tables
 
@@ -111,9 +112,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, H, D], k: [T, KVH, D], positions: [T] (or [3, T] with M-RoPE)."""
         if self.sync_free and positions.ndim == 1 and self.long is None:
-            from runlm.models.llama import device_fused
-
-            if device_fused(q.device.type):  # one launch: the tables' rows looked up on the device
+            if runs_on(q.device.type):  # one launch: the tables' rows looked up on the device
                 from runlm.kernels.triton.fused import rope
 
                 return rope(q, k, positions, self.cos, self.sin, self.interleaved)
