@@ -9,8 +9,6 @@ kernels need it interpreted, compiled ones compiled). So ``test_kernels_under_in
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import types
 
 import pytest
@@ -19,7 +17,7 @@ import torch.nn.functional as F
 
 from runlm.kernels import triton as rtriton
 from runlm.kernels.triton import reference
-from tests.fixtures.triton_aot import compile_for_h100
+from tests.fixtures.triton_checks import compile_for_h100, run_interpreted
 
 pytestmark = pytest.mark.skipif(not rtriton.available(), reason="triton is not installed")
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -29,13 +27,7 @@ compiled = pytest.mark.skipif(INTERPRETING, reason="TRITON_INTERPRET is set: ker
 
 
 def test_kernels_under_interpreter():
-    if INTERPRETING:
-        pytest.skip("this is the interpreter's process")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-                          "-k", "interpreted_"], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
+    run_interpreted(__file__)
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,13 @@ stride; compiled for sm_90 ahead of time. As the other Triton tests, the interpr
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from runlm.kernels import triton as rtriton
+from tests.fixtures.triton_checks import compile_for_h100, run_interpreted
 
 pytestmark = pytest.mark.skipif(not rtriton.available(), reason="triton is not installed")
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -19,13 +18,7 @@ CUDA = torch.cuda.is_available() and not INTERPRETING
 
 
 def test_kernels_under_interpreter():
-    if INTERPRETING:
-        pytest.skip("this is the interpreter's process")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-                          "-k", "interpreted_"], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
+    run_interpreted(__file__)
 
 
 def _torch_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -73,7 +66,6 @@ def test_on_cuda(dtype):
 @pytest.mark.skipif(INTERPRETING or CUDA, reason="compiled and run on CUDA above; interpreted here")
 def test_the_kernels_compile_for_sm90():
     from runlm.kernels.triton import fused
-    from tests.fixtures.triton_aot import compile_for_h100
     for add in (False, True):
         args = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "sum_ptr": "*bf16",
                 "stride_x": "i32", "stride_y": "i32", "stride_out": "i32", "stride_sum": "i32", "n": "i32",
@@ -125,19 +117,12 @@ def _check_rope_store(ops, dtype: torch.dtype, device: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_interpreted_rope_store_writes_the_rotated_keys_into_the_cache(dtype):
-    if not INTERPRETING:
-        pytest.skip("runs in test_kernels_under_interpreter's child process")
-    from runlm.kernels.triton import fused
-    _check_rope_store(fused, dtype, "cpu")
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_interpreted_rope_equals_the_torch_rotation(dtype):
+def test_interpreted_rope_equals_the_torch_rotation_and_stores_keys_in_the_cache(dtype):
     if not INTERPRETING:
         pytest.skip("runs in test_kernels_under_interpreter's child process")
     from runlm.kernels.triton import fused
     _check_rope(fused, dtype, "cpu")
+    _check_rope_store(fused, dtype, "cpu")
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -150,7 +135,6 @@ def test_rope_on_cuda():
 @pytest.mark.skipif(INTERPRETING or CUDA, reason="compiled and run on CUDA above; interpreted here")
 def test_the_rope_kernel_compiles_for_sm90():
     from runlm.kernels.triton import fused
-    from tests.fixtures.triton_aot import compile_for_h100
     kernel = fused._rope_kernel
     args = {name: "i32" for name in kernel.arg_names if name.startswith("stride")}
     args |= {"q_ptr": "*bf16", "k_ptr": "*bf16", "q_out_ptr": "*bf16", "k_out_ptr": "*bf16", "cos_ptr": "*fp32",

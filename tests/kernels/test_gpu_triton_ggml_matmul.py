@@ -5,8 +5,6 @@ is one. As test_gpu_triton_attention.py, the interpreted tests run in a child py
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,6 +12,7 @@ import torch
 
 from runlm.kernels import triton as rtriton
 from runlm.models.gpu_blocks import dequantize_on_device
+from tests.fixtures.triton_checks import compile_for_h100, run_interpreted
 
 pytestmark = pytest.mark.skipif(not rtriton.available(), reason="triton is not installed")
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -23,24 +22,13 @@ TYPES = [("Q8_0", 8, 32, 34, (0,)), ("Q4_0", 2, 32, 18, (0,)), ("Q4_K", 12, 256,
          ("Q5_K", 13, 256, 176, (0, 2)), ("Q6_K", 14, 256, 210, (208,))]
 
 
-def _interpreted(*args: str) -> None:
-    """This file's tests picked by ``args`` in a child pytest under TRITON_INTERPRET=1; all of them must pass."""
-    if INTERPRETING:
-        pytest.skip("this is the interpreter's process")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, *args],
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
-
-
 def test_kernels_under_interpreter():
-    _interpreted("-k", "interpreted_")
+    run_interpreted(__file__)
 
 
 @pytest.mark.slow
 def test_a_gguf_end_to_end_under_interpreter():
-    _interpreted("-k", "interpreted_a_gguf", "-m", "slow")
+    run_interpreted(__file__, "-k", "interpreted_a_gguf", "-m", "slow")
 
 
 def blocks(rows: int, k: int, per_block: int, nbytes: int, scales: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -96,7 +84,6 @@ def test_on_cuda_in_bf16(name, qtype, per_block, nbytes, scales, m):
 @pytest.mark.skipif(INTERPRETING or CUDA, reason="compiled and run on CUDA above; interpreted here")
 def test_the_kernel_compiles_for_sm90_for_every_type():
     from runlm.kernels.triton import ggml_matmul
-    from tests.fixtures.triton_aot import compile_for_h100
     kernel = ggml_matmul._ggml_matmul_kernel
     args = {"x_ptr": "*bf16", "w_ptr": "*u8", "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
             "row_bytes": "i32", "stride_ym": "i32"}
