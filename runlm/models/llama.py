@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Container, Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -228,6 +228,15 @@ class DecoderLayer(nn.Module):
         self.input_layernorm: RMSNorm | LayerNorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm: RMSNorm | LayerNorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def forward_carried(self, positions: torch.Tensor, x: torch.Tensor, carried: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward, with the previous layer's MLP output ``carried`` not yet added to x (added by this layer's
+        first norm), and this layer's MLP output handed on the same way: (x, MLP output). RMSNorms only."""
+        pre, post = cast(RMSNorm, self.input_layernorm), cast(RMSNorm, self.post_attention_layernorm)
+        x, normed = pre.add_forward(x, carried) if carried is not None else (x, pre(x))
+        x, normed = post.add_forward(x, self.self_attn(positions, normed))
+        return x, self.mlp(normed)
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         post = self.post_attention_layernorm
         if type(post) is RMSNorm:  # the residual add and the norm after it: one launch where the device fuses them
@@ -262,6 +271,7 @@ class LlamaModel(nn.Module):
         self.embed_scale = cfg.embed_scale or 1.0
         self.fused = False  # set by the loader in fast mode where runlm.kernels.fused is available
         self._plan: list[_FusedLayer] | None = None  # built at the first fused forward
+        self._carry: bool | None = None  # _carries_residual, worked out once
         self._ropes: list[RotaryEmbedding] = []  # the plan's distinct RoPE tables
 
     def layer(self, i: int) -> DecoderLayer:
@@ -282,9 +292,23 @@ class LlamaModel(nn.Module):
         # (M-RoPE's [3, T] positions take the layers' torch path)
         if self.fused and ctx.kv_caches is not None and ctx.backend is None and positions.ndim == 1:
             return self._forward_fused(x, positions)
+        if runs_on(x.device.type) and self._carries_residual():
+            # each layer's last residual add is the next norm's (one launch): the MLP's output carried over
+            carried = None
+            for layer in self.layers:
+                x, carried = cast(DecoderLayer, layer).forward_carried(positions, x, carried)
+            return cast(RMSNorm, self.norm).add_forward(x, carried)[1] if carried is not None else self.norm(x)
         for layer in self.layers:
             x = layer(positions, x)
         return self.norm(x)
+
+    def _carries_residual(self) -> bool:
+        """Whether every layer is the plain DecoderLayer with RMSNorms (a family's own layer keeps its forward)."""
+        if self._carry is None:
+            self._carry = type(self.norm) is RMSNorm and all(
+                type(layer) is DecoderLayer and type(layer.input_layernorm) is RMSNorm
+                and type(layer.post_attention_layernorm) is RMSNorm for layer in self.layers)
+        return self._carry
 
     def _forward_fused(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The same layers in ~8 native calls each (fast mode): the residual stream is added into in
