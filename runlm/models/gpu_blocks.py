@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import torch
 
-from runlm.formats.ggml_types import BY_VALUE
+from runlm.formats.ggml_types import BY_NAME, BY_VALUE
+from runlm.kernels.triton import runs_on
 from runlm.models.linear import GGMLWeight
 
 
@@ -74,8 +75,8 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
 
 # qtype -> (values per block, bytes per block, dequantizer)
 DEVICE_QUANTS: dict[str, tuple[int, int, Callable[[torch.Tensor], torch.Tensor]]] = {
-    "Q8_0": (32, 34, _q8_0), "Q4_0": (32, 18, _q4_0), "Q4_K": (256, 144, _q4_k), "Q5_K": (256, 176, _q5_k),
-    "Q6_K": (256, 210, _q6_k),
+    name: (BY_NAME[name].block, BY_NAME[name].type_size, fn)
+    for name, fn in (("Q8_0", _q8_0), ("Q4_0", _q4_0), ("Q4_K", _q4_k), ("Q5_K", _q5_k), ("Q6_K", _q6_k))
 }
 
 
@@ -105,12 +106,6 @@ def dense_rows(w: GGMLWeight, ids: torch.Tensor) -> torch.Tensor:
     return dequantize_on_device(rows, BY_VALUE[w.qtype].name, (rows.shape[0], w.cols)).reshape(*ids.shape, w.cols)
 
 
-def _use_triton(device: torch.device) -> bool:
-    from runlm.kernels.triton.backend import use_triton_on
-
-    return use_triton_on(device)
-
-
 def blocks_linear(x: torch.Tensor, segments: list[GGMLWeight], bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., K] @ concat(segments)^T (+ bias): each segment's rows, in order, as the output's columns."""
     shape = x.shape
@@ -118,7 +113,7 @@ def blocks_linear(x: torch.Tensor, segments: list[GGMLWeight], bias: torch.Tenso
     n = sum(s.rows for s in segments)
     out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     col = 0
-    if _use_triton(x.device):
+    if runs_on(x.device.type):
         from runlm.kernels.triton.ggml_matmul import ggml_matmul
 
         for s in segments:

@@ -1,6 +1,7 @@
 """A decoder layer's small ops as one Triton launch each, for the GPU runner (where they were ~40% of a decode step's
 launches on an H100): RMSNorm (torch: 7 launches in bf16), the residual add with the next RMSNorm (vLLM's
-``fused_add_rms_norm``: 8) and SiLU(gate) * up over the fused gate_up output (3). One program per row; float32
+``fused_add_rms_norm``: 8), SiLU(gate) * up over the fused gate_up output (3), and the RoPE of q and k, alone or with
+the K/V store into the paged cache (~15). One program per row (per token for RoPE); float32
 inside, the torch path's roundings at its points: x normalized in float32 and rounded to x's dtype before the weight
 multiplies it (runlm.models.llama.RMSNorm's formula), the sum x + y rounded before it is normalized, SiLU's result
 rounded before the product (F.silu in x's dtype)."""

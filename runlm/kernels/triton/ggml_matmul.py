@@ -5,7 +5,7 @@ reason to run GGUF on a GPU: a Q4_K_M matrix reads ~3.5x fewer bytes than its bf
 W is uint8 [N, row_bytes] (ggml's rows, blocks side by side). A program computes a [BLOCK_M, BLOCK_N] tile of y: for
 each 32 values of K it loads x's [BLOCK_M, 32] tile and the [BLOCK_N, 32] weights, decoded from their bytes exactly
 as ggml dequantizes them (``d * q`` or ``d * scale * q - dmin * min`` in float32), cast to x's dtype, and adds
-their product (``tl.dot``, float32 accumulation). The values are those of runlm.models.gpu_load's torch
+their product (``tl.dot``, float32 accumulation). The values are those of runlm.models.gpu_blocks' torch
 dequantizers (the reference the tests hold this kernel to, under TRITON_INTERPRET=1 on the CPU).
 
 Each 32-value step lies inside one block (Q8_0/Q4_0) or one 32-value sub-block of a superblock (the K-quants:
@@ -16,9 +16,11 @@ import torch
 import triton
 import triton.language as tl
 
-Q8_0, Q4_0, Q4_K, Q5_K, Q6_K = 8, 2, 12, 13, 14  # ggml type values
-# ggml type -> (values per block, bytes per block)
-BLOCKS = {Q8_0: (32, 34), Q4_0: (32, 18), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+from runlm.formats.ggml_types import BY_NAME, BY_VALUE
+
+# the types the kernel reads (their ggml values: the QTYPE branches below), with their block sizes
+BLOCKS = {BY_NAME[name].value: (BY_NAME[name].block, BY_NAME[name].type_size)
+          for name in ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")}
 
 
 @triton.jit
@@ -117,7 +119,7 @@ def ggml_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, out: torch.Tenso
     m, k = x.shape
     n, row_bytes = raw.shape
     if k % per_block or row_bytes != k // per_block * nbytes:
-        raise ValueError(f"ggml type {qtype}: rows of {row_bytes} bytes do not hold K={k} values")
+        raise ValueError(f"{BY_VALUE[qtype].name}: rows of {row_bytes} bytes do not hold K={k} values")
     if x.stride(1) != 1 or raw.stride(1) != 1 or raw.stride(0) != row_bytes:
         raise ValueError("ggml_matmul needs x's rows and the weight's bytes contiguous")
     if out is None:
