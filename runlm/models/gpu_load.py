@@ -28,6 +28,7 @@ from runlm.formats.architectures import gguf_rope_interleaved
 from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
 from runlm.models.gpu_blocks import DEVICE_QUANTS, KEPT_TYPES, blocks_linear, dense, dense_rows, dequantize_on_device
+from runlm.models.gpu_moe import stack_model_experts
 from runlm.models.linear import Embedding, GGMLWeight, Linear, Weight
 from runlm.models.llama import LlamaForCausalLM, stacked_target
 from runlm.models.load import LoadedModel, _empty_model
@@ -159,7 +160,7 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
     family = vlm.family_module(spec.vision) if spec.vision is not None and spec.projector is None else None
     if spec.gguf is not None:
         gguf = spec.gguf
-        check_fits(sum(i.n_bytes if gguf_blocks and i.qtype in KEPT_TYPES and len(i.shape) == 2 else
+        check_fits(sum(i.n_bytes if gguf_blocks and i.qtype in KEPT_TYPES and len(i.shape) in (2, 3) else
                        i.n_values * itemsize for i in gguf.tensors.values()), dev, gpu_memory_utilization, path.name)
         model_ = _empty_model(cfg, rope_freq_factors(gguf))
         weights = _gguf_tensors(gguf, cfg, dev, stats, gguf_blocks)
@@ -192,6 +193,7 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
                  "to %s: the weights take %.1f MiB there (%.2fx the file's)", path.name, stats[0] / 2**20, len(kept),
                  dev, str(dtype).removeprefix("torch."), held / 2**20, held / stats[0])
     model_.model.fused = False
+    stack_model_experts(model_)  # (mixtures of experts: the fused kernel's stacked weights)
     vision = None
     if family is not None:
         assert spec.hf_config is not None

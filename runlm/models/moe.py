@@ -10,11 +10,13 @@ the file's blocks.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from runlm.kernels.triton import runs_on
 from runlm.models.config import ModelConfig
 from runlm.models.linear import Linear, Weight
 from runlm.models.llama import MLP, DecoderLayer, LlamaForCausalLM, LlamaModel, UngatedMLP
@@ -29,7 +31,21 @@ class ScoreBias(nn.Module):
         self.bias = nn.Parameter(torch.zeros(experts))
 
 
+@dataclass
+class StackedExperts:
+    """A layer's experts stacked for the GPU runner's fused kernel (runlm.kernels.triton.fused_moe; set by
+    runlm.models.gpu_blocks.stack_experts): each projection [E, N, K] in the model's dtype (type 0) or uint8
+    [E, N, row_bytes] in a ggml block type; the experts' own weights are views of these."""
+    gate_up: torch.Tensor
+    gate_up_type: int
+    down: torch.Tensor
+    down_type: int
+
+
 class SparseMoeBlock(nn.Module):
+    stacked: StackedExperts | None = None  # the GPU runner's fused path, where its experts could be stacked
+    unstacked = "not loaded for the GPU runner"  # else why not
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
@@ -71,7 +87,16 @@ class SparseMoeBlock(nn.Module):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * self.scaling if self.scaling != 1.0 else weights, chosen
 
+    def routes_on_device(self, device_type: str) -> str | None:
+        """None where a step's routing and experts stay on the device (the fused kernel: CUDA graphs can capture
+        them), else why not."""
+        if self.stacked is None:
+            return self.unstacked
+        return None if runs_on(device_type) else "the fused experts kernel needs Triton"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stacked is not None and runs_on(x.device.type):
+            return self._fused(x)
         weights, chosen = self.route(x)
         weights = weights.to(x.dtype)
         out = torch.zeros_like(x)
@@ -79,12 +104,33 @@ class SparseMoeBlock(nn.Module):
             token, slot = torch.where(chosen == e)
             w, expert = weights[token, slot, None], self.experts[e]
             out.index_add_(0, token, expert(x[token] * w) if self.weight_input else expert(x[token]) * w)
-        if self.shared_expert is not None:
-            shared = self.shared_expert(x)
-            if self.shared_expert_gate is not None:
-                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
-            out = out + shared
-        return out
+        return self._add_shared(x, out)
+
+    def _fused(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts in two grouped GEMMs on the device: no row grouped on the host, nothing read back."""
+        from runlm.kernels.triton.fused_moe import fused_experts
+
+        s = self.stacked
+        assert s is not None
+        x2 = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.route(x2)
+        out = fused_experts(x2, weights, chosen, s.gate_up, s.gate_up_type, s.down, s.down_type)
+        return self._add_shared(x, out.view_as(x))
+
+    def _add_shared(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if self.shared_expert is None:
+            return out
+        shared = self.shared_expert(x)
+        if self.shared_expert_gate is not None:
+            shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+        return out + shared
+
+
+def host_routed_experts(model: nn.Module, device_type: str) -> str | None:
+    """Why some mixture-of-experts layer of ``model`` routes its tokens on the host on this kind of device (so no
+    CUDA graph can hold a step), or None."""
+    return next((why for m in model.modules() if isinstance(m, SparseMoeBlock)
+                 and (why := m.routes_on_device(device_type)) is not None), None)
 
 
 class MoeDecoderLayer(DecoderLayer):

@@ -88,7 +88,7 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense",
         if hf is None:
             raise ModelFormatError(f"{gguf.path}: tensor {name!r} is not part of a {gguf.architecture} decoder")
         if "{e}" in hf:
-            yield from _experts(gguf, name, hf, mode, load)
+            yield from _experts(gguf, name, hf, mode, load, block_types)
             continue
         matrix = hf.endswith(".weight") and len(info.shape) == 2
         heads = cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads if ".k_proj." in hf else 0
@@ -112,17 +112,19 @@ def gguf_weights(gguf: GGUFFile, cfg: ModelConfig, mode: str = "dense",
             yield hf, torch.tensor(value, dtype=torch.float32)
 
 
-def _experts(gguf: GGUFFile, name: str, template: str, mode: str, load: Callable[[str], torch.Tensor]
-             ) -> Iterator[tuple[str, Weight]]:
+def _experts(gguf: GGUFFile, name: str, template: str, mode: str, load: Callable[[str], torch.Tensor],
+             block_types: frozenset[str]) -> Iterator[tuple[str, Weight]]:
     """One weight per expert of a stacked [experts, rows, cols] tensor: views of the file's blocks in "ggml"
-    mode (the experts stay quantized), dequantized fp32 otherwise."""
+    mode, and in "blocks" mode where stored in one of ``block_types`` (the experts stay quantized), dequantized
+    fp32 otherwise."""
     info = gguf.tensors[name]
     if len(info.shape) == 2:  # the experts' biases (gpt-oss): [experts, rows]
         for e, bias in enumerate(load(name)):
             yield template.format(e=e), bias
         return
     experts, rows, cols = info.shape
-    if mode == "ggml" and info.qtype != "F32" and ggml.supported(ggml_type(info.qtype)):
+    if mode == "ggml" and info.qtype != "F32" and ggml.supported(ggml_type(info.qtype)) or \
+            mode == "blocks" and info.qtype in block_types:
         raw = gguf.raw_tensor(name).view(experts, rows, -1)
         for e in range(experts):
             yield template.format(e=e), GGMLWeight(raw[e], ggml_type(info.qtype), rows, cols)

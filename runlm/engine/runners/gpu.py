@@ -21,8 +21,10 @@ Runs on the GPU path, unchanged above it: the scheduler, continuous batching and
 preemption, n > 1, seeded sampling, logprobs and prompt logprobs, structured outputs (an uploaded grammar mask),
 thinking budgets, sleep / wake_up, caches in KV groups (Gemma 2/3's sliding-window layers beside global ones:
 each group's block tables and slots in the step's one upload, the backend's per-group buffers), and speculative
-decoding (n-gram or a draft model; verification on the host), mixtures of experts and LoRA adapters (both eager:
-their torch ops group rows on the host, so no CUDA graphs), images (the tower on the device; an image's rows
+decoding (n-gram or a draft model; verification on the host), mixtures of experts (routed on the device by the
+fused kernel, runlm.kernels.triton.fused_moe, its stacked weights from runlm.models.gpu_moe; a layer it cannot
+take routes on the host, eagerly), LoRA adapters (eager: their torch ops group rows on the host, so no CUDA
+graphs), images (the tower on the device; an image's rows
 written over its placeholders in a prefill step; Gemma 3's bidirectional spans by a second pass over those rows;
 Qwen2.5-VL's M-RoPE positions, [3, T], uploaded beside the step). Refused by name (never a slow fallback), at the
 runner choice (gpu_select.why_not_gpu_model): what the family
@@ -53,6 +55,7 @@ from runlm.engine.types.config import EngineConfig, kv_cache_blocks
 from runlm.kernels.triton.backend import PagedAttentionBackend
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.load import LoadedModel
+from runlm.models.moe import host_routed_experts
 
 log = logging.getLogger("runlm.gpu")
 
@@ -116,8 +119,8 @@ class GPURunner:
                 log.info("CUDA graphs off: the attention backend %s reads the host", type(self.backend).__name__)
             elif mc.recurrent_layers:  # (runlm.models.mamba2.by_sequence groups the step's rows on the host)
                 log.info("CUDA graphs off: the recurrent layers group their rows on the host")
-            elif mc.num_experts:  # (runlm.models.moe.SparseMoeBlock groups each expert's tokens on the host)
-                log.info("CUDA graphs off: the mixture of experts routes its tokens on the host")
+            elif moe_on_host := host_routed_experts(self.loaded.model, self.device.type):
+                log.info("CUDA graphs off: the mixture of experts routes its tokens on the host (%s)", moe_on_host)
             elif self.config.enable_lora:  # (runlm.models.lora groups each adapter's rows on the host)
                 log.info("CUDA graphs off: LoRA adapters group their rows on the host")
             else:
