@@ -20,10 +20,10 @@ runner's (tests/engine/test_gpu_*.py).
 Runs on the GPU path, unchanged above it: the scheduler, continuous batching and chunked prefill, the prefix cache,
 preemption, n > 1, seeded sampling, logprobs and prompt logprobs, structured outputs (an uploaded grammar mask),
 thinking budgets, sleep / wake_up, caches in KV groups (Gemma 2/3's sliding-window layers beside global ones:
-each group's block tables and slots in the step's one upload, the backend's per-group buffers), and speculative
-decoding (n-gram or a draft model; verification on the host), mixtures of experts (routed on the device by the
-fused kernel, runlm.kernels.triton.fused_moe, its stacked weights from runlm.models.gpu_moe; a layer it cannot
-take routes on the host, eagerly), LoRA adapters (eager: their torch ops group rows on the host, so no CUDA
+each group's block tables and slots in the step's one upload, the backend's per-group buffers), speculative
+decoding (n-gram or a draft model; drafts verified on the device, gpu_verify), mixtures of experts (routed on the
+device by the fused kernel, runlm.kernels.triton.fused_moe, its stacked weights from runlm.models.gpu_moe; a layer
+it cannot take routes on the host, eagerly), LoRA adapters (eager: their torch ops group rows on the host, so no CUDA
 graphs), images (the tower on the device; an image's rows
 written over its placeholders in a prefill step; Gemma 3's bidirectional spans by a second pass over those rows;
 Qwen2.5-VL's M-RoPE positions, [3, T], uploaded beside the step). Refused by name (never a slow fallback), at the
@@ -47,8 +47,9 @@ from runlm.engine.core.mm_step import mrope_positions, step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
 from runlm.engine.runners.gpu_sampler import sample_on_device
+from runlm.engine.runners.gpu_verify import sample_and_verify_on_device
 from runlm.engine.runners.torch_runner import States, allocate_states, image_rows
-from runlm.engine.sample.rejection import sample_and_verify, spec_rows
+from runlm.engine.sample.rejection import spec_rows
 from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig, kv_cache_blocks
@@ -72,7 +73,7 @@ class GPURunner:
                  structured: StructuredOutputManager | None = None) -> None:
         self.config, self.loaded, self.blocks, self.structured = config, loaded, blocks, structured
         # speculative decoding: the speculating sequences' 1 + k rows run in the step beside the others (eagerly:
-        # the decode graphs take one row a sequence), verified by the host's rejection sampler
+        # the decode graphs take one row a sequence), verified on the device (gpu_verify)
         self.speculating = config.speculative_config is not None
         self.dtype, self.device = torch_dtype(config.dtype), torch.device(config.device)
         self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
@@ -170,12 +171,12 @@ class GPURunner:
         for rows in plan.prompt_logprob_rows:
             logits = self.loaded.model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count])
             add_prompt_logprobs(rows.seq, logits.float().cpu().numpy(), rows.first_pos)
-        if self.speculating:  # every step's tokens drawn and verified on the host: one sampler for the whole run
+        if self.speculating:  # drafts verified on the device (gpu_verify; the host's verifier where it must)
             wanted = plan.sample_rows + spec_rows(plan.spec_rows, plan.spec_seqs)
             if not wanted:
                 return []
             raw = self.loaded.model.compute_logits(hidden[torch.as_tensor(wanted, device=self.device)])
-            return sample_and_verify(raw.float().cpu().numpy(), plan.sample_seqs, plan.spec_seqs, self.structured)
+            return sample_and_verify_on_device(raw, plan.sample_seqs, plan.spec_seqs, self.structured)
         if not plan.sample_seqs:
             return []
         sample_rows = plan.sample_rows

@@ -138,6 +138,20 @@ def probabilities(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     return probs
 
 
+def request_probabilities(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.Tensor:
+    """``probabilities`` for rows [B, V], row i with the knobs of ``params[i]`` (uploaded in one small copy; under
+    mirostat only the temperature applies here)."""
+    knobs = torch.tensor([[p.temperature, 0, 1.0, 0.0, 0.0, 1.0] if p.mirostat else
+                          [p.temperature, p.top_k or 0, p.top_p, p.min_p, p.top_n_sigma, p.typical_p] for p in params],
+                         dtype=torch.float32).to(logits.device, non_blocking=True)
+    plain = [p for p in params if not p.mirostat]
+    max_top_k = max((p.top_k for p in plain if p.top_k and 0 < p.top_k < logits.shape[-1]), default=0)
+    return probabilities(logits, knobs[:, 0], knobs[:, 1].long(), knobs[:, 2], knobs[:, 3], max_top_k,
+                         any(p.top_p < 1.0 for p in plain),
+                         knobs[:, 4] if any(p.top_n_sigma > 0 for p in plain) else None,
+                         knobs[:, 5] if any(p.typical_p < 1.0 for p in plain) else None)
+
+
 def _top_n_sigma(rows: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """Logits below max - n * std of the row's finite logits dropped, where n > 0 (the numpy top_n_sigma)."""
     finite = torch.isfinite(rows)
@@ -253,25 +267,14 @@ def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
     if sampled:
         sel = torch.as_tensor(sampled, device=dev)
         sp = [params[i] for i in sampled]
-        # host values, uploaded together (one small copy); under mirostat only the temperature applies before it
-        knobs = torch.tensor([[p.temperature, 0, 1.0, 0.0, 0.0, 1.0] if p.mirostat else
-                              [p.temperature, p.top_k or 0, p.top_p, p.min_p, p.top_n_sigma, p.typical_p] for p in sp],
-                             dtype=torch.float32)
         coins, draws = [], []
         for i in sampled:  # each row's uniforms in the numpy sampler's order: XTC's coin, then the draw's
             p, gen = params[i], seqs[i].generator
             xtc = p.xtc_probability > 0.0 and not p.mirostat and p.xtc_threshold <= 0.5
             coins.append(np_sampler.uniform(gen) <= p.xtc_probability if xtc else False)
             draws.append(np_sampler.uniform(gen))
-        uniforms = torch.tensor(draws, dtype=torch.float64)
-        knobs, uniforms = knobs.to(dev, non_blocking=True), uniforms.to(dev, non_blocking=True)
-        vocab = logits.shape[-1]
-        plain = [p for p in sp if not p.mirostat]
-        max_top_k = max((p.top_k for p in plain if p.top_k and 0 < p.top_k < vocab), default=0)
-        probs = probabilities(logits[sel], knobs[:, 0], knobs[:, 1].long(), knobs[:, 2], knobs[:, 3], max_top_k,
-                              any(p.top_p < 1.0 for p in plain),
-                              knobs[:, 4] if any(p.top_n_sigma > 0 for p in plain) else None,
-                              knobs[:, 5] if any(p.typical_p < 1.0 for p in plain) else None)
+        uniforms = torch.tensor(draws, dtype=torch.float64).to(dev, non_blocking=True)
+        probs = request_probabilities(logits[sel], sp)
         xtc_rows = [j for j, c in enumerate(coins) if c]
         if xtc_rows:
             xtc_idx = torch.as_tensor(xtc_rows, device=dev)

@@ -34,7 +34,8 @@ def make_generator(seed: int | None) -> np.random.Generator | None:
     return None if seed is None else np.random.Generator(np.random.PCG64(seed % 2**64))
 
 
-def _changes_logits(p: SamplingParams, num_output: int, stops: frozenset[int] | set[int]) -> bool:
+def changes_logits(p: SamplingParams, num_output: int, stops: frozenset[int] | set[int]) -> bool:
+    """Whether process_logits changes a row of this request after ``num_output`` output tokens."""
     return bool(p.logit_bias) or p.allowed_token_ids is not None or (num_output < p.min_tokens and bool(stops)) \
         or (p.repetition_penalty != 1.0 and p.penalty_last_n != 0) \
         or bool((p.presence_penalty or p.frequency_penalty) and num_output) \
@@ -81,7 +82,7 @@ def process_logits(logits: np.ndarray, params: Seq[SamplingParams], prompt_ids: 
     """Logit bias, allowed tokens, min_tokens, the three penalties and DRY, row by row (in place on a copy).
     Rows that need none of them (plain greedy, top-k/top-p sampling) cost no copy: ``logits`` itself
     comes back."""
-    if not any(_changes_logits(p, len(o), s) for p, o, s in zip(params, output_ids, stop_ids)):
+    if not any(changes_logits(p, len(o), s) for p, o, s in zip(params, output_ids, stop_ids)):
         return logits
     logits = np.array(logits, dtype=np.float32)
     vocab = logits.shape[-1]
@@ -224,12 +225,17 @@ def mirostat_draw(probs: np.ndarray, p: SamplingParams, seq: Sequence | None,
 def draw(probs: np.ndarray, generator: np.random.Generator | None) -> int:
     """One token from an unnormalized probability vector (zero entries are never drawn)."""
     cdf = np.cumsum(probs, dtype=np.float64)
-    u = (generator or _UNSEEDED).random() * cdf[-1]
+    u = generator_or_unseeded(generator).random() * cdf[-1]
     return int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))
 
 
+def generator_or_unseeded(generator: np.random.Generator | None) -> np.random.Generator:
+    """A request's generator, or the one unseeded requests share."""
+    return generator or _UNSEEDED
+
+
 def uniform(generator: np.random.Generator | None) -> float:
-    return float((generator or _UNSEEDED).random())
+    return float(generator_or_unseeded(generator).random())
 
 
 def sample(logits: np.ndarray, params: Seq[SamplingParams], generators: Seq[np.random.Generator | None],
