@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import TYPE_CHECKING, Protocol
 
 import httpx
@@ -22,8 +23,10 @@ class Loader(Protocol):
 
 log = logging.getLogger("runlm.runner")
 
-HEALTH_INTERVAL = 5.0
-HEALTH_TIMEOUT = 5.0
+# seconds between checks and for an answer ($RUNLM_HEALTH_INTERVAL / $RUNLM_HEALTH_TIMEOUT: an operator's choice,
+# and the tests' shorter watch), and failures in a row before a backend is replaced
+HEALTH_INTERVAL = float(os.environ.get("RUNLM_HEALTH_INTERVAL", "5"))
+HEALTH_TIMEOUT = float(os.environ.get("RUNLM_HEALTH_TIMEOUT", "5"))
 HEALTH_FAILURES = 2
 
 

@@ -96,6 +96,7 @@ def test_rows_that_depend_on_accepted_tokens_are_verified_on_the_host():
     assert [r.token for r in got] == [r.token for r in want]
 
 
+@pytest.mark.slow  # (27 s: two engines on a real model; the device and host verifiers are compared above)
 def test_seeded_sampling_with_ngram_speculation_gives_the_torch_runners_tokens(smollm2_gguf, monkeypatch):
     """A real model asked to repeat a passage, sampled with a seed: n-gram drafts verified on the device (GPU
     runner, on the CPU) and on the host (torch runner) give the same tokens, most drafts standing."""

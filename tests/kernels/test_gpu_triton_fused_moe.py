@@ -27,7 +27,7 @@ def test_kernels_under_interpreter():
 
 @pytest.mark.slow
 def test_moe_models_end_to_end_under_interpreter():
-    run_interpreted(__file__, "-k", "interpreted_moe_models", "-m", "slow")
+    run_interpreted(__file__, "-k", "interpreted_moe_models or interpreted_block", "-m", "slow")
 
 
 @pytest.mark.parametrize(("tokens", "top_k", "experts", "block_m"), [(1, 2, 8, 16), (5, 2, 8, 16), (40, 4, 6, 64),
@@ -90,7 +90,9 @@ def test_interpreted_dense_experts_equal_the_loop(tokens):
     torch.testing.assert_close(got, _reference(x, weights, chosen, gate_up, down), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name,qtype,per_block,nbytes,scales", [TYPES[0], TYPES[2], TYPES[4]])  # Q8_0, Q4_K, Q6_K
+# Q4_K by default (each type's decoding is ggml_matmul's, tested there); Q8_0 and Q6_K under make test-slow
+@pytest.mark.parametrize("name,qtype,per_block,nbytes,scales",
+                         [TYPES[2], *(pytest.param(*t, marks=pytest.mark.slow) for t in (TYPES[0], TYPES[4]))])
 def test_interpreted_block_experts_equal_their_dequantized_loop(name, qtype, per_block, nbytes, scales):
     if not INTERPRETING:
         pytest.skip("runs in test_kernels_under_interpreter's child process")

@@ -11,7 +11,7 @@ from runlm.store import ModelStore
 from tests.fuzz import fuzz
 from tests.runner.daemon import Daemon
 
-EXAMPLES_PER_ROUTE = 12
+EXAMPLES_PER_ROUTE = 6
 
 
 @pytest.fixture(scope="module")

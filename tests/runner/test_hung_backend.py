@@ -4,11 +4,26 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import psutil
+import pytest
 
-from runlm.runner.health import HEALTH_FAILURES, HEALTH_INTERVAL, HEALTH_TIMEOUT
+from runlm.runner.health import HEALTH_FAILURES
+from runlm.store import ModelStore
 from tests.runner.daemon import Daemon
+
+HEALTH_INTERVAL = HEALTH_TIMEOUT = 1.0  # (this daemon's watch: $RUNLM_HEALTH_INTERVAL / $RUNLM_HEALTH_TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    home = tmp_path_factory.mktemp("runlm-home")
+    ModelStore(home).pull("tinycoder")
+    d = Daemon(home, env={"RUNLM_HEALTH_INTERVAL": str(HEALTH_INTERVAL),
+                          "RUNLM_HEALTH_TIMEOUT": str(HEALTH_TIMEOUT)}).start()
+    yield d
+    d.stop()
 
 
 def test_a_stopped_backend_is_replaced(daemon: Daemon) -> None:

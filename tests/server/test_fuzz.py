@@ -12,7 +12,7 @@ from runlm.apis.anthropic_output import is_anthropic_path
 from tests.fuzz import fuzz
 from tests.server.process import ServerProcess
 
-EXAMPLES_PER_ROUTE = 25
+EXAMPLES_PER_ROUTE = 12
 KEY = {"Authorization": "Bearer fuzz-key"}
 
 
