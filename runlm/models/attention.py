@@ -74,6 +74,8 @@ class ForwardContext:
     states: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
     state_slots: list[int] | None = None
     state_fresh: list[bool] | None = None
+    # LoRA in device slots (runlm.models.lora.enable_device): each row's slot, -1 for none ([T] int32, on the device)
+    lora_rows: torch.Tensor | None = None
 
     def slots_of(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor, list[torch.Tensor] | None]:
         """(slot_mapping, flat context slots, per-sequence context slots) addressing layer ``layer``'s cache."""

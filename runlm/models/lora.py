@@ -9,6 +9,12 @@ gate_up layer holds one slice per projection). Rows with no adapter get nothing 
 operation works row by row, so a row's output is the same alone or beside rows with other adapters.
 
 Adapters are keyed by an int the engine chooses per loaded adapter (0 means none).
+
+On the GPU runner's device (``enable_device``) each adapted layer also holds its adapters in slots
+(``DeviceLoRA``: device buffers written at attach, cleared at detach; one slot number per adapter for the whole
+model, ``LoRASlots``), and a step's forward context names each row's slot (``ForwardContext.lora_rows``): the
+update is then runlm.kernels.triton.lora's two kernels over every row at once, with nothing grouped on the host,
+so CUDA graphs capture it.
 """
 from __future__ import annotations
 
@@ -17,15 +23,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from runlm.kernels import linear
+from runlm.kernels.triton import runs_on
 from runlm.models.attention import get_forward_context
 from runlm.models.linear import Linear
 from runlm.models.lora_check import check_module
 from runlm.models.lora_weights import LoRAError, LoRAWeights
 
-__all__ = ["LoRABatch", "LoRALayer", "attach", "detach", "enable", "lora_batch", "lora_targets"]
+__all__ = ["DeviceLoRA", "LoRABatch", "LoRALayer", "LoRASlots", "attach", "detach", "enable", "enable_device",
+           "lora_batch", "lora_targets", "row_slots"]
 
 
 @dataclass(slots=True)
@@ -82,15 +91,68 @@ class _Update(NamedTuple):
     shards: list[_Shard]
 
 
+class DeviceLoRA:
+    """One layer's adapters in device slots for runlm.kernels.triton.lora: ``a`` [slots, R, in] (each projection's
+    A stacked), ``b`` [slots, out, R] (each projection's B at its output rows and rank columns, zeros elsewhere);
+    R = the largest rank x the projections adapted apart (q, k, v: 3)."""
+    __slots__ = ("a", "b")
+
+    def __init__(self, layer: Linear, slots: int, rank: int, dtype: torch.dtype) -> None:
+        device = layer.bias.device if layer.bias is not None else _device(layer)
+        self.a = torch.zeros(slots, rank, layer.in_features, dtype=dtype, device=device)
+        self.b = torch.zeros(slots, layer.out_features, rank, dtype=dtype, device=device)
+
+    def write(self, slot: int, update: _Update) -> None:
+        self.clear(slot)
+        self.a[slot, :update.a.shape[0]] = update.a
+        for s in update.shards:
+            self.b[slot, s.lo:s.hi, s.r0:s.r1] = s.b
+
+    def clear(self, slot: int) -> None:
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+
+
+class LoRASlots:
+    """Which device slot each attached adapter holds, the same in every layer of a model (``enable_device``)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.of: dict[int, int] = {}
+
+    def take(self, key: int) -> int:
+        if key in self.of:
+            return self.of[key]
+        used = set(self.of.values())
+        free = next((i for i in range(self.count) if i not in used), None)
+        if free is None:
+            raise LoRAError(f"all {self.count} device LoRA slots hold adapters (max_cpu_loras, or adapters still "
+                            f"in use by running requests): remove one or raise --max-cpu-loras")
+        self.of[key] = free
+        return free
+
+
 class LoRALayer:
-    """The adapters attached to one Linear: key -> its low-rank update."""
-    __slots__ = ("updates",)
+    """The adapters attached to one Linear: key -> its low-rank update (and on a device, their slots)."""
+    __slots__ = ("updates", "device")
 
     def __init__(self) -> None:
         self.updates: dict[int, _Update] = {}
+        self.device: DeviceLoRA | None = None
 
     def apply(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y (the base output for x) plus each row's adapter update, in place."""
+        if self.device is not None:
+            rows = get_forward_context().lora_rows
+            if rows is not None:  # every row at once, by its slot (nothing grouped or read on the host)
+                x2, y2 = x.reshape(-1, x.shape[-1]).contiguous(), y.view(-1, y.shape[-1])
+                if runs_on(x.device.type):
+                    from runlm.kernels.triton.lora import add_lora
+
+                    add_lora(x2, y2, self.device.a, self.device.b, rows)
+                else:
+                    _add_by_slot(x2, y2, self.device.a, self.device.b, rows)
+                return y
         batch = _BATCH
         if batch is None or not self.updates:
             return y
@@ -109,6 +171,14 @@ class LoRALayer:
             if rows is not None:
                 y.index_copy_(0, rows, ys)
         return y
+
+
+def _add_by_slot(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> None:
+    """The slots' update in torch ops (the kernels' math, where Triton does not run: the GPU runner on a CPU)."""
+    slot = rows[:x.shape[0]].long()
+    h = torch.einsum("tk,trk->tr", x.float(), a[slot.clamp(min=0)].float())
+    d = torch.einsum("tr,tnr->tn", h, b[slot.clamp(min=0)].float())
+    y += torch.where(slot[:, None] >= 0, d, 0.0).to(y.dtype)
 
 
 class _Target(NamedTuple):
@@ -156,6 +226,42 @@ def enable(model: torch.nn.Module) -> None:
         model.model._plan = None  # the fused loop binds each layer's call once: rebuild it with the LoRA hook
 
 
+def enable_device(model: torch.nn.Module, slots: int, max_rank: int, dtype: torch.dtype) -> LoRASlots:
+    """LoRA in device slots (see the module docstring): every adaptable layer gets its DeviceLoRA, and adapters
+    already attached are written into theirs."""
+    enable(model)
+    targets = lora_targets(model)
+    parts: dict[int, tuple[Linear, int]] = {}
+    for t in targets.values():  # (the projections adapted apart: q, k, v of a fused qkv; its qkv_proj is one)
+        whole = t.lo == 0 and t.hi == t.layer.out_features
+        layer, n = parts.get(id(t.layer), (t.layer, 0))
+        parts[id(t.layer)] = (layer, n + (0 if whole else 1))
+    table = LoRASlots(slots)
+    for layer, n in parts.values():
+        assert isinstance(layer.lora, LoRALayer)
+        layer.lora.device = DeviceLoRA(layer, slots, max_rank * max(1, n), dtype)
+        for key, update in layer.lora.updates.items():
+            layer.lora.device.write(table.take(key), update)
+    setattr(model, "lora_slots", table)  # noqa: B010 (not a tensor or module: nn.Module's typing would refuse it)
+    return table
+
+
+def row_slots(model: torch.nn.Module, query_lens: list[int]) -> np.ndarray:
+    """Each row of a step's flattened batch: the device slot of its sequence's adapter (-1: none), from the
+    adapters the engine set for the step (``lora_batch``)."""
+    table: LoRASlots = getattr(model, "lora_slots")  # noqa: B009
+    out = np.full(sum(query_lens), -1, dtype=np.int32)
+    if _BATCH is not None:
+        if len(query_lens) != len(_BATCH.keys):
+            raise RuntimeError(f"LoRA batch names {len(_BATCH.keys)} sequences, the step has {len(query_lens)}")
+        start = 0
+        for key, n in zip(_BATCH.keys, query_lens):
+            if key:
+                out[start:start + n] = table.of.get(key, -1)
+            start += n
+    return out
+
+
 def _interleave(w: torch.Tensor, heads: int) -> torch.Tensor:
     """Rows of Q/K from the rotate-half layout into llama.cpp's interleaved pairs (what GGUF blocks hold)."""
     shape = w.shape
@@ -174,6 +280,7 @@ def attach(model: torch.nn.Module, key: int, weights: LoRAWeights, max_rank: int
         assert t is not None
         b = _interleave(m.b, t.heads) if interleaved and t.heads else m.b
         per_layer.setdefault(id(t.layer), (t.layer, []))[1].append((t.lo, t.hi, m.a, b))
+    updates: list[tuple[LoRALayer, _Update]] = []
     for layer, parts in per_layer.values():
         parts.sort(key=lambda p: p[0])
         if any(p[1] > q[0] for p, q in zip(parts, parts[1:])):
@@ -186,7 +293,13 @@ def attach(model: torch.nn.Module, key: int, weights: LoRAWeights, max_rank: int
         stacked = torch.cat([p[2] for p in parts]).to(device).contiguous()
         if not isinstance(layer.lora, LoRALayer):
             raise RuntimeError("LoRA is not enabled on this model (call runlm.models.lora.enable first)")
-        layer.lora.updates[key] = _Update(stacked, shards)
+        updates.append((layer.lora, _Update(stacked, shards)))
+    table: LoRASlots | None = getattr(model, "lora_slots", None)
+    slot = table.take(key) if table is not None else -1  # (before any layer changes: all or nothing)
+    for lora_layer, update in updates:
+        lora_layer.updates[key] = update
+        if lora_layer.device is not None:
+            lora_layer.device.write(slot, update)
 
 
 def _device(layer: Linear) -> torch.device:
@@ -197,6 +310,10 @@ def _device(layer: Linear) -> torch.device:
 
 
 def detach(model: torch.nn.Module, key: int) -> None:
-    for target in lora_targets(model).values():
-        if isinstance(target.layer.lora, LoRALayer):
-            target.layer.lora.updates.pop(key, None)
+    table: LoRASlots | None = getattr(model, "lora_slots", None)
+    slot = table.of.pop(key, None) if table is not None else None
+    for layer in {id(t.layer): t.layer for t in lora_targets(model).values()}.values():
+        if isinstance(layer.lora, LoRALayer):
+            layer.lora.updates.pop(key, None)
+            if slot is not None and layer.lora.device is not None:  # (a slot given to the next adapter is clean)
+                layer.lora.device.clear(slot)

@@ -211,8 +211,9 @@ def test_speculative_decoding_keeps_the_greedy_tokens(tiny_model, smollm2_gguf, 
 
 
 def test_lora_adapters_mixed_in_a_batch(tiny_model, monkeypatch) -> None:
-    """Two adapters and the base model in one batch, then an adapter removed while serving: the torch runner's
-    tokens (the GPU runner computes the same LoRA layers, eagerly)."""
+    """Two adapters and the base model in one batch, then an adapter removed while serving and its slot reused:
+    the torch runner's tokens (the GPU runner holds the adapters in device slots, runlm.models.lora.DeviceLoRA,
+    computed here by the slots' torch ops; the Triton kernels are test_gpu_triton_lora.py's)."""
     from runlm.engine.types.lora_request import LoRARequest
     from tests.fixtures.lora import peft_adapter
 
@@ -226,6 +227,10 @@ def test_lora_adapters_mixed_in_a_batch(tiny_model, monkeypatch) -> None:
     assert want[0] != want[1]  # (the adapter changes the answer)
     assert gpu.engine.remove_lora(1)
     assert _tokens(gpu.generate(prompts[:2], GREEDY)) == _tokens(torch_runner.generate(prompts[:2], GREEDY))
+    # the freed device slot taken by an adapter of q/v only: nothing of the removed one's other layers is left there
+    narrow = LoRARequest("n", 3, str(peft_adapter("llama", 8, seed=5, targets=("q_proj", "v_proj"))))
+    assert _tokens(gpu.generate(prompts, GREEDY, lora_request=narrow)) == \
+        _tokens(torch_runner.generate(prompts, GREEDY, lora_request=narrow))
 
 
 def _chat(text: str, *images) -> list[dict]:

@@ -23,10 +23,11 @@ thinking budgets, sleep / wake_up, caches in KV groups (Gemma 2/3's sliding-wind
 each group's block tables and slots in the step's one upload, the backend's per-group buffers), speculative
 decoding (n-gram or a draft model; drafts verified on the device, gpu_verify), mixtures of experts (routed on the
 device by the fused kernel, runlm.kernels.triton.fused_moe, its stacked weights from runlm.models.gpu_moe; a layer
-it cannot take routes on the host, eagerly), LoRA adapters (eager: their torch ops group rows on the host, so no CUDA
-graphs), images (the tower on the device; an image's rows
-written over its placeholders in a prefill step; Gemma 3's bidirectional spans by a second pass over those rows;
-Qwen2.5-VL's M-RoPE positions, [3, T], uploaded beside the step). Refused by name (never a slow fallback), at the
+it cannot take routes on the host, eagerly), LoRA adapters (in device slots, each row's slot uploaded with the step:
+runlm.kernels.triton.lora's kernels, torch ops where Triton does not run; in the decode graphs too), images (the
+tower on the device; an image's rows written over its placeholders in a prefill step; Gemma 3's bidirectional spans
+by a second pass over those rows; Qwen2.5-VL's M-RoPE positions, [3, T], uploaded beside the step). Refused by name
+(never a slow fallback), at the
 runner choice (gpu_select.why_not_gpu_model): what the family
 declares (latent attention, attention sinks, recurrent layers...). Per step, the
 sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
@@ -54,6 +55,7 @@ from runlm.engine.sample.sampler import SampledToken, add_prompt_logprobs
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig, kv_cache_blocks
 from runlm.kernels.triton.backend import PagedAttentionBackend
+from runlm.models import lora
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.load import LoadedModel
 from runlm.models.moe import host_routed_experts
@@ -115,6 +117,7 @@ class GPURunner:
                                              kv_layers=mc.kv_layers)
         # recurrent layers' (conv, ssm) states, a row per state slot (runlm.models.mamba2)
         self.states = allocate_states(mc, self.blocks.state_slots, self.device)
+        self.lora_rows = self._device_lora()
         if self.device.type == "cuda" and not self.config.enforce_eager:
             if not self.backend.graphable:
                 log.info("CUDA graphs off: the attention backend %s reads the host", type(self.backend).__name__)
@@ -122,10 +125,19 @@ class GPURunner:
                 log.info("CUDA graphs off: the recurrent layers group their rows on the host")
             elif moe_on_host := host_routed_experts(self.loaded.model, self.device.type):
                 log.info("CUDA graphs off: the mixture of experts routes its tokens on the host (%s)", moe_on_host)
-            elif self.config.enable_lora:  # (runlm.models.lora groups each adapter's rows on the host)
-                log.info("CUDA graphs off: LoRA adapters group their rows on the host")
             else:
                 self.capture_graphs()
+
+    def _device_lora(self) -> torch.Tensor | None:
+        """With LoRA enabled: the model's adapters in device slots (enable_device; a reloaded model gets them again)
+        and the buffer of each row's slot the steps (and graphs) read."""
+        if not self.config.enable_lora:
+            return None
+        model = self.loaded.model
+        if getattr(model, "lora_slots", None) is None:
+            slots = max(self.config.max_loras, self.config.max_cpu_loras or 0)
+            lora.enable_device(model, slots, self.config.max_lora_rank, self.dtype)
+        return torch.full((self.max_tokens,), -1, dtype=torch.int32, device=self.device)
 
     def free_kv_cache(self) -> None:
         self.graphs = {}
@@ -150,7 +162,8 @@ class GPURunner:
             table, slots = torch.zeros((size, 1), dtype=torch.int32), torch.full((size,), -1, dtype=torch.int64)
             self.backend.set_step(table, cu, torch.ones(size, dtype=torch.int32), slots,
                                   groups=[(table, slots)] * len(self.group_managers))
-            ctx = ForwardContext([1] * size, [1] * size, None, None, None, backend=self.backend)
+            ctx = ForwardContext([1] * size, [1] * size, None, None, None, backend=self.backend,
+                                 lora_rows=None if self.lora_rows is None else self.lora_rows[:size])
             ids, pos = self.input_ids[:size], self.positions[..., :size]
             with forward_context(ctx):
                 model(ids, pos)  # warm-up: lazy initialisations happen outside the capture
@@ -207,11 +220,16 @@ class GPURunner:
                   for g in range(1, 1 + len(group_tables))]
         self.backend.set_step(parts["block_table"].view(shape), parts["cu_seqlens_q"], parts["seq_lens"],
                               parts["slot_mapping"], groups=groups, max_query_len=max(plan.query_lens))
+        if self.lora_rows is not None:  # each row's adapter slot (-1: none, and the padding rows)
+            rows = lora.row_slots(self.loaded.model, plan.query_lens)
+            self.lora_rows[:len(rows)].copy_(torch.from_numpy(rows))
+            self.lora_rows[len(rows):t].fill_(-1)
         if size is not None:
             graph = self.graphs[size]
             graph.graph.replay()
             return graph.hidden[:b]
-        ctx = ForwardContext(plan.query_lens, plan.context_lens, None, None, None, backend=self.backend)
+        ctx = ForwardContext(plan.query_lens, plan.context_lens, None, None, None, backend=self.backend,
+                             lora_rows=None if self.lora_rows is None else self.lora_rows[:t])
         if self.states is not None:
             ctx.states, ctx.state_slots, ctx.state_fresh = self.states, plan.state_slots, plan.state_fresh
         vision = self.loaded.vision
