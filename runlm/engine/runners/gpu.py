@@ -133,10 +133,7 @@ class GPURunner:
         and the buffer of each row's slot the steps (and graphs) read."""
         if not self.config.enable_lora:
             return None
-        model = self.loaded.model
-        if getattr(model, "lora_slots", None) is None:
-            slots = max(self.config.max_loras, self.config.max_cpu_loras or 0)
-            lora.enable_device(model, slots, self.config.max_lora_rank, self.dtype)
+        enable_device_lora(self.loaded.model, self.config)
         return torch.full((self.max_tokens,), -1, dtype=torch.int32, device=self.device)
 
     def free_kv_cache(self) -> None:
@@ -268,6 +265,13 @@ def _sync_free_rope(model: torch.nn.Module, max_len: int, device: torch.device) 
         rope._tables = tables  # type: ignore[method-assign,assignment]
 
 
+def enable_device_lora(model: torch.nn.Module, config: EngineConfig) -> None:
+    """The model's LoRA adapters in device slots, once: max(max_loras, max_cpu_loras) of them."""
+    if getattr(model, "lora_slots", None) is None:
+        lora.enable_device(model, max(config.max_loras, config.max_cpu_loras or 0), config.max_lora_rank,
+                           torch_dtype(config.dtype))
+
+
 def gpu_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, bytes_per_token: int, max_model_len: int) -> int:
     """KV-cache blocks for the GPU runner. On CUDA (vLLM's way): after the weights, profile one largest step
     (max_num_batched_tokens tokens), and give the cache what is left of gpu_memory_utilization x the device's
@@ -300,6 +304,8 @@ def gpu_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, bytes_per_tok
 def kv_budget_after_profile(config: EngineConfig, loaded: LoadedModel, device: torch.device) -> int:
     """Bytes left for the KV cache: utilization x total, less the weights, one largest step's peak (activations
     and logits, measured) and what other processes hold on the device."""
+    if config.enable_lora:  # (the adapters' device slots are held beside the weights: counted before the cache)
+        enable_device_lora(loaded.model, config)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
