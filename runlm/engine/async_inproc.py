@@ -153,6 +153,8 @@ class AsyncLLM:
                 if not self._paused and self.engine.has_unfinished_requests():
                     for out in self.engine.step():
                         self._deliver(out.request_id, out)
+                    for rid, error in self.engine.take_failures():  # (dropped by a step that ran out of memory)
+                        self._deliver(rid, error)
         except BaseException as exc:
             self._dead = exc
             for rid in list(self._streams):

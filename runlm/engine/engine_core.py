@@ -144,6 +144,10 @@ class EngineCore:
     def step(self) -> Sequence[EngineOutput]:
         raise NotImplementedError
 
+    def take_failures(self) -> list[tuple[str, Exception]]:
+        """Requests a step dropped since last asked (a step that ran out of memory), each with its caller's error."""
+        return []
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 

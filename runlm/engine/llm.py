@@ -100,6 +100,11 @@ class LLM:
                 if out.finished and out.request_id in order:
                     results[order[out.request_id]] = out
                     bar.update(1)
+            failed = [exc for rid, exc in self.engine.take_failures() if rid in order]
+            if failed:  # (a step ran out of memory: the rest of the batch is stopped, the engine is fine)
+                self.engine.abort_request([rid for rid in order if results[order[rid]] is None])
+                bar.close()
+                raise failed[0]
         bar.close()
         return [r for r in results if r is not None]
 

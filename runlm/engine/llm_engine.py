@@ -27,7 +27,7 @@ from runlm.engine.spec_decode.decoder import SpecDecodeStats, spec_decoder
 from runlm.engine.spec_decode.draft import configured_draft, draft_kv_bytes_per_token
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig, dtype_itemsize, state_slots
-from runlm.engine.types.errors import PromptError, PromptTooLongError, TaskError
+from runlm.engine.types.errors import PromptError, PromptTooLongError, StepOutOfMemoryError, TaskError
 from runlm.engine.types.outputs import RequestOutput
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
@@ -99,6 +99,7 @@ class LLMEngine(EngineCore):
         self.requests: dict[str, RequestState] = {}
         self.num_preemptions = 0
         self.sleep_level = 0
+        self.failures: list[tuple[str, Exception]] = []  # requests a step dropped, and why (take_failures)
         layer_blocks = sum(self.blocks.layer_blocks(i) for i in mc.kv_layers)
         self.log_start(layer_blocks * config.block_size * per_token // max(len(mc.kv_layers), 1)
                        + self.blocks.state_slots * mc.state_bytes_per_seq)
@@ -218,8 +219,13 @@ class LLMEngine(EngineCore):
         if not sched.seqs:
             return []
         scheduled = sched.total_tokens  # (verification takes rejected draft tokens out of it)
-        with self.lora.batch(s.lora_key for s in sched.seqs) if self.lora else nullcontext():
-            sampled = self.runner.execute(sched)
+        try:
+            with self.lora.batch(s.lora_key for s in sched.seqs) if self.lora else nullcontext():
+                sampled = self.runner.execute(sched)
+        except Exception as exc:
+            if not out_of_memory(exc):
+                raise
+            return self._drop_for_memory(sched, exc)
         if self.spec is not None:
             self.spec.after_verify(sched, sampled)
         self.scheduler.update(sched)
@@ -227,6 +233,31 @@ class LLMEngine(EngineCore):
         if self.spec is not None:
             self.spec.propose(self.scheduler.running, self.config.max_num_batched_tokens - scheduled)
         return self._outputs(touched)
+
+    def _drop_for_memory(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        """A step ran out of memory: nothing of it was kept (a sequence's computed tokens move on only after a step),
+        so its requests would run it again. The ones that made it big are dropped -- those prefilling in it, else
+        the longest -- each failing with StepOutOfMemoryError; the rest run on in the next step."""
+        prefilling = [s for s in sched.seqs if s.num_computed_tokens < s.num_prompt_tokens]
+        victims = prefilling or [max(sched.seqs, key=lambda s: s.num_tokens)]
+        rids = list(dict.fromkeys(s.request_id for s in victims))
+        log.warning("a step of %d tokens for %d sequences ran out of memory (%s); dropping %s", sched.total_tokens,
+                    len(sched.seqs), str(exc).splitlines()[0][:200], ", ".join(rids))
+        tokens = sum(n for s, n in zip(sched.seqs, sched.num_new_tokens) if s.request_id in rids)
+        for rid in rids:
+            self.failures.append((rid, StepOutOfMemoryError(
+                f"the step computing this request ran out of memory ({tokens} of its {sched.total_tokens} tokens "
+                f"were the dropped requests'); it was dropped so the others could go on: retry it, or lower "
+                f"--max-num-batched-tokens")))
+            self.abort_request(rid)
+        release = getattr(self.runner, "release_memory", None)  # (the GPU runner: the allocator's cached blocks)
+        release() if release is not None else return_free_heap()
+        return []
+
+    def take_failures(self) -> list[tuple[str, Exception]]:
+        """Requests dropped since last asked (request id, the error to give its caller)."""
+        failures, self.failures = self.failures, []
+        return failures
 
     def _schedule(self) -> SchedulerOutput:
         sched = self.scheduler.schedule()
@@ -316,3 +347,12 @@ class LLMEngine(EngineCore):
 
 
 __all__ = ["LLMEngine", "PromptError", "PromptType"]
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether an error is an allocation that failed: torch's OutOfMemoryError (CUDA), Python's MemoryError, or the
+    host allocator's refusal that torch raises as a RuntimeError."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "CUDA out of memory" in text)

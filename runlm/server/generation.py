@@ -23,6 +23,7 @@ from runlm.engine.types.errors import (
     PromptError,
     PromptTooLongError,
     SamplingParamsError,
+    StepOutOfMemoryError,
     TaskError,
 )
 from runlm.engine.types.lora_request import LoRARequest
@@ -234,6 +235,8 @@ def engine_error(exc: BaseException, prompt_param: str = "prompt", constraint_so
         return bad_request(str(exc), prompt_param)
     if isinstance(exc, EngineDeadError):
         return APIError(500, str(exc), code="engine_dead")
+    if isinstance(exc, StepOutOfMemoryError):  # (dropped by a step that ran out of memory; the engine serves on)
+        return APIError(503, str(exc), code="out_of_memory", headers={"Retry-After": "1"})
     if isinstance(exc, ReplicaDeadError):  # one data-parallel replica died (it is being restarted)
         return APIError(503, str(exc), code="replica_dead", headers={"Retry-After": "1"})
     return APIError(500, f"generation failed: {type(exc).__name__}: {exc}", code="internal_error")

@@ -23,10 +23,12 @@ class ServerProcess:
     url: str = ""
     log: list[str] = field(default_factory=list)
     verify: str | bool = True  # an HTTPS server's certificate
+    env: dict[str, str] = field(default_factory=dict)  # beside ENV
 
     def start(self, timeout: float = 240) -> ServerProcess:
         cmd = [sys.executable, "-m", "runlm.cli", "serve-engine", self.model, "--port", "0", *self.args]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=ENV)
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                                     env={**ENV, **self.env})
         found = threading.Event()
 
         def read() -> None:  # keep draining stderr so the child never blocks on a full pipe

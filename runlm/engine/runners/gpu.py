@@ -136,6 +136,11 @@ class GPURunner:
         enable_device_lora(self.loaded.model, self.config)
         return torch.full((self.max_tokens,), -1, dtype=torch.int32, device=self.device)
 
+    def release_memory(self) -> None:
+        """After a step that ran out of memory: the caching allocator's free blocks back to the device."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def free_kv_cache(self) -> None:
         self.graphs = {}
         self.backend = None

@@ -40,3 +40,8 @@ class TaskError(ValueError):
 
 class EngineDeadError(RuntimeError):
     """The engine thread died; every request fails and check_health() raises."""
+
+
+class StepOutOfMemoryError(RuntimeError):
+    """A step ran out of memory (the GPU's, or the host's allocator refused): the requests the engine dropped so the
+    others could go on fail with this; the engine keeps serving."""
