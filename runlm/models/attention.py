@@ -46,7 +46,8 @@ class AttentionBackend(Protocol):
 
     def rope_forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, scale: float, window: int | None,
-                     softcap: float | None) -> torch.Tensor: ...
+                     softcap: float | None, norms: tuple[torch.Tensor, torch.Tensor, float] | None = None
+                     ) -> torch.Tensor: ...
 
 
 @dataclass(slots=True)
@@ -183,19 +184,20 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 
 def rope_write_kv_and_attend(layer: int, positions: torch.Tensor, rope: Any, q: torch.Tensor, k: torch.Tensor,
-                             v: torch.Tensor, scale: float, window: int | None = None,
-                             softcap: float | None = None) -> torch.Tensor | None:
+                             v: torch.Tensor, scale: float, window: int | None = None, softcap: float | None = None,
+                             norms: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor | None:
     """``rope`` (a RotaryEmbedding) on q and k, then write_kv_and_attend, with the rotation and the K/V store in
     one launch where the runner's backend runs Triton kernels and the rope's tables are on the device (the GPU
     runner's); None elsewhere (the caller rotates and calls write_kv_and_attend), and in a step with bidirectional
-    image rows (their second pass reads the rotated queries)."""
+    image rows (their second pass reads the rotated queries). ``norms`` (q's and k's per-head RMSNorm weights and
+    eps): applied first, in the same launch (None returned: the caller applies them)."""
     ctx = get_forward_context()
     backend = ctx.backend
     if backend is None or not backend.use_triton or not rope.sync_free or positions.ndim != 1 \
             or rope.long is not None or ctx.bidirectional is not None:
         return None
     return backend.rope_forward(layer, q, k, v, positions, rope.cos, rope.sin, rope.interleaved, scale, window,
-                                softcap)
+                                softcap, norms)
 
 
 def redo_bidirectional(layer: int, q: torch.Tensor, out: torch.Tensor, scale: float, window: int | None,

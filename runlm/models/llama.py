@@ -132,13 +132,15 @@ class Attention(nn.Module):
         q = q.reshape(t, self.heads, self.head_dim)
         k = k.reshape(t, self.kv_heads, self.head_dim)
         v = v.reshape(t, self.kv_heads, self.head_dim)
-        if self.qk_norm and not self.qk_norm_whole and not self.qk_norm_after_rope:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rope_then_attend:  # RoPE and the K/V store in one launch, where the runner's backend can
+        head_norms = self.qk_norm and not self.qk_norm_whole and not self.qk_norm_after_rope
+        if self.rope_then_attend:  # (q/k norms,) RoPE and the K/V store in one launch, where the backend can
+            norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if head_norms else None
             o = rope_write_kv_and_attend(self.layer, positions, self.rope, q, k, v, self.scale, self.window,
-                                         self.softcap)
+                                         self.softcap, norms)
             if o is not None:
                 return self.o_proj((o if gate is None else o * torch.sigmoid(gate)).reshape(t, self.q_size))
+        if head_norms:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(positions, q, k)
         if self.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)

@@ -114,6 +114,13 @@ def _check_rope_store(ops, dtype: torch.dtype, device: str) -> None:
             assert torch.equal(flat_k[slot], want_k[i]) and torch.equal(flat_v[slot], v[i])
     untouched = [s for s in range(24) if s not in (9, 2, 17)]
     assert (flat_k[untouched] == 9).all() and (flat_v[untouched] == 9).all()
+    # Qwen3's per-head q/k RMSNorm folded in: the norm's own launch, then the rotation, bit for bit
+    qw, kw = (torch.rand(64, generator=g).add(0.5).to(device=device, dtype=dtype) for _ in range(2))
+    got_q = ops.rope_store(q, k, v, positions, cos, sin, False, k_cache, v_cache, slots, (qw, kw, 1e-6))
+    want_q, want_k = ops.rope(ops.rms_norm(q, qw, 1e-6), ops.rms_norm(k, kw, 1e-6), positions, cos, sin, False)
+    assert torch.equal(got_q, want_q)
+    assert torch.equal(flat_k[9], want_k[0]) and torch.equal(flat_k[17], want_k[3])
+    assert not torch.equal(want_q, ops.rope(q, k, positions, cos, sin, False)[0])  # (the norms change q)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -146,15 +153,19 @@ def test_the_rope_kernel_compiles_for_sm90():
     args = {name: "i32" for name in store.arg_names if name.startswith("stride")}
     args |= {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16",
              "v_cache_ptr": "*bf16", "slot_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64"}
-    compile_for_h100(store, args, dict(consts, ROTARY=128, INTERLEAVED=False, BLOCK_SIZE=16))
+    args |= {"qw_ptr": "*bf16", "kw_ptr": "*bf16", "eps": "fp32"}
+    for norm in (False, True):
+        compile_for_h100(store, args, dict(consts, ROTARY=128, INTERLEAVED=False, BLOCK_SIZE=16, NORM=norm))
 
 
-def test_interpreted_a_decode_step_stays_within_its_launch_budget(monkeypatch):
+@pytest.mark.parametrize("recipe", ["qwen2", "qwen3"])
+def test_interpreted_a_decode_step_stays_within_its_launch_budget(monkeypatch, recipe):
     """The GPU runner's decode step, counted on the CPU: Triton launches (interpreted) plus the aten ops that launch
     a kernel on CUDA (views, reshapes and allocations do not). A tiny Qwen2 (2 layers, q/k/v biases): 10 a layer
     (4 matmuls, 2 norms each with the residual add before it, RoPE with the KV store, attention and its merge,
-    SiLU * up) and 13 a step (the embedding, the final norm, the LM head, the step's input copies, the sampler). A fused op that falls
-    back to torch's several shows here."""
+    SiLU * up) and 13 a step (the embedding, the final norm, the LM head, the step's input copies, the sampler). A
+    Qwen3 the same: its per-head q/k norms inside the RoPE launch. A fused op that falls back to torch's several
+    shows here."""
     if not INTERPRETING:
         pytest.skip("runs in test_kernels_under_interpreter's child process")
     import collections
@@ -196,11 +207,11 @@ def test_interpreted_a_decode_step_stays_within_its_launch_budget(monkeypatch):
                 self.ops[name] += 1
             return func(*args, **(kwargs or {}))
 
-    llm = LLM(str(build_model("qwen2")), block_size=4, max_num_batched_tokens=32, kv_cache_memory="16MiB",
+    llm = LLM(str(build_model(recipe)), block_size=4, max_num_batched_tokens=32, kv_cache_memory="16MiB",
               exact_numerics=True, max_model_len=64, enforce_eager=True)
     engine, layers = llm.engine, llm.engine.runner.loaded.config.num_layers
     engine.add_request("r", {"prompt_token_ids": list(range(5, 12))},
-                       SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+                       SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     engine.step()  # the prompt
     engine.step()
     launches.clear()
@@ -210,3 +221,12 @@ def test_interpreted_a_decode_step_stays_within_its_launch_budget(monkeypatch):
     assert launches["_rms_norm_kernel"] == 2 * layers + 1 and launches["_rope_store_kernel"] == layers, launches
     assert counter.ops["add"] == 0, counter.ops  # (every residual add inside a norm's launch)
     assert total <= 10 * layers + 13, (total, counter.ops, launches)
+    outs = []  # and the fused step computes what the torch runner does: the same greedy tokens to the end
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.finished]
+    monkeypatch.setenv("RUNLM_GPU_RUNNER", "0")
+    want = LLM(str(build_model(recipe)), block_size=4, max_num_batched_tokens=32, kv_cache_memory="16MiB",
+               exact_numerics=True, max_model_len=64).generate([{"prompt_token_ids": list(range(5, 12))}],
+                                                               SamplingParams(temperature=0.0, max_tokens=4,
+                                                                              ignore_eos=True))
+    assert outs[0].outputs[0].token_ids == want[0].outputs[0].token_ids

@@ -177,15 +177,17 @@ class PagedAttentionBackend:
 
     def rope_forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, scale: float, window: int | None,
-                     softcap: float | None) -> torch.Tensor:
-        """``forward`` on q and k not yet rotated: the rotation and the K/V store in one launch
-        (runlm.kernels.triton.fused.rope_store), then the attention. Only where the Triton kernels run."""
+                     softcap: float | None, norms: tuple[torch.Tensor, torch.Tensor, float] | None = None
+                     ) -> torch.Tensor:
+        """``forward`` on q and k not yet rotated (nor, with ``norms``, RMS-normalized per head): the norms, the
+        rotation and the K/V store in one launch (runlm.kernels.triton.fused.rope_store), then the attention. Only
+        where the Triton kernels run."""
         from runlm.kernels.triton.fused import rope_store
 
         assert self.use_triton
         k_cache, v_cache = self.caches[layer]
         buf = self.groups[self.layer_group[layer]]
-        q = rope_store(q, k, v, positions, cos, sin, interleaved, k_cache, v_cache, buf.slot_mapping)
+        q = rope_store(q, k, v, positions, cos, sin, interleaved, k_cache, v_cache, buf.slot_mapping, norms)
         return kernels()[1](q, k_cache, v_cache, buf.block_table, self.cu_seqlens_q, self.seq_lens, scale, window,
                             softcap, num_seqs=self.num_seqs, num_segments=self.num_segments())
 

@@ -84,10 +84,19 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rotated(src, sh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr):
+def _head_normed(x, w_ptr, at, inv):
+    """RMSNorm's rounding (runlm.models.llama.RMSNorm) of x with its head's 1 / rms ``inv``, weights at ``at``."""
+    w = tl.load(w_ptr + at).to(tl.float32)
+    return (w * (x.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _rotated(src, sh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
+             w_ptr, eps, HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
     """Heads ``h`` [HP, 1] x features ``d`` [1, DP] at ``src`` rotated at ``pos``: x * cos + rotated * sin on the
     first ROTARY features (pairs, or halves), each product and the sum rounded to x's dtype as torch's three ops
-    round them; the rest as they are."""
+    round them; the rest as they are. With NORM, each head first RMS-normalized (Qwen3's q/k norms: weights
+    ``w_ptr`` [HEAD_DIM], as the norm's own launch would give them)."""
     rot = mask & (d < ROTARY)
     x = tl.load(src + h * sh + d, mask=mask, other=0.0)
     if INTERLEAVED:  # pairs (2i, 2i + 1): rotated = (-x[2i + 1], x[2i])
@@ -96,7 +105,13 @@ def _rotated(src, sh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY: tl.co
     else:  # halves: rotated = (-x[half:], x[:half])
         partner = tl.where(d < ROTARY // 2, d + ROTARY // 2, d - ROTARY // 2)
         first = d < ROTARY // 2
-    xp = tl.load(src + h * sh + partner, mask=rot, other=0.0).to(tl.float32)
+    xp = tl.load(src + h * sh + partner, mask=rot, other=0.0)
+    if NORM:
+        xf = x.to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / HEAD_DIM + eps)[:, None]
+        x = _head_normed(x, w_ptr, tl.where(d < HEAD_DIM, d, 0), inv)
+        xp = _head_normed(xp, w_ptr, tl.where(rot, partner, 0), inv)
+    xp = xp.to(tl.float32)
     xp = tl.where(first, -xp, xp)
     dt = x.dtype
     c = tl.load(cos_ptr + pos * stride_c + d, mask=d < ROTARY, other=0.0).to(dt).to(tl.float32)
@@ -117,24 +132,26 @@ def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr,
     if tl.program_id(1) == 0:
         mask = (h < HEADS) & (d < HEAD_DIM)
         y = _rotated(q_ptr + t * stride_qt, stride_qh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY,
-                     INTERLEAVED)
+                     INTERLEAVED, q_ptr, 0.0, HEAD_DIM, False)
         tl.store(q_out_ptr + t * stride_qot + h * stride_qoh + d, y, mask=mask)
     else:
         mask = (h < KV_HEADS) & (d < HEAD_DIM)
         y = _rotated(k_ptr + t * stride_kt, stride_kh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY,
-                     INTERLEAVED)
+                     INTERLEAVED, k_ptr, 0.0, HEAD_DIM, False)
         tl.store(k_out_ptr + t * stride_kot + h * stride_koh + d, y, mask=mask)
 
 
 @triton.jit
 def _rope_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, cos_ptr, sin_ptr, pos_ptr,
+                       qw_ptr, kw_ptr, eps,
                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qot, stride_qoh,
                        stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_c,
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_P: tl.constexpr, HEAD_DIM: tl.constexpr,
                        HEAD_DIM_P: tl.constexpr, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
-                       BLOCK_SIZE: tl.constexpr):
+                       BLOCK_SIZE: tl.constexpr, NORM: tl.constexpr):
     """_rope_kernel, with the rotated K and V written into the paged caches at the token's slot (kv_store.py's
-    layout; a slot below 0, a graph batch's padding row, writes nothing) instead of returned."""
+    layout; a slot below 0, a graph batch's padding row, writes nothing) instead of returned; with NORM, q's and k's
+    heads RMS-normalized first (weights qw_ptr, kw_ptr: Qwen3's q/k norms, so they take no launches of their own)."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, HEAD_DIM_P)[None, :]
@@ -143,7 +160,7 @@ def _rope_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
     if which == 0:
         mask = (h < HEADS) & (d < HEAD_DIM)
         y = _rotated(q_ptr + t * stride_qt, stride_qh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY,
-                     INTERLEAVED)
+                     INTERLEAVED, qw_ptr, eps, HEAD_DIM, NORM)
         tl.store(q_out_ptr + t * stride_qot + h * stride_qoh + d, y, mask=mask)
     else:
         slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -153,7 +170,7 @@ def _rope_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
             mask = (h < KV_HEADS) & (d < HEAD_DIM)
             if which == 1:
                 y = _rotated(k_ptr + t * stride_kt, stride_kh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY,
-                             INTERLEAVED)
+                             INTERLEAVED, kw_ptr, eps, HEAD_DIM, NORM)
                 tl.store(k_cache_ptr + block * stride_kcb + within * stride_kcs + h * stride_kch + d,
                          y.to(k_cache_ptr.dtype.element_ty), mask=mask)
             else:
@@ -187,17 +204,22 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.T
 
 def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                sin: torch.Tensor, interleaved: bool, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               slot_mapping: torch.Tensor) -> torch.Tensor:
+               slot_mapping: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor, float] | None = None
+               ) -> torch.Tensor:
     """``rope``'s rotation of q (returned) and k, with k and v stored into the caches [blocks, block_size, KVH, D]
-    at ``slot_mapping`` (kv_store.store_kv's layout): the RoPE and the KV store of a layer in one launch."""
+    at ``slot_mapping`` (kv_store.store_kv's layout): the RoPE and the KV store of a layer in one launch. ``norms``
+    (q's weights [D], k's, eps): each head of q and k RMS-normalized before the rotation, in the same launch."""
     consts = _rope_shapes(q, k, cos, sin)
+    q_weight, k_weight, eps = norms if norms is not None else (q, k, 0.0)
     if v.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("rope_store needs a contiguous last (head_dim) dimension")
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if q.shape[0]:
         _rope_store_kernel[(q.shape[0], 3)](
-            q, k, v, q_out, k_cache, v_cache, slot_mapping, cos, sin, positions, q.stride(0), q.stride(1),
+            q, k, v, q_out, k_cache, v_cache, slot_mapping, cos, sin, positions, q_weight, k_weight, eps,
+            q.stride(0), q.stride(1),
             k.stride(0), k.stride(1), v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-            v_cache.stride(2), cos.stride(0), INTERLEAVED=interleaved, BLOCK_SIZE=k_cache.shape[1], **consts)
+            v_cache.stride(2), cos.stride(0), INTERLEAVED=interleaved, BLOCK_SIZE=k_cache.shape[1],
+            NORM=norms is not None, **consts)
     return q_out
