@@ -231,6 +231,10 @@ def test_lora_adapters_mixed_in_a_batch(tiny_model, monkeypatch) -> None:
     narrow = LoRARequest("n", 3, str(peft_adapter("llama", 8, seed=5, targets=("q_proj", "v_proj"))))
     assert _tokens(gpu.generate(prompts, GREEDY, lora_request=narrow)) == \
         _tokens(torch_runner.generate(prompts, GREEDY, lora_request=narrow))
+    # one adapter kept loaded: the second evicts the first while its request still runs (both held in slots)
+    one = dict(enable_lora=True, max_loras=1, max_lora_rank=8)
+    want = _tokens(_llm(path, False, monkeypatch, **one).generate(prompts[:2], GREEDY, lora_request=adapters))
+    assert _tokens(_llm(path, True, monkeypatch, **one).generate(prompts[:2], GREEDY, lora_request=adapters)) == want
 
 
 def _chat(text: str, *images) -> list[dict]:

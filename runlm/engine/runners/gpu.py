@@ -271,10 +271,11 @@ def _sync_free_rope(model: torch.nn.Module, max_len: int, device: torch.device) 
 
 
 def enable_device_lora(model: torch.nn.Module, config: EngineConfig) -> None:
-    """The model's LoRA adapters in device slots, once: max(max_loras, max_cpu_loras) of them."""
+    """The model's LoRA adapters in device slots, once: one per adapter kept loaded (max_cpu_loras) plus one per
+    adapter a step may run (max_loras), for adapters evicted while their requests still run."""
     if getattr(model, "lora_slots", None) is None:
-        lora.enable_device(model, max(config.max_loras, config.max_cpu_loras or 0), config.max_lora_rank,
-                           torch_dtype(config.dtype))
+        kept = config.max_cpu_loras or config.max_loras
+        lora.enable_device(model, kept + config.max_loras, config.max_lora_rank, torch_dtype(config.dtype))
 
 
 def gpu_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, bytes_per_token: int, max_model_len: int) -> int:
