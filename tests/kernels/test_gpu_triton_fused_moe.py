@@ -5,19 +5,16 @@ token-by-token loop over the experts; compiled for sm_90; end to end, the GPU ru
 pytest with TRITON_INTERPRET=1."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from runlm.kernels import triton as rtriton
 from runlm.models.gpu_blocks import dequantize_on_device
-from tests.fixtures.triton_checks import compile_for_h100, run_interpreted
+from tests.fixtures.triton_checks import INTERPRETING, compile_for_h100, run_interpreted, runner_tokens
 from tests.kernels.test_gpu_triton_ggml_matmul import TYPES, blocks
 
 pytestmark = pytest.mark.skipif(not rtriton.available(), reason="triton is not installed")
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available() and not INTERPRETING
 
 
@@ -160,26 +157,20 @@ def test_interpreted_moe_models_on_the_gpu_runner_give_the_torch_runners_tokens(
     every layer stacked, the fused kernel routing on the device; greedy tokens equal the torch runner's exact mode."""
     if not INTERPRETING:
         pytest.skip("runs in test_moe_models_end_to_end_under_interpreter's child process")
-    from runlm.engine.llm import LLM
     from runlm.engine.types.sampling_params import SamplingParams
     from runlm.models.moe import SparseMoeBlock, host_routed_experts
     from tests.engine.conftest import prompt_ids
     from tests.fixtures.gguf_convert import converted_gguf
 
+    def stacked(llm) -> None:
+        model = llm.engine.runner.loaded.model
+        assert host_routed_experts(model, "cpu") is None
+        blocks = [m.stacked for m in model.modules() if isinstance(m, SparseMoeBlock)]
+        assert blocks and all(s is not None for s in blocks)
+        assert (blocks[0].gate_up_type != 0) == (fmt != "safetensors")
+
     path = tiny_model(recipe) if fmt == "safetensors" else converted_gguf(recipe, fmt)
-    kw = dict(block_size=4, max_num_batched_tokens=64, kv_cache_memory="16MiB", exact_numerics=True, max_model_len=64)
     greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     prompts = [{"prompt_token_ids": prompt_ids(5 + 4 * i, seed=i)} for i in range(2)]
-    monkeypatch.setenv("RUNLM_NATIVE_RUNNER", "0")
-    tokens = {}
-    for gpu in (True, False):
-        monkeypatch.setenv("RUNLM_GPU_RUNNER", "1" if gpu else "0")
-        llm = LLM(str(path), **kw)
-        if gpu:
-            model = llm.engine.runner.loaded.model
-            assert host_routed_experts(model, "cpu") is None
-            stacked = [m.stacked for m in model.modules() if isinstance(m, SparseMoeBlock)]
-            assert stacked and all(s is not None for s in stacked)
-            assert (stacked[0].gate_up_type != 0) == (fmt != "safetensors")
-        tokens[gpu] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+    tokens = runner_tokens(monkeypatch, path, prompts, greedy, stacked)
     assert tokens[True] == tokens[False]

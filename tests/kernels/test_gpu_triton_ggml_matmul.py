@@ -4,18 +4,15 @@ every block type it reads, decode (M = 1) and prefill shapes, a column slice of 
 is one. As test_gpu_triton_attention.py, the interpreted tests run in a child pytest with TRITON_INTERPRET=1."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 
 from runlm.kernels import triton as rtriton
 from runlm.models.gpu_blocks import dequantize_on_device
-from tests.fixtures.triton_checks import compile_for_h100, run_interpreted
+from tests.fixtures.triton_checks import INTERPRETING, compile_for_h100, run_interpreted, runner_tokens
 
 pytestmark = pytest.mark.skipif(not rtriton.available(), reason="triton is not installed")
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available() and not INTERPRETING
 # name, ggml type, values and bytes per block, where each block's fp16 scales sit
 TYPES = [("Q8_0", 8, 32, 34, (0,)), ("Q4_0", 2, 32, 18, (0,)), ("Q4_K", 12, 256, 144, (0, 2)),
@@ -100,24 +97,17 @@ def test_interpreted_a_gguf_on_the_gpu_runner_gives_the_torch_runners_tokens(mon
     kernel (interpreted), the attention Triton's too; greedy tokens equal the torch runner's exact mode."""
     if not INTERPRETING:
         pytest.skip("runs in test_kernels_under_interpreter's child process")
-    from runlm.engine.llm import LLM
     from runlm.engine.runners.gpu import GPURunner
     from runlm.engine.types.sampling_params import SamplingParams
     from runlm.models.linear import Linear
     from tests.engine.conftest import prompt_ids
     from tests.fixtures.gguf_convert import converted_gguf
 
-    path = converted_gguf("llama", "q8_0")
-    kw = dict(block_size=4, max_num_batched_tokens=64, kv_cache_memory="16MiB", exact_numerics=True, max_model_len=64)
+    def kept_in_blocks(llm) -> None:
+        assert isinstance(llm.engine.runner, GPURunner)
+        assert any(isinstance(m, Linear) and m.device_blocks for m in llm.engine.runner.loaded.model.modules())
+
     greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     prompts = [{"prompt_token_ids": prompt_ids(5 + 4 * i, seed=i)} for i in range(2)]  # (batched: 2 rows a step)
-    monkeypatch.setenv("RUNLM_NATIVE_RUNNER", "0")
-    tokens = {}
-    for gpu in (True, False):
-        monkeypatch.setenv("RUNLM_GPU_RUNNER", "1" if gpu else "0")
-        llm = LLM(str(path), **kw)
-        if gpu:
-            assert isinstance(llm.engine.runner, GPURunner)
-            assert any(isinstance(m, Linear) and m.device_blocks for m in llm.engine.runner.loaded.model.modules())
-        tokens[gpu] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+    tokens = runner_tokens(monkeypatch, converted_gguf("llama", "q8_0"), prompts, greedy, kept_in_blocks)
     assert tokens[True] == tokens[False]

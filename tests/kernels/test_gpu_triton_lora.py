@@ -5,16 +5,13 @@ adapters in device slots and the kernels interpreted gives the torch runner's to
 the interpreted tests run in a child pytest with TRITON_INTERPRET=1."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from runlm.kernels import triton as rtriton
-from tests.fixtures.triton_checks import compile_for_h100, run_interpreted
+from tests.fixtures.triton_checks import INTERPRETING, compile_for_h100, run_interpreted, runner_tokens
 
 pytestmark = pytest.mark.skipif(not rtriton.available(), reason="triton is not installed")
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available() and not INTERPRETING
 
 
@@ -101,26 +98,19 @@ def test_interpreted_lora_on_the_gpu_runner_gives_the_torch_runners_tokens(tiny_
     Triton kernels (interpreted): greedy tokens equal the torch runner's (its rows grouped by adapter)."""
     if not INTERPRETING:
         pytest.skip("runs in test_lora_on_the_gpu_runner_under_interpreter's child process")
-    from runlm.engine.llm import LLM
     from runlm.engine.types.lora_request import LoRARequest
     from runlm.engine.types.sampling_params import SamplingParams
     from tests.engine.conftest import prompt_ids
     from tests.fixtures.lora import peft_adapter
 
-    path = tiny_model("llama")
-    kw = dict(block_size=4, max_num_batched_tokens=64, kv_cache_memory="16MiB", exact_numerics=True, max_model_len=64,
-              enable_lora=True, max_loras=2, max_lora_rank=8)
+    def in_slots(llm) -> None:
+        assert llm.engine.runner.lora_rows is not None
+
     adapters = [LoRARequest(f"a{i}", i + 1, str(peft_adapter("llama", 8, seed=i))) for i in range(2)]
     prompts = [{"prompt_token_ids": prompt_ids(5 + 4 * i, seed=i)} for i in range(3)]
     greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    monkeypatch.setenv("RUNLM_NATIVE_RUNNER", "0")
-    tokens = {}
-    for gpu in (True, False):
-        monkeypatch.setenv("RUNLM_GPU_RUNNER", "1" if gpu else "0")
-        llm = LLM(str(path), **kw)
-        if gpu:
-            assert llm.engine.runner.lora_rows is not None
-        outs = llm.generate(prompts, greedy, lora_request=[adapters[0], None, adapters[1]])
-        tokens[gpu] = [o.outputs[0].token_ids for o in outs]
+    tokens = runner_tokens(monkeypatch, tiny_model("llama"), prompts, greedy, in_slots,
+                           lora_request=[adapters[0], None, adapters[1]], enable_lora=True, max_loras=2,
+                           max_lora_rank=8)
     assert tokens[True] == tokens[False]
     assert tokens[True][0] != tokens[True][1]  # (an adapter changes the answer)
