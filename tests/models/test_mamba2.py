@@ -80,8 +80,13 @@ GGUF_RECIPES = [r for r, (_, in_gguf) in FAMILIES.items() if in_gguf]
 assert set(FAMILIES) == set(HYBRID_RECIPES)
 
 
-@pytest.mark.parametrize(("recipe", "fmt"), [(r, fmt) for r in FAMILIES for fmt in ("safetensors", "gguf")
-                                              if fmt == "safetensors" or r in GGUF_RECIPES])
+# (the default run: every family from safetensors, two from llama.cpp's GGUF; the rest under make test-slow)
+QUICK_GGUF = ("nemotron-h-moe", "qwen3-next")
+
+
+@pytest.mark.parametrize(("recipe", "fmt"), [
+    (r, fmt) if fmt == "safetensors" or r in QUICK_GGUF else pytest.param(r, fmt, marks=pytest.mark.slow)
+    for r in FAMILIES for fmt in ("safetensors", "gguf") if fmt == "safetensors" or r in GGUF_RECIPES])
 def test_hybrids_match_transformers(recipe: str, fmt: str, tiny_model) -> None:
     """Exact mode's logits within 1e-4 of transformers' on a 200-token prompt, and 64 greedy tokens through the engine
     that are transformers' own choices: each the argmax of its forward over the prompt and the tokens before it.
