@@ -78,8 +78,8 @@ def verify_on_device(raw: torch.Tensor, seqs: list[tuple[Sequence, int]]) -> lis
     draft = torch.tensor([t for s, _ in seqs for t in (*s.spec.tokens, 0)], dtype=torch.int64).to(dev)
     has_draft = torch.tensor([j < len(s.spec.tokens) for s, _ in seqs for j in range(len(s.spec.tokens) + 1)]
                              ).to(dev)
-    stands = logits.argmax(dim=-1) == draft  # (greedy rows)
-    drawn = logits.argmax(dim=-1)
+    drawn = logits.argmax(dim=-1)  # (greedy rows: the target's token, and whether the draft's equals it)
+    stands = drawn == draft
     sampled = [i for i, (s, _) in enumerate(seqs) if not s.params.greedy]
     states: list[tuple[np.random.Generator, Mapping[str, Any]]] = []
     if sampled:
