@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from runlm import kernels
-from runlm.kernels.triton.reference import causal_mask
+from runlm.kernels.triton.reference import causal_mask, explicit_attention
 
 
 @dataclass(slots=True)
@@ -34,7 +34,8 @@ class GroupSlots:
 
 class AttentionBackend(Protocol):
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                window: int | None, softcap: float | None) -> torch.Tensor: ...
+                window: int | None, softcap: float | None, sinks: torch.Tensor | None = None,
+                chunk: int | None = None) -> torch.Tensor: ...
 
     def context_kv(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence ``seq``'s cached K and V of layer ``layer`` this step, [context_len, KVH, D] each (read where an
@@ -67,7 +68,7 @@ class ForwardContext:
     mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
     bidirectional: list[list[tuple[int, int]]] | None = None
     # a runner's own attention (the GPU runner's paged kernels): write_kv_and_attend hands every layer to
-    # ``backend.forward(layer, q, k, v, scale, window, softcap) -> [T, H, D]``
+    # ``backend.forward(layer, q, k, v, scale, window, softcap, sinks, chunk) -> [T, H, D]``
     backend: AttentionBackend | None = None
     # recurrent layers (Mamba2 mixers: runlm.models.mamba2): per layer its (conv, ssm) state tensors, one row per
     # state slot (None for an attention layer), and per sequence its slot and whether its state starts from zero
@@ -117,39 +118,18 @@ def get_forward_context() -> ForwardContext:
 
 def _mask(q_len: int, kv_len: int, window: int | None, device: torch.device,
           spans: Sequence[tuple[int, int]] = (), chunk: int | None = None) -> torch.Tensor | None:
-    """Causal mask for the last q_len of kv_len positions (None where SDPA needs none); within each of
-    ``spans`` every position sees every other (an image's tokens on Gemma 3); with ``chunk``, a position sees only
-    those of its own chunk of that many (Llama 4's chunked local attention)."""
-    causal = causal_mask(q_len, kv_len, window, device)
-    if not spans and chunk is None:
+    """Causal mask for the last q_len of kv_len positions (None where SDPA needs none; ``chunk``: Llama 4's chunked
+    local attention, reference.causal_mask); within each of ``spans`` every position sees every other (an image's
+    tokens on Gemma 3)."""
+    causal = causal_mask(q_len, kv_len, window, device, chunk)
+    if not spans:
         return causal
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
     k_pos = torch.arange(kv_len, device=device)[None, :]
     allowed = causal if causal is not None else torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
-    if chunk is not None:
-        allowed = allowed & (q_pos // chunk == k_pos // chunk)
     for start, end in spans:
         allowed |= (q_pos >= start) & (q_pos < end) & (k_pos >= start) & (k_pos < end)
     return allowed
-
-
-def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-              softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Attention with its scores written out: passed through softcap * tanh(s / softcap) (Gemma 2), and/or with one
-    more logit per head in the softmax's denominator that attends to nothing (gpt-oss's sinks).
-    q [H, Tq, D]; k, v [KVH, Tk, D]; sinks [H]."""
-    repeat = q.shape[0] // k.shape[0]
-    k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
-    scores = (q @ k.transpose(1, 2)) * scale
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    if sinks is None:
-        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
-    sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(-1, scores.shape[1], 1)
-    probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
-    return probs.to(q.dtype) @ v
 
 
 def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -158,13 +138,12 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
     """Store the new tokens' K/V in layer ``layer``'s cache slots, then attend over each sequence's cached
     context (kernels.paged_attention, or torch). q: [T, H, D]; k, v: [T, KVH, D]; ``sinks`` [H]: each head's
     attention-sink logit (gpt-oss); ``chunk``: attention within chunks of that many positions (Llama 4); both
-    computed by torch. Returns [T, H, D]."""
+    computed by torch here, by the kernels of a runner's own backend. Returns [T, H, D]."""
     ctx = get_forward_context()
     torch_only = sinks is not None or chunk is not None
     if ctx.backend is not None:
-        assert not torch_only, "the runner's own attention takes no sinks or chunks"  # (the GPU runner refuses them)
-        return redo_bidirectional(layer, q, ctx.backend.forward(layer, q, k, v, scale, window, softcap), scale,
-                                  window, softcap)
+        return redo_bidirectional(layer, q, ctx.backend.forward(layer, q, k, v, scale, window, softcap, sinks, chunk),
+                                  scale, window, softcap)
     if ctx.kv_caches is not None:
         k_cache, v_cache = ctx.kv_caches[layer]
         slot_mapping, flat_slots, _ = ctx.slots_of(layer)
@@ -235,7 +214,7 @@ def _attend_one(ctx: ForwardContext, layer: int, i: int, start: int, q: torch.Te
     mask = _mask(q_len, kv_len, window, q.device, spans, chunk)
     ks, vs = ks.transpose(0, 1).to(q.dtype), vs.transpose(0, 1).to(q.dtype)
     if softcap or sinks is not None:
-        o = _explicit(qs, ks, vs, mask, scale, softcap, sinks)
+        o = explicit_attention(qs, ks, vs, mask, scale, softcap, sinks)
     else:
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
     out[start:end] = o.transpose(0, 1)

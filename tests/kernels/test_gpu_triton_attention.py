@@ -65,8 +65,10 @@ def _step(seqs: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int,
             cu.to(**to), lens.to(**to))
 
 
-def _sdpa_per_sequence(q, k_cache, v_cache, table, cu, lens, scale, window=None, softcap=None):
-    """An independent check: each sequence's K/V made contiguous, explicit fp64 math for softcap, SDPA otherwise."""
+def _sdpa_per_sequence(q, k_cache, v_cache, table, cu, lens, scale, window=None, softcap=None, sinks=None,
+                       chunk=None):
+    """An independent check: each sequence's K/V made contiguous, explicit fp64 math for softcap and sinks, SDPA
+    otherwise."""
     out = torch.zeros_like(q, dtype=torch.float64)
     bs = k_cache.shape[1]
     for b in range(len(lens)):
@@ -80,10 +82,15 @@ def _sdpa_per_sequence(q, k_cache, v_cache, table, cu, lens, scale, window=None,
         mask = k_pos <= q_pos
         if window:
             mask &= k_pos > q_pos - window
-        if softcap:
+        if chunk:
+            mask &= k_pos // chunk == q_pos // chunk
+        if softcap or sinks is not None:
             rep = qs.shape[0] // ks.shape[0]
-            s = torch.tanh((qs @ ks.repeat_interleave(rep, 0).transpose(1, 2)) * scale / softcap) * softcap
-            o = torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ vs.repeat_interleave(rep, 0)
+            s = (qs @ ks.repeat_interleave(rep, 0).transpose(1, 2)) * scale
+            s = torch.tanh(s / softcap) * softcap if softcap else s
+            e = torch.exp(s.masked_fill(~mask, float("-inf")))
+            total = e.sum(-1, keepdim=True) + (0 if sinks is None else torch.exp(sinks.double()).view(-1, 1, 1))
+            o = (e / total) @ vs.repeat_interleave(rep, 0)
         else:
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
         out[start:end] = o.transpose(0, 1)
@@ -105,6 +112,24 @@ def test_interpreted_attention_matches_reference_fp32(interp, heads, kv_heads, w
     assert (out - ref).abs().max() <= 1e-5
     exact = _sdpa_per_sequence(q, kc, vc, table, cu, lens, scale, window, softcap)
     assert (out.double() - exact).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize(("sinks", "chunk", "window", "segments"), [
+    (True, None, None, 1), (True, None, 8, 4), (False, 16, None, 1), (True, 8, None, 2)],
+    ids=["sinks", "sinks+window+split", "chunk", "sinks+chunk+split"])
+def test_interpreted_sinks_and_chunks(interp, sinks, chunk, window, segments):
+    """gpt-oss's attention sinks (a logit per head in the denominator) and Llama 4's chunked local attention: a
+    decode past a chunk's end, a prefill crossing chunks, a whole prefill."""
+    q, kc, vc, table, cu, lens = _step(MIXED, 8, 2, 32, seed=3)
+    logits = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5, -3.0, 0.25, 4.0]) if sinks else None
+    out = interp.paged_attention(q, kc, vc, table, cu, lens, 0.2, window, None, num_segments=segments,
+                                 sinks=logits, chunk=chunk)
+    ref = reference.paged_attention_ref(q, kc, vc, table, cu, lens, 0.2, window, None, sinks=logits, chunk=chunk)
+    assert (out - ref).abs().max() <= 1e-5
+    exact = _sdpa_per_sequence(q, kc, vc, table, cu, lens, 0.2, window, None, logits, chunk)
+    assert (out.double() - exact).abs().max() <= 1e-5
+    if sinks:  # the sinks took weight: the same step without them differs
+        assert (out - interp.paged_attention(q, kc, vc, table, cu, lens, 0.2, window)).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize(("seqs", "window", "softcap", "segments"), [
@@ -262,22 +287,25 @@ def test_kernels_compile_for_sm90():
     import runlm.kernels.triton.attention as attention
     import runlm.kernels.triton.kv_store as kv_store
     kernel = attention._unified_attention_kernel
-    for dtype, window, softcap, segments, rows in [("bf16", 0, False, 1, 16), ("fp32", 128, True, 1, 16),
-                                                   ("bf16", 0, False, 16, 16), ("bf16", 0, False, 1, 64)]:
+    for dtype, window, softcap, segments, rows, sinks, chunk in [
+            ("bf16", 0, False, 1, 16, False, 0), ("fp32", 128, True, 1, 16, False, 0),
+            ("bf16", 0, False, 16, 16, False, 0), ("bf16", 0, False, 1, 64, False, 0),
+            ("bf16", 128, False, 1, 16, True, 0), ("bf16", 0, False, 1, 64, False, 8192)]:
         args = {name: "i32" for name in kernel.arg_names if name.startswith("stride")}
-        args |= {name: f"*{dtype}" for name in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")}
+        args |= {name: f"*{dtype}" for name in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr", "sinks_ptr")}
         args |= {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32"}
         args |= {"block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32", "scale": "fp32",
                  "softcap": "fp32", "num_seqs": "i32"}
         compile_for_h100(kernel, args, dict(
             GROUP=6, BLOCK_Q=rows // 6, BLOCK_M=rows, HEAD_DIM=128, HEAD_DIM_P=128, BLOCK_SIZE=16, TILE=32, WINDOW=window,
-            USE_SOFTCAP=softcap, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False,
-            NUM_HEADS=12, NUM_SEGMENTS=segments))
+            CHUNK=chunk, USE_SOFTCAP=softcap, USE_SINKS=sinks, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32",
+            UPCAST=False, NUM_HEADS=12, NUM_SEGMENTS=segments))
     merge = attention._merge_segments_kernel
-    compile_for_h100(merge, {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
-                              "part_l_ptr": "*fp32", "cu_seqlens_q_ptr": "*i32", "num_seqs": "i32",
-                              "stride_ot": "i32", "stride_oh": "i32"},
-                      dict(NUM_HEADS=12, NUM_SEGMENTS=16, HEAD_DIM=128, HEAD_DIM_P=128))
+    for sinks in (False, True):
+        compile_for_h100(merge, {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
+                                  "part_l_ptr": "*fp32", "cu_seqlens_q_ptr": "*i32", "sinks_ptr": "*bf16",
+                                  "num_seqs": "i32", "stride_ot": "i32", "stride_oh": "i32"},
+                          dict(NUM_HEADS=12, NUM_SEGMENTS=16, HEAD_DIM=128, HEAD_DIM_P=128, USE_SINKS=sinks))
     store = kv_store._store_kv_kernel
     args = {name: "i32" for name in store.arg_names if name.startswith("stride")}
     args |= {"k_ptr": "*fp32", "v_ptr": "*fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "slot_ptr": "*i64"}

@@ -36,17 +36,6 @@ def test_fast_mode_kl_divergence_is_llama_cpps() -> None:
     assert 0 < kl < LLAMA_CPP_Q8_0_KL, f"fast mode's KL divergence {kl:.6f}"
 
 
-def test_the_gpu_runner_refuses_it_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    from runlm.engine.runners.select import select_runner
-    from runlm.engine.types.config import EngineConfig
-    from runlm.models.spec import read_spec
-
-    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
-    path = converted_gguf("gpt-oss", "q8_0")
-    with pytest.raises(ValueError, match="the GPU runner does not run (attention sinks|models whose layers keep KV)"):
-        select_runner(read_spec(path), EngineConfig(model=str(path)))
-
-
 def test_mxfp4_checkpoints_read_as_transformers_dequantizes_them_and_compute_on_the_blocks() -> None:
     """gpt-oss's Hugging Face checkpoints keep the experts in MXFP4: exact mode computes on their values (as
     transformers' own dequantizer gives them), within 1e-4 of transformers on those values, with its greedy tokens; fast

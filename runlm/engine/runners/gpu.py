@@ -26,10 +26,9 @@ device by the fused kernel, runlm.kernels.triton.fused_moe, its stacked weights 
 it cannot take routes on the host, eagerly), LoRA adapters (in device slots, each row's slot uploaded with the step:
 runlm.kernels.triton.lora's kernels, torch ops where Triton does not run; in the decode graphs too), images (the
 tower on the device; an image's rows written over its placeholders in a prefill step; Gemma 3's bidirectional spans
-by a second pass over those rows; Qwen2.5-VL's M-RoPE positions, [3, T], uploaded beside the step). Refused by name
-(never a slow fallback), at the
-runner choice (gpu_select.why_not_gpu_model): what the family
-declares (latent attention, attention sinks, recurrent layers...). Per step, the
+by a second pass over those rows; Qwen2.5-VL's M-RoPE positions, [3, T], uploaded beside the step), gpt-oss's
+attention sinks and Llama 4's chunked attention (in the attention kernel). Refused by name (never a slow fallback),
+at the runner choice (gpu_select.why_not_gpu_model): what the family declares (latent attention). Per step, the
 sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
 """
 from __future__ import annotations

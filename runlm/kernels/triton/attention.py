@@ -22,7 +22,8 @@ positions (each position's block looked up in the table), with an online softmax
 masks; tiles wholly outside the window or after the block's last query are skipped. Split-KV (``num_segments``,
 for decode steps of few sequences): a third grid axis splits each context's tiles into runs whose unnormalised
 partials and softmax statistics a second small kernel merges (vLLM's 3D path). Softcap (Gemma 2) is
-``softcap * tanh(s / softcap)`` on the scaled scores. fp32 inputs use IEEE dots (no TF32) so fp32 matches the
+``softcap * tanh(s / softcap)`` on the scaled scores; a head's sink (gpt-oss) is one more logit in the softmax's
+denominator, added after the walk (or in the merge). fp32 inputs use IEEE dots (no TF32) so fp32 matches the
 reference to ~1e-6; bf16/fp16 multiply in their dtype with fp32 accumulation, P cast to V's dtype for P @ V
 (under the interpreter bf16 is computed in fp32: its bf16 arithmetic is wrong, only loads/stores are checked).
 
@@ -66,14 +67,14 @@ def _tanh(x):
 @triton.jit(do_not_specialize=["num_seqs"])
 def _unified_attention_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
-    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, sinks_ptr,
     scale, softcap, num_seqs,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-    WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    NUM_SEGMENTS: tl.constexpr,
+    WINDOW: tl.constexpr, CHUNK: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_SINKS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -114,6 +115,8 @@ def _unified_attention_kernel(
     kv_lo = 0
     if WINDOW > 0:
         kv_lo = tl.maximum(first_pos + local * BLOCK_Q - WINDOW + 1, 0)
+    if CHUNK > 0:  # (nothing before the chunk of the block's first query)
+        kv_lo = tl.maximum(kv_lo, (first_pos + local * BLOCK_Q) // CHUNK * CHUNK)
     tile_lo = kv_lo // TILE
     tile_hi = (kv_hi + TILE - 1) // TILE
     if NUM_SEGMENTS > 1:  # split-KV: this program takes one of NUM_SEGMENTS equal runs of those tiles
@@ -144,6 +147,8 @@ def _unified_attention_kernel(
         allowed = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
         if WINDOW > 0:
             allowed = allowed & (pos[None, :] > q_pos[:, None] - WINDOW)
+        if CHUNK > 0:
+            allowed = allowed & (pos[None, :] >= (q_pos // CHUNK * CHUNK)[:, None])
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays at zero
@@ -159,6 +164,12 @@ def _unified_attention_kernel(
         tl.store(part_l_ptr + part, l_i, mask=row_ok)
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_ok[:, None] & dim_ok[None, :])
     else:
+        if USE_SINKS:  # the head's sink logit joins the softmax's denominator (and attends to nothing)
+            sink = tl.load(sinks_ptr + head).to(tl.float32)
+            m_all = tl.maximum(m_i, sink)
+            alpha = tl.exp(m_i - m_all)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp(sink - m_all)
         acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
@@ -166,8 +177,9 @@ def _unified_attention_kernel(
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def _merge_segments_kernel(
-    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, cu_seqlens_q_ptr, num_seqs, stride_ot, stride_oh,
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, cu_seqlens_q_ptr, sinks_ptr, num_seqs, stride_ot, stride_oh,
     NUM_HEADS: tl.constexpr, NUM_SEGMENTS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -179,8 +191,13 @@ def _merge_segments_kernel(
     part = (token * NUM_HEADS + head) * NUM_SEGMENTS + segments
     m = tl.load(part_m_ptr + part)
     big = tl.max(m, 0)
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32)
+        big = tl.maximum(big, sink)
     weight = tl.exp(m - tl.where(big == float("-inf"), 0.0, big))  # an empty segment weighs 0
     total = tl.sum(tl.load(part_l_ptr + part) * weight, 0)
+    if USE_SINKS:
+        total += tl.exp(sink - big)
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=dim_ok[None, :], other=0.0)
     out = tl.sum(acc * weight[:, None], 0) / tl.where(total == 0.0, 1.0, total)
     tl.store(out_ptr + token * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dim_ok)
@@ -200,14 +217,17 @@ def launch_shape(num_heads: int, num_kv_heads: int, min_rows: int = 16) -> tuple
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, window: int | None = None,
                     softcap: float | None = None, num_seqs: int | None = None, out: torch.Tensor | None = None,
-                    tile: int = 32, num_segments: int = 1, block_rows: int = 16) -> torch.Tensor:
+                    tile: int = 32, num_segments: int = 1, block_rows: int = 16, sinks: torch.Tensor | None = None,
+                    chunk: int | None = None) -> torch.Tensor:
     """q [T, H, D] (any row/head strides, D contiguous); caches [num_blocks, block_size, KVH, D]; block_table
     [>= B, max_blocks] int32; cu_seqlens_q [>= B + 1] int32; seq_lens [>= B] int32, all on q's device. ``num_seqs``
     (B, default len(seq_lens)) is a host int so nothing is read back. ``num_segments`` > 1 (a power of two) splits
     each sequence's context into that many runs done by separate programs, then merges them (a second launch):
     for decode steps of few sequences, where one program per (sequence, KV head) leaves the GPU idle.
     ``block_rows``: query rows (tokens x heads of a group) per program; more (64) reads K/V fewer times in long
-    prefills, 16 wastes least on decodes. Returns out [T, H, D] in q's dtype."""
+    prefills, 16 wastes least on decodes. ``sinks`` [H]: each head's attention-sink logit (gpt-oss), one more term
+    of the softmax's denominator; ``chunk``: a query sees only its own chunk of that many positions (Llama 4).
+    Returns out [T, H, D] in q's dtype."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     if num_heads % num_kv_heads:
@@ -218,6 +238,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     n = seq_lens.shape[0] if num_seqs is None else num_seqs
     if num_tokens == 0 or n == 0:
         return out
+    if sinks is not None and sinks.shape != (num_heads,):
+        raise ValueError(f"sinks of shape {tuple(sinks.shape)} for {num_heads} query heads")
     block_m, block_q = launch_shape(num_heads, num_kv_heads, block_rows)
     # Triton's interpreter computes wrongly on bf16 operands (numpy has no bf16): there, compute in fp32
     upcast = _INTERPRETED and q.dtype == torch.bfloat16
@@ -232,20 +254,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     grid = (num_tokens // block_q + n, num_kv_heads, num_segments)
     _unified_attention_kernel[grid](
         out, part_acc, part_m, part_l, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
-        float(scale), float(softcap or 0.0), n,
+        out if sinks is None else sinks, float(scale), float(softcap or 0.0), n,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
         NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, BLOCK_Q=block_q, BLOCK_M=block_m,
         HEAD_DIM=head_dim, HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=k_cache.shape[1],
-        TILE=tile, WINDOW=int(window or 0), USE_SOFTCAP=bool(softcap),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
-        NUM_SEGMENTS=num_segments,
+        TILE=tile, WINDOW=int(window or 0), CHUNK=int(chunk or 0), USE_SOFTCAP=bool(softcap),
+        USE_SINKS=sinks is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
+        UPCAST=upcast, NUM_SEGMENTS=num_segments,
     )
     if num_segments > 1:
         _merge_segments_kernel[(num_tokens, num_heads)](
-            out, part_acc, part_m, part_l, cu_seqlens_q, n, out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, NUM_SEGMENTS=num_segments, HEAD_DIM=head_dim,
-            HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)),
+            out, part_acc, part_m, part_l, cu_seqlens_q, out if sinks is None else sinks, n, out.stride(0),
+            out.stride(1), NUM_HEADS=num_heads, NUM_SEGMENTS=num_segments, HEAD_DIM=head_dim,
+            HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)), USE_SINKS=sinks is not None,
         )
     return out

@@ -33,8 +33,9 @@ a CUDA graph captured after ``set_step`` with B sequences and T rows replays cor
 called again with the same B and T (pad sequences with zero new tokens: cu repeated, seq_lens 0; pad rows with
 slot -1). Rows of q past cu[B] are left unwritten in the output. Rows past T in ``slot_mapping`` are reset to -1.
 
-``forward(layer, q [T, H, D], k [T, KVH, D], v, scale, window, softcap) -> [T, H, D]`` stores the new K/V in the
-layer's cache, then attends. ``caches[layer]`` is (k_cache, v_cache), each [num_blocks, block_size, KVH, D];
+``forward(layer, q [T, H, D], k [T, KVH, D], v, scale, window, softcap, sinks=None, chunk=None) -> [T, H, D]``
+stores the new K/V in the layer's cache, then attends (``sinks`` [H]: gpt-oss's attention sinks; ``chunk``: Llama
+4's chunked local attention). ``caches[layer]`` is (k_cache, v_cache), each [num_blocks, block_size, KVH, D];
 ``flat_caches()`` gives the same memory as [slots, KVH, D] (ForwardContext.kv_caches' layout).
 
 On the CPU, ``use_triton=None`` picks the interpreter when TRITON_INTERPRET=1 was set before Triton was first
@@ -162,7 +163,8 @@ class PagedAttentionBackend:
         return 1
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                window: int | None, softcap: float | None) -> torch.Tensor:
+                window: int | None, softcap: float | None, sinks: torch.Tensor | None = None,
+                chunk: int | None = None) -> torch.Tensor:
         k_cache, v_cache = self.caches[layer]
         buf = self.groups[self.layer_group[layer]]
         num_tokens = q.shape[0]
@@ -171,9 +173,10 @@ class PagedAttentionBackend:
             q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
             store_kv(k, v, k_cache, v_cache, buf.slot_mapping)
             return paged_attention(q, k_cache, v_cache, buf.block_table, self.cu_seqlens_q, self.seq_lens, scale,
-                                   window, softcap, num_seqs=self.num_seqs, num_segments=self.num_segments())
+                                   window, softcap, num_seqs=self.num_seqs, num_segments=self.num_segments(),
+                                   sinks=sinks, chunk=chunk)
         reference.store_kv_ref(k, v, k_cache, v_cache, buf.slot_mapping[:num_tokens])
-        return self._attend_ref(buf, q, k_cache, v_cache, scale, window, softcap)
+        return self._attend_ref(buf, q, k_cache, v_cache, scale, window, softcap, sinks, chunk)
 
     def rope_forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, scale: float, window: int | None,
@@ -200,7 +203,8 @@ class PagedAttentionBackend:
         return k_cache.view(-1, *k_cache.shape[2:])[slots], v_cache.view(-1, *v_cache.shape[2:])[slots]
 
     def _attend_ref(self, buf: _GroupBuffers, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
+                    scale: float, window: int | None, softcap: float | None, sinks: torch.Tensor | None,
+                    chunk: int | None) -> torch.Tensor:
         """The torch reference, with each sequence's context slots worked out once per step."""
         if self._host_starts is None:
             self._host_starts = self.cu_seqlens_q[:self.num_seqs + 1].tolist()
@@ -215,5 +219,5 @@ class PagedAttentionBackend:
             start, end = starts[i], starts[i + 1]
             if end > start:
                 out[start:end] = reference.attend_one(q[start:end], k_flat[slots], v_flat[slots], scale, window,
-                                                      softcap)
+                                                      softcap, sinks, chunk)
         return out

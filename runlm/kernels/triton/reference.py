@@ -29,31 +29,49 @@ def context_slots(block_table_row: torch.Tensor, seq_len: int, block_size: int) 
     return blocks * block_size + pos % block_size
 
 
-def causal_mask(q_len: int, kv_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-    """The causal mask (with a sliding window) for the last q_len of kv_len positions: query i sits at
-    kv_len - q_len + i; None where SDPA needs none. runlm.models.attention adds images' spans to it."""
-    if q_len == 1 and (window is None or kv_len <= window):
+def causal_mask(q_len: int, kv_len: int, window: int | None, device: torch.device, chunk: int | None = None
+                ) -> torch.Tensor | None:
+    """The causal mask (with a sliding window; with ``chunk``, within each query's chunk of that many positions:
+    Llama 4's chunked local attention) for the last q_len of kv_len positions: query i sits at kv_len - q_len + i;
+    None where SDPA needs none. runlm.models.attention adds images' spans to it."""
+    if q_len == 1 and (window is None or kv_len <= window) and (chunk is None or kv_len <= chunk):
         return None
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
     k_pos = torch.arange(kv_len, device=device)[None, :]
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= k_pos > q_pos - window
+    if chunk is not None:
+        allowed &= k_pos >= q_pos // chunk * chunk
     return allowed
 
 
-def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,
-               softcap: float | None) -> torch.Tensor:
-    """One sequence: q [Tq, H, D] (the last Tq of the Tk positions); k, v [Tk, KVH, D]. Returns [Tq, H, D]."""
-    mask = causal_mask(q.shape[0], k.shape[0], window, q.device)
-    qs, ks, vs = q.transpose(0, 1), k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                       softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Attention with its scores written out: passed through softcap * tanh(s / softcap) (Gemma 2), and/or with one
+    more logit per head in the softmax's denominator that attends to nothing (gpt-oss's sinks).
+    q [H, Tq, D]; k, v [KVH, Tk, D]; sinks [H]."""
+    repeat = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
+    scores = (q @ k.transpose(1, 2)) * scale
     if softcap:
-        repeat = qs.shape[0] // ks.shape[0]
-        ks, vs = ks.repeat_interleave(repeat, 0), vs.repeat_interleave(repeat, 0)
-        scores = torch.tanh((qs @ ks.transpose(1, 2)) * scale / softcap) * softcap
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        o = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ vs
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(-1, scores.shape[1], 1)
+    probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+    return probs.to(q.dtype) @ v
+
+
+def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,
+               softcap: float | None, sinks: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
+    """One sequence: q [Tq, H, D] (the last Tq of the Tk positions); k, v [Tk, KVH, D]. Returns [Tq, H, D]."""
+    mask = causal_mask(q.shape[0], k.shape[0], window, q.device, chunk)
+    qs, ks, vs = q.transpose(0, 1), k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
+    if softcap or sinks is not None:
+        o = explicit_attention(qs, ks, vs, mask, scale, softcap, sinks)
     else:
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
     return o.transpose(0, 1)
@@ -62,7 +80,8 @@ def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                         cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, window: int | None = None,
                         softcap: float | None = None, num_seqs: int | None = None,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                        chunk: int | None = None) -> torch.Tensor:
     """Same contract as runlm.kernels.triton.attention.paged_attention, one sequence at a time (reads the
     metadata on the host)."""
     out = torch.empty_like(q) if out is None else out
@@ -76,5 +95,6 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         if end == start:
             continue
         slots = context_slots(block_table[i], seq_len, block_size)
-        out[start:end] = attend_one(q[start:end], k_flat[slots], v_flat[slots], scale, window, softcap)
+        out[start:end] = attend_one(q[start:end], k_flat[slots], v_flat[slots], scale, window, softcap, sinks,
+                                    chunk)
     return out

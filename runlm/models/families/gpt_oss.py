@@ -3,7 +3,8 @@ alternate with global ones from layer 0 (llama.cpp's fixed pattern of 2). Its Ya
 range (its checkpoints' config says ``truncate: false``, OpenAI's reference computes so); a GGUF file cannot say it,
 and llama.cpp always truncates, so its files are read with the model's own rotation, not llama.cpp's (the difference
 shows in the logits). The native runner runs its GGUF files (attention sinks in its attention, the experts'
-biases and clamped SwiGLU in its mixture of experts: csrc/moe_impl.h); not the GPU runner yet."""
+biases and clamped SwiGLU in its mixture of experts: csrc/moe_impl.h), and so does the GPU runner (the sinks in
+its paged attention kernel; the experts routed on the host, runlm.models.moe.host_routed_experts)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -31,4 +32,4 @@ FAMILY = Family("gpt_oss", torch_model="runlm.models.stacked_moe:GptOssForCausal
                 sliding_window=True, sliding_pattern=2, hf_fields=_hf_fields, gguf_fields=_gguf_fields,
                 hf_tensor_names={".mlp.router.": ".mlp.gate.", ".self_attn.sinks": ".self_attn.sinks.weight"},
                 gguf_tensor_names={"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
-                native=True, native_safetensors=False, gpu_refuses="attention sinks and gpt-oss's experts")
+                native=True, native_safetensors=False)

@@ -6,7 +6,8 @@ after RoPE on the RoPE layers, RoPE on feature pairs; a mixture of experts every
 ungated shared expert; dense layers ``intermediate_size_mlp`` wide (runlm.models.stacked_moe.Llama4ForCausalLM).
 llama.cpp's ``llama4`` files say none of the attention's constants: they are read as llama.cpp fixes them (chunks
 of 8192, every fourth layer global without RoPE, floor_scale 8192, attn_scale 0.1; none of it where the file's
-sliding_window is 0). Not the native runner's, nor the GPU runner's yet."""
+sliding_window is 0). Not the native runner's; the GPU runner's (the chunks in its paged attention kernel, the
+experts routed on the host: runlm.models.moe.host_routed_experts)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -51,4 +52,4 @@ def _gguf_fields(get: Callable[..., Any], fields: Mapping[str, Any]) -> dict[str
 FAMILY = Family("llama4_text", torch_model="runlm.models.stacked_moe:Llama4ForCausalLM", hf_rope_interleaved=True,
                 hf_fields=_hf_fields, gguf_fields=_gguf_fields,
                 hf_tensor_names={".feed_forward.router.": ".mlp.gate.", ".feed_forward.": ".mlp."},
-                native=False, native_safetensors=False, gpu_refuses="Llama 4's chunked attention and experts")
+                native=False, native_safetensors=False)
