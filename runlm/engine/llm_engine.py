@@ -236,20 +236,21 @@ class LLMEngine(EngineCore):
 
     def _drop_for_memory(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         """A step ran out of memory: nothing of it was kept (a sequence's computed tokens move on only after a step),
-        so its requests would run it again. The ones that made it big are dropped -- those prefilling in it, else
-        the longest -- each failing with StepOutOfMemoryError; the rest run on in the next step."""
-        prefilling = [s for s in sched.seqs if s.num_computed_tokens < s.num_prompt_tokens]
-        victims = prefilling or [max(sched.seqs, key=lambda s: s.num_tokens)]
-        rids = list(dict.fromkeys(s.request_id for s in victims))
+        so its requests would run it again. The one that made it big is dropped -- the request with the most of the
+        step's tokens, else (a step of decodes) the one with the longest context -- failing with
+        StepOutOfMemoryError; the rest run on in the next step (and should that one run out too, its biggest goes)."""
+        weight: dict[str, tuple[int, int]] = {}
+        for s, n in zip(sched.seqs, sched.num_new_tokens):
+            new, context = weight.get(s.request_id, (0, 0))
+            weight[s.request_id] = (new + n, max(context, s.num_tokens))
+        rid = max(weight, key=lambda r: weight[r])
         log.warning("a step of %d tokens for %d sequences ran out of memory (%s); dropping %s", sched.total_tokens,
-                    len(sched.seqs), str(exc).splitlines()[0][:200], ", ".join(rids))
-        tokens = sum(n for s, n in zip(sched.seqs, sched.num_new_tokens) if s.request_id in rids)
-        for rid in rids:
-            self.failures.append((rid, StepOutOfMemoryError(
-                f"the step computing this request ran out of memory ({tokens} of its {sched.total_tokens} tokens "
-                f"were the dropped requests'); it was dropped so the others could go on: retry it, or lower "
-                f"--max-num-batched-tokens")))
-            self.abort_request(rid)
+                    len(sched.seqs), str(exc).splitlines()[0][:200], rid)
+        self.failures.append((rid, StepOutOfMemoryError(
+            f"the step computing this request ran out of memory ({weight[rid][0]} of its {sched.total_tokens} tokens "
+            f"were this request's); it was dropped so the others could go on: retry it, or lower "
+            f"--max-num-batched-tokens")))
+        self.abort_request(rid)
         release = getattr(self.runner, "release_memory", None)  # (the GPU runner: the allocator's cached blocks)
         release() if release is not None else return_free_heap()
         return []
