@@ -28,6 +28,7 @@ from runlm.runner.memory import MemoryBudget, human_size
 from runlm.runner.ollama_options import LoadOptions
 from runlm.runner.runner import Runner, RunnerKey, backend_client
 from runlm.store import InvalidNameError, ModelNotFoundError, ModelStore, StoredModel
+from runlm.store.names import ModelName
 
 LOAD_TIMEOUT = float(os.environ.get("RUNLM_LOAD_TIMEOUT", "600"))
 ROOM_WAIT_SECONDS = 30.0
@@ -296,6 +297,12 @@ class Loader:
             ids = {(await self.model(n)).id for n in names}
         chosen = [r for r in list(self.runners.values())
                   if (ids is None or r.model.id in ids) and (backend is None or r.backend.name == backend)]
+        await asyncio.gather(*(self.unload(r) for r in chosen))
+        return len(chosen)
+
+    async def unload_idle_named(self, name: ModelName) -> int:
+        """Unload the idle runners loaded under ``name`` (not those of other names for the same weights)."""
+        chosen = [r for r in list(self.runners.values()) if r.model.name == name and not r.in_use]
         await asyncio.gather(*(self.unload(r) for r in chosen))
         return len(chosen)
 

@@ -136,6 +136,8 @@ async def delete_model(request: Request, name: str, force: bool) -> StoredModel:
             raise Conflict(f"model {str(model.name)!r} is loaded; unload it first (runlm stop {model.name}) "
                            f"or delete with force", code="model_loaded")
         await loader.unload_models([str(model.name)])
+    elif others:  # the name goes, the weights stay: an idle copy loaded under that name goes with it (else it would
+        await loader.unload_idle_named(model.name)  # serve, and list, a name that no longer exists)
     return await asyncio.to_thread(request.app.state.store.remove, str(model.name))
 
 

@@ -88,6 +88,9 @@ def test_delete_model_is_409_while_in_use_then_deletes(daemon: Daemon) -> None:
     with pytest.raises(openai.NotFoundError):
         c.models.delete("tc-delete")
     assert "tinycoder:latest" in {m.id for m in c.models.list()}  # only that name went; the blobs it shares stay
+    assert all(r["model_name"] != "tc-delete:latest" for r in daemon.ps())  # and what was loaded under it
+    daemon.http.post("/v1/completions", json={"model": "tinycoder", "prompt": "a", "max_tokens": 1})
+    assert "tinycoder:latest" in {r["model_name"] for r in daemon.ps()}  # loaded again under the name asked for
 
 
 def test_chat_page_and_its_calls_pass_the_browser_guard(daemon: Daemon) -> None:
