@@ -56,7 +56,7 @@ def test_matches_sdpa(heads, kv_heads, dim, window):
 
 @pytest.mark.parametrize("window", [None, 9])
 def test_soft_capped_scores_match_gemma2s_attention(window):
-    from runlm.models.attention import _explicit, _mask
+    from runlm.kernels.triton.reference import causal_mask, explicit_attention
 
     heads, kv_heads, dim, cap = 8, 2, 32, 5.0
     k_cache, v_cache = _cache(256, kv_heads, dim, seed=4)
@@ -68,8 +68,8 @@ def test_soft_capped_scores_match_gemma2s_attention(window):
     for ql, cl in zip(query_lens, context_lens):
         idx = slots[s0:s0 + cl]
         ks, vs = k_cache[idx].transpose(0, 1).double(), v_cache[idx].transpose(0, 1).double()
-        o = _explicit(q[start:start + ql].transpose(0, 1).double(), ks, vs, _mask(ql, cl, window, q.device),
-                      dim ** -0.5, cap, None)
+        o = explicit_attention(q[start:start + ql].transpose(0, 1).double(), ks, vs,
+                               causal_mask(ql, cl, window, q.device), dim ** -0.5, cap, None)
         ref.append(o.transpose(0, 1).float())
         start, s0 = start + ql, s0 + cl
     torch.testing.assert_close(out, torch.cat(ref), rtol=1e-5, atol=1e-5)
