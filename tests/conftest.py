@@ -8,10 +8,17 @@ import pytest
 import torch
 
 from tests.fixtures import models
+from tests.fixtures.default_run import mark_the_rest_slow
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# (under pytest-xdist the workers share the cores)
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
+
+
+@pytest.hookimpl(tryfirst=True)  # (before -m 'not slow' deselects)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_the_rest_slow(config, items)
 
 
 @pytest.fixture(scope="session")

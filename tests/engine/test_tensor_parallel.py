@@ -13,6 +13,7 @@ from runlm.engine.llm import LLM
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.models.tp_shard import Split
 from tests.engine.conftest import prompt_ids
+from tests.fixtures.default_run import default_run
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 EXACT = dict(exact_numerics=True, kv_cache_memory="64MiB", threads=1)
@@ -28,6 +29,7 @@ def _prompts(n: int = 3) -> list[list[int]]:
 
 # llama: 4 heads over 2 KV heads (at 4 ranks, two ranks keep each KV head); qwen2: q/k/v biases and tied
 # embeddings; qwen3: per-head q/k norms
+@default_run("qwen2-2", "llama-4")
 @pytest.mark.parametrize(("recipe", "size"), [("llama", 2), ("qwen2", 2), ("qwen3", 2), ("llama", 4)])
 def test_split_model_gives_the_unsplit_models_greedy_tokens(tiny_model, recipe: str, size: int) -> None:
     path = str(tiny_model(recipe))

@@ -16,6 +16,7 @@ import pytest
 
 from runlm.formats import ModelFormatError
 from runlm.formats.tokenizer import IncrementalDetokenizer, Tokenizer, bytes_to_unicode
+from tests.fixtures.default_run import default_run
 from tests.formats.strings import STRINGS
 
 NAMES = ("smollm2", "tinycoder")
@@ -75,6 +76,7 @@ def test_corpus_is_big_and_varied() -> None:
     assert any("\u200d" in s for s in STRINGS) and any("<|im_start|>" in s for s in STRINGS)
 
 
+@default_run("smollm2-True", "tinycoder-False")
 @pytest.mark.parametrize("add_special_tokens", [True, False])
 def test_encode_matches_transformers(pair: tuple[str, Tokenizer, Any], add_special_tokens: bool) -> None:
     _, tok, ref = pair

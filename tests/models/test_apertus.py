@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from runlm.kernels import ggml
+from tests.fixtures.default_run import default_run
 from tests.models.test_families import fast_mode_kl, matches_transformers
 
 # llama.cpp (llama-cpp-python 0.3.36, logits_all, one 512-token context) on the converter's Q8_0 file against exact
@@ -14,6 +15,7 @@ from tests.models.test_families import fast_mode_kl, matches_transformers
 LLAMA_CPP_Q8_0_KL = 0.00221
 
 
+@default_run("safetensors")  # (each family's GGUF under make test-slow)
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_apertus_matches_transformers(fmt: str, tiny_model) -> None:
     loaded = matches_transformers("apertus", fmt, tiny_model)

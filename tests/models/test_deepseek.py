@@ -11,6 +11,7 @@ from runlm.engine.llm import LLM
 from runlm.kernels import ggml
 from runlm.models.config import ModelConfig
 from runlm.store.inspect import inspect_model
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.models.test_families import fast_mode_kl, matches_transformers
 
@@ -22,6 +23,7 @@ RECIPES = ("deepseek-v2", "deepseek-v3")
 Q8_0_KL = {"deepseek-v2": 0.0335, "deepseek-v3": 0.0381}
 
 
+@default_run("deepseek-v2-safetensors", "deepseek-v3-gguf")
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_latent_attention_matches_transformers(recipe: str, fmt: str, tiny_model) -> None:
@@ -58,6 +60,7 @@ def test_deepseek_v2_lites_cache_is_under_an_eighth_of_per_head_k_and_v() -> Non
     assert heads * (k_dim + v_dim) == 576 and heads * (k_dim + v_dim) <= per_head / 8
 
 
+@default_run("deepseek-v3")
 @pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_fast_mode_kl_divergence_is_llama_cpps(recipe: str) -> None:

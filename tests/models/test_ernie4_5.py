@@ -9,11 +9,13 @@ import torch
 
 from runlm.engine.llm import LLM
 from runlm.models.load import load_decoder
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.models.test_families import _reference, matches_transformers
 from tests.models.test_llama import _our_logits, _prompt
 
 
+@default_run("safetensors")  # (each family's GGUF under make test-slow)
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_ernie4_5_matches_transformers(fmt: str, tiny_model) -> None:
     loaded = matches_transformers("ernie4_5", fmt, tiny_model)

@@ -10,6 +10,7 @@ import pytest
 
 from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.models.test_families import matches_transformers
 
@@ -22,6 +23,7 @@ def test_the_global_layers_take_no_rope_in_both_formats(tiny_model) -> None:
     assert [hf.layer_window(i) for i in range(4)] == [gguf.layer_window(i) for i in range(4)] == [16, 16, 16, None]
 
 
+@default_run("safetensors")  # (each family's GGUF under make test-slow)
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_exaone4_matches_transformers(fmt: str, tiny_model) -> None:
     cfg = matches_transformers("exaone4", fmt, tiny_model).config

@@ -22,6 +22,7 @@ from runlm.kernels import ggml
 from runlm.models.evaluate import all_logits, english_text, mean_kl
 from runlm.models.linear import Linear
 from runlm.models.load import LoadedModel, load_decoder
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.fixtures.models import FAMILY_RECIPES, RECIPES
 from tests.models.test_llama import _check, _prompt
@@ -73,6 +74,7 @@ def test_gguf_from_llama_cpps_converter_matches_transformers(recipe: str, tiny_m
     _check(loaded, _reference(tiny_model(recipe)), _prompt(loaded.config.vocab_size, 200))
 
 
+@default_run("gemma3", "qwen3-moe")
 @pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
 @pytest.mark.parametrize("recipe", FAMILY_RECIPES)
 def test_fast_mode_kl_divergence_from_exact_mode(recipe: str) -> None:

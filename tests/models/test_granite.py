@@ -12,10 +12,12 @@ import pytest
 from runlm.engine.llm import LLM
 from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.models.test_families import matches_transformers
 
 
+@default_run("safetensors")  # (each family's GGUF under make test-slow)
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_granite_matches_transformers(fmt: str, tiny_model) -> None:
     loaded = matches_transformers("granite", fmt, tiny_model)

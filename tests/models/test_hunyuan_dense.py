@@ -11,10 +11,12 @@ import torch
 
 from runlm.engine.llm import LLM
 from runlm.models.config import ModelConfig
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.models.test_families import matches_transformers
 
 
+@default_run("safetensors")  # (each family's GGUF under make test-slow)
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_hunyuan_dense_matches_transformers(fmt: str, tiny_model) -> None:
     cfg = matches_transformers("hunyuan-dense", fmt, tiny_model).config

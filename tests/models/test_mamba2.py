@@ -25,6 +25,7 @@ from runlm.models.linear import Linear
 from runlm.models.load import load_decoder
 from runlm.models.mamba2 import ssd_scan
 from runlm.store.metadata import inspect_gguf, inspect_safetensors_dir
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.fixtures.models import HYBRID_RECIPES
 from tests.models.test_families import fast_mode_kl
@@ -109,6 +110,7 @@ def test_hybrids_match_transformers(recipe: str, fmt: str, tiny_model) -> None:
     assert greedy == chosen
 
 
+@default_run("nemotron-h-moe", "qwen3-next", "mamba2", "minimax")
 @pytest.mark.parametrize("recipe", FAMILIES)
 def test_the_layers_read_alike_from_the_config_and_the_gguf_file(recipe: str, tiny_model) -> None:
     hf = ModelConfig.from_hf(json.loads((tiny_model(recipe) / "config.json").read_text()))
@@ -182,6 +184,7 @@ def _transformers_choices(ref, prompt: list[int], tokens: list[int]) -> list[int
         return ref(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].argmax(-1).tolist()
 
 
+@default_run("granitemoehybrid", "qwen3-next", "lfm2", "minimax")
 @pytest.mark.parametrize("recipe", FAMILIES)
 def test_the_engine_keeps_each_sequences_state_through_chunks_batches_and_preemption(recipe: str, tiny_model) -> None:
     path = tiny_model(recipe)
@@ -229,6 +232,7 @@ def test_the_states_memory_does_not_grow_with_the_context_and_the_budget_bounds_
     assert together == [small.generate([p], params)[0].outputs[0].token_ids for p in prompts]
 
 
+@default_run("mamba2")
 @pytest.mark.parametrize("recipe", FAMILIES)
 def test_speculative_decoding_is_refused_by_name(recipe: str, tiny_model) -> None:
     with pytest.raises(ValueError, match="recurrent layers keep one state per sequence"):
@@ -236,6 +240,7 @@ def test_speculative_decoding_is_refused_by_name(recipe: str, tiny_model) -> Non
             speculative_config={"method": "ngram", "num_speculative_tokens": 3})
 
 
+@default_run("nemotron-h-moe", "qwen3-next", "minimax")
 @pytest.mark.parametrize("recipe", FAMILIES)
 def test_the_runners_say_why_not(recipe: str, monkeypatch: pytest.MonkeyPatch, tiny_model) -> None:
     from runlm.engine.runners.select import select_runner

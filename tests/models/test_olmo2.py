@@ -10,11 +10,13 @@ import pytest
 
 from runlm.engine.llm import LLM
 from runlm.engine.types.sampling_params import SamplingParams
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.models.test_families import matches_transformers
 from tests.models.test_llama import _prompt
 
 
+@default_run("safetensors")  # (each family's GGUF under make test-slow)
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_olmo2_matches_transformers(fmt: str, tiny_model) -> None:
     loaded = matches_transformers("olmo2", fmt, tiny_model)

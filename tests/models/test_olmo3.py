@@ -10,12 +10,14 @@ import pytest
 
 from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.models.test_families import matches_transformers
 
 LOCAL_GLOBAL = ["sliding_attention"] * 3 + ["full_attention"]
 
 
+@default_run("safetensors")  # (each family's GGUF under make test-slow)
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_olmo3_matches_transformers(fmt: str, tiny_model) -> None:
     loaded = matches_transformers("olmo3", fmt, tiny_model)

@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 
 from runlm.models.llama import UngatedMLP
+from tests.fixtures.default_run import default_run
 from tests.models.test_families import matches_transformers
 
 
+@default_run("safetensors")  # (each family's GGUF under make test-slow)
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_phi_matches_transformers(fmt: str, tiny_model) -> None:
     loaded = matches_transformers("phi", fmt, tiny_model)

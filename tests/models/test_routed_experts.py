@@ -22,6 +22,7 @@ from runlm.kernels import ggml
 from runlm.models.config import ModelConfig
 from runlm.models.evaluate import all_logits
 from runlm.models.load import load_decoder
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.models.test_families import fast_mode_kl, matches_transformers
 from tests.models.test_llama import _prompt
@@ -33,6 +34,7 @@ FAMILIES = {"glm4-moe": "glm4_moe", "dots1": "dots1", "ernie4_5-moe": "ernie4_5_
 LLAMA_CPP_Q8_0_KL = {"glm4-moe": 0.0128, "dots1": 0.0267, "ernie4_5-moe": 0.0691, "granitemoe": 0.00286}
 
 
+@default_run("glm4-moe-safetensors", "dots1-safetensors", "ernie4_5-moe-safetensors", "granitemoe-safetensors", "glm4-moe-gguf")
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 @pytest.mark.parametrize("recipe", FAMILIES)
 def test_routed_experts_match_transformers(recipe: str, fmt: str, tiny_model) -> None:
@@ -79,6 +81,7 @@ def test_multi_token_prediction_layers_are_not_the_decoders(tiny_model, tmp_path
     assert torch.equal(all_logits(plain.model, ids), all_logits(mtp.model, ids))
 
 
+@default_run("glm4-moe")
 @pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
 @pytest.mark.parametrize("recipe", FAMILIES)
 def test_fast_mode_kl_divergence_is_llama_cpps(recipe: str) -> None:

@@ -15,12 +15,14 @@ from runlm.formats import ModelFormatError
 from runlm.models.config import ModelConfig
 from runlm.models.load import load_decoder
 from runlm.native import kernels
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.models.test_families import matches_transformers
 from tests.models.test_llama import _prompt
 from tests.native.engines import native_and_torch
 
 
+@default_run("safetensors")  # (each family's GGUF under make test-slow)
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_seed_oss_matches_transformers(fmt: str, tiny_model) -> None:
     cfg = matches_transformers("seed-oss", fmt, tiny_model).config

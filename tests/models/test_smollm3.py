@@ -16,6 +16,7 @@ from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
 from runlm.models.load import load_decoder
 from runlm.models.rope import RotaryEmbedding
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.models.test_families import _reference
 from tests.models.test_llama import RTOL, _check, _our_logits, _prompt
@@ -65,6 +66,7 @@ def test_rotating_every_layer_would_not_match(tiny_model, tmp_path: Path) -> Non
     assert rel > 100 * RTOL
 
 
+@default_run("safetensors")  # (each family's GGUF under make test-slow)
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_the_gpu_runner_gives_the_torch_runners_tokens(fmt: str, tiny_model, monkeypatch) -> None:
     """The GPU runner's host path (RUNLM_GPU_RUNNER=1 on the CPU: eager, as tests/engine/test_gpu_runner.py runs it);

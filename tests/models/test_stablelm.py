@@ -13,9 +13,11 @@ import pytest
 from runlm.formats import ModelFormatError
 from runlm.models.llama import LayerNorm
 from runlm.models.load import load_decoder
+from tests.fixtures.default_run import default_run
 from tests.models.test_families import matches_transformers
 
 
+@default_run("safetensors-stablelm", "safetensors-stablelm-parallel")  # (each family's GGUF under make test-slow)
 @pytest.mark.parametrize("recipe", ["stablelm", "stablelm-parallel"])
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 def test_stablelm_matches_transformers(recipe: str, fmt: str, tiny_model) -> None:

@@ -19,6 +19,7 @@ from runlm.engine.llm import LLM
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.native import kernels
 from runlm.native.library import lib, ok
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.native.engines import native_and_torch
 
@@ -39,6 +40,7 @@ TOLERANCE = {("gemma2", "q8_0"): 1e-5, ("gemma3", "q8_0"): 0.0, ("phi3", "q8_0")
              ("glm4", "q8_0"): 0.0}
 
 
+@default_run("gemma3-q8_0", "phi3-f16", "glm4-q8_0")
 @pytest.mark.parametrize(("recipe", "fmt"), list(TOLERANCE))
 def test_family_matches_the_torch_fast_path(recipe: str, fmt: str) -> None:
     native, fused = _engines(str(converted_gguf(recipe, fmt)))

@@ -13,6 +13,7 @@ import pytest
 from runlm.engine.llm import LLM
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.native import kernels
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.native.test_native_runner import _engines
 
@@ -34,6 +35,7 @@ def _logprobs(out) -> np.ndarray:
     return np.array(values)
 
 
+@default_run("qwen2-moe", "gpt-oss")
 @pytest.mark.parametrize("recipe", ["mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt-oss"])
 def test_experts_match_the_torch_fast_path(recipe: str) -> None:
     native, fused = _engines(str(converted_gguf(recipe, "q8_0")))

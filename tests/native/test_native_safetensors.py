@@ -23,6 +23,7 @@ from runlm.formats import ModelFormatError
 from runlm.formats.safetensors import SafetensorsDir
 from runlm.models.native_safetensors import load_native_safetensors
 from runlm.native import kernels
+from tests.fixtures.default_run import default_run
 from tests.fixtures.half_models import half_model
 from tests.native.engines import native_and_torch
 
@@ -47,6 +48,7 @@ CASES = [("llama", "bfloat16", ()), ("qwen2", "float16", ()), ("qwen3", "bfloat1
          pytest.param("mistral", "bfloat16", ("sliding_window",), marks=pytest.mark.slow)]
 
 
+@default_run("llama-bfloat16-without0", "qwen2-float16-without1", "phi3-float16-without3", "llama-tied-float16-without5")
 @pytest.mark.parametrize(("recipe", "dtype", "without"), CASES)
 def test_tokens_and_logprobs_equal_the_torch_fast_path(recipe: str, dtype: str, without: tuple[str, ...]) -> None:
     native, fused = _engines(half_model(recipe, dtype, without))

@@ -17,6 +17,7 @@ from runlm.formats.gguf_header import read_header
 from runlm.formats.safetensors import SafetensorsDir
 from runlm.quantize import quantize_file
 from runlm.quantize.convert import convert_folder
+from tests.fixtures.default_run import default_run
 from tests.fixtures.gguf_convert import converted_gguf
 from tests.fixtures.models import build_model
 
@@ -38,6 +39,7 @@ def _same(ours: Path, theirs: Path) -> None:
     assert {k: m1.get(k) for k in keys} == {k: m2.get(k) for k in keys}
 
 
+@default_run("llama-f32", "qwen3-f16")
 @pytest.mark.parametrize("recipe,out_type", [("llama", "f32"), ("llama", "f16"), ("mistral", "f16"),
                                              ("qwen3", "f16")])
 def test_the_gguf_equals_llama_cpps_converters(recipe: str, out_type: str, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import anthropic
 import openai
 import pytest
 
+from tests.fixtures.default_run import default_run
 from tests.fixtures.models import templated_model
 from tests.fixtures.tool_formats import ASK, FORMATS, TOOLS
 from tests.server.process import ServerProcess
@@ -26,6 +27,7 @@ def served(request):
     s.stop()
 
 
+@default_run("qwen3-coder", "gpt-oss")
 def test_calls_in_the_templates_format_come_back_whole_and_streamed(served) -> None:
     kind, server = served
     client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)

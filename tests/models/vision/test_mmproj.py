@@ -25,6 +25,7 @@ import pytest
 
 from runlm.formats import ModelFormatError
 from runlm.formats.gguf import GGUFFile
+from tests.fixtures.default_run import default_run
 from tests.fixtures.vlm import png_bytes
 from tests.fixtures.vlm import test_image as make_image
 
@@ -92,6 +93,7 @@ def model_dir(family):
     return vlm_dir(_name(family))
 
 
+@default_run("llava", "qwen2_5_vl")
 def test_f32_mmproj_tensors_are_the_checkpoints(family, files, model_dir) -> None:
     """Every tensor of the file under its checkpoint name, equal (F32) or within F16's rounding; LLaVA's legacy
     files hold the tower up to the feature layer only, without the final norm it does not use."""
@@ -127,6 +129,7 @@ def _reference(family, model_dir: Path, tokenizer):
                         tokenizer)
 
 
+@default_run("idefics3-f32-1e-05", "gemma3-f32-1e-05", "llava-q8_0-0.05", "qwen2_5_vl-f16-0.001")
 @pytest.mark.parametrize("outtype,tol", [("f32", 1e-5), ("f16", 1e-3), ("q8_0", 5e-2)])
 def test_mmproj_tower_matches_safetensors(outtype, tol, family, model_dir) -> None:
     from runlm.formats.tokenizer import Tokenizer
