@@ -28,8 +28,11 @@ install: $(VENV)/.installed
 run: install
 	$(VENV)/bin/runlm run
 
+# The suite in TEST_WORKERS processes (pytest-xdist), a file per worker at a time: most tests wait on child
+# processes and sockets, so two workers keep a 2-core machine busy (TEST_WORKERS=0: one process).
+TEST_WORKERS ?= 2
 test: $(VENV)/.test-installed
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # ruff (rules and import order, pyproject's [tool.ruff]), mypy over runlm/ ([tool.mypy]), the import contracts
 # (.importlinter: layers, no cycles), then the docs site (mkdocs.yml), strict: a broken link or anchor, or a
