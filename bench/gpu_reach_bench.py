@@ -7,9 +7,11 @@
 - moe: a Qwen3-MoE-shaped random model (hidden 2048, 48 layers, 128 experts of 768, 8 a token), one stream's
   decode tok/s beside the bandwidth limit of its active parameters;
 - gemma3: a Gemma 3-shaped model (sliding-window layers 5:1 beside global ones: two KV groups), 1 and 64 streams;
+- mla: a DeepSeek-V2-Lite-shaped model (latent attention: a 576-value latent a token and layer in the cache; 64
+  experts of 1408, 6 a token, 2 shared), 1 and 64 streams, and its cache's bytes per token;
 - image: a vision-language model's TTFT for one image on the runner's device against the same on the CPU.
 
-    python bench/gpu_reach_bench.py [--scenarios lora spec moe gemma3 image]   # needs CUDA (skips without)
+    python bench/gpu_reach_bench.py [--scenarios lora spec moe gemma3 mla image]   # needs CUDA (skips without)
     python bench/gpu_reach_bench.py --smoke    # tiny shapes on the CPU (RUNLM_GPU_RUNNER=1): end to end, no figures
 
 Writes bench/results/gpu_reach_bench.json and .md (``--smoke``: gpu_reach_bench_smoke.*).
@@ -29,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gpu_bench import BANDWIDTH, CACHE, RESULTS, SHAPES, _sync, _tokenizer, prompts  # noqa: E402
 
-SCENARIOS = ("lora", "spec", "moe", "gemma3", "image")
+SCENARIOS = ("lora", "spec", "moe", "gemma3", "mla", "image")
 # the scenarios' own model shapes (the dense one is gpu_bench's Qwen2.5 shape); smoke: tiny, on the CPU
 MOE = dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
            num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, intermediate_size=6144,
@@ -37,6 +39,11 @@ MOE = dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_k
 GEMMA3 = dict(hidden_size=2560, num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
               intermediate_size=10240, vocab_size=49152, sliding_window=1024, max_position_embeddings=8192,
               query_pre_attn_scalar=256)
+DEEPSEEK_V2_LITE = dict(hidden_size=2048, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+                        kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                        n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2, moe_intermediate_size=1408,
+                        first_k_dense_replace=1, intermediate_size=10944, vocab_size=49152,
+                        max_position_embeddings=4096, topk_method="greedy")
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
             intermediate_size=128, vocab_size=512, max_position_embeddings=512)
 
@@ -52,6 +59,11 @@ def build(kind: str, smoke: bool, device: str, dtype: str) -> Path:
     if kind == "moe":
         config = transformers.Qwen3MoeConfig(**(dict(MOE, **TINY, num_experts=8, num_experts_per_tok=2,
                                                      moe_intermediate_size=32) if smoke else MOE))
+    elif kind == "mla":
+        config = transformers.DeepseekV2Config(**(dict(DEEPSEEK_V2_LITE, **TINY, kv_lora_rank=32, qk_nope_head_dim=16,
+                                                       qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+                                                       num_experts_per_tok=2, moe_intermediate_size=32)
+                                                  if smoke else DEEPSEEK_V2_LITE))
     else:
         config = transformers.Gemma3TextConfig(**(dict(GEMMA3, **TINY, sliding_window=16) if smoke else GEMMA3))
     torch.manual_seed(0)
@@ -141,6 +153,18 @@ def run_gemma3(cfg: dict) -> dict:
                                               cfg["output"])}
 
 
+def run_mla(cfg: dict) -> dict:
+    path = build("mla", cfg["smoke"], cfg["device"], cfg["dtype"])
+    llm = _llm(str(path), cfg, max_num_seqs=cfg["streams"])
+    mc, per_token = llm.engine.loaded.config, llm.engine.kv_bytes_per_token
+    itemsize = per_token // (mc.num_layers * sum(mc.kv_cache_shape[1:]))
+    per_head = mc.num_layers * mc.num_heads * (mc.head_dim + mc.v_head_dim) * itemsize  # (every head's K and V)
+    return {"tok_s_1": _tok_s(llm, prompts(1, cfg["prompt"], cfg["vocab"]), cfg["output"]),
+            f"tok_s_{cfg['streams']}": _tok_s(llm, prompts(cfg["streams"], cfg["prompt"], cfg["vocab"], 2),
+                                              cfg["output"]),
+            "kv_bytes_per_token": per_token, "per_head_kv_bytes_per_token": per_head}
+
+
 def run_image(cfg: dict) -> dict:
     from runlm.engine.llm import LLM
     from runlm.engine.types.sampling_params import SamplingParams
@@ -173,7 +197,8 @@ def build_dense(cfg: dict) -> Path:
     return build_model("smoke" if cfg["smoke"] else "0.5b", cfg["device"], cfg["dtype"])
 
 
-RUNS = {"lora": run_lora, "spec": run_spec, "moe": run_moe, "gemma3": run_gemma3, "image": run_image}
+RUNS = {"lora": run_lora, "spec": run_spec, "moe": run_moe, "gemma3": run_gemma3, "mla": run_mla,
+        "image": run_image}
 
 
 def main() -> int:

@@ -98,8 +98,8 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dty
     (Linear.keep_device_blocks); blocks meant for anything else are dequantized."""
     shards: dict[str, dict[int, torch.Tensor | GGMLWeight]] = {}
     tied = getattr(model, "lm_head", None) is None
-    if isinstance(model, LlamaForCausalLM):  # (a family's own reading of its checkpoint: Gemma's norms)
-        weights = cast(Iterator[tuple[str, Weight]], iter(model.checkpoint_weights(weights)))
+    if isinstance(model, LlamaForCausalLM):  # (a family's own reading of its checkpoint; no MTP layers)
+        weights = cast(Iterator[tuple[str, Weight]], model.decoder_weights(weights))
     params = dict(model.named_parameters())
     for name, tensor in weights:
         if "rotary_emb" in name or (name == "lm_head.weight" and tied):

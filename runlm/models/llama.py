@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Iterator
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -477,20 +477,25 @@ class LlamaForCausalLM(nn.Module):
         1 + w): every loader's first step, the GPU runner's too (runlm.models.gpu_load)."""
         return weights
 
+    def decoder_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterator[tuple[str, Weight]]:
+        """checkpoint_weights, less the multi-token-prediction layers past the decoder's (GLM-4.5's,
+        DeepSeek-V3's): what every loader fills the parameters from."""
+        n = self.config.num_layers
+        for name, tensor in self.checkpoint_weights(weights):
+            layer = _LAYER.match(name)
+            if layer is None or int(layer.group(1)) < n:
+                yield name, tensor
+
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
         """Fill every parameter from HF-named weights: fp32 tensors, int8 blocks (BlockQuantized) or
         GGUF blocks as stored (GGMLWeight). The model may be built on "meta": parameters are
         materialized here, and a layer served from blocks never gets an fp32 weight at all."""
-        weights = self.checkpoint_weights(weights)
         shards: dict[str, dict[int, Weight]] = {}  # parameter -> shard -> weight
         params = dict(self.named_parameters())
-        for name, tensor in weights:
+        for name, tensor in self.decoder_weights(weights):
             if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
                 continue  # tied checkpoints sometimes carry a copy
-            layer = _LAYER.match(name)
-            if layer is not None and int(layer.group(1)) >= self.config.num_layers:
-                continue  # multi-token-prediction layers past the decoder's (GLM-4.5's, DeepSeek-V3's)
             # (a fused parameter stored fused, Phi-3's qkv_proj and gate_up_proj, is the whole parameter)
             target, shard = stacked_target(name, params)
             shards.setdefault(target, {})[shard] = tensor

@@ -78,10 +78,12 @@ class LatentAttention(nn.Module):
 
 def write_latent_and_attend(layer: int, q: torch.Tensor, latent: torch.Tensor, rank: int,
                             scale: float) -> torch.Tensor:
-    """Store the new tokens' latents ([T, 1, D]) in layer ``layer``'s cache (its K half; the V half is empty), then
-    attend each head's query ([T, H, D]) over each sequence's cached latents, the first ``rank`` values of which are
-    the values. Returns [T, H, rank]."""
+    """Store the new tokens' latents ([T, 1, D]) in layer ``layer``'s cache (its K half; the V half is empty, or on
+    the GPU runner the same tensor), then attend each head's query ([T, H, D]) over each sequence's cached latents,
+    the first ``rank`` values of which are the values. Returns [T, H, rank]."""
     ctx = get_forward_context()
+    if ctx.backend is not None:  # (the GPU runner's paged cache of latents: one KV head whose values are its first)
+        return ctx.backend.forward(layer, q, latent, latent, scale, None, None)[..., :rank]
     cache, context_slots = None, None
     if ctx.kv_caches is not None:
         cache = ctx.kv_caches[layer][0]
@@ -117,8 +119,8 @@ class DeepseekModel(MoeModel):
 class DeepseekForCausalLM(MoeForCausalLM):
     model_cls = DeepseekModel
 
-    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
-        super().load_weights(_split_kv_b(weights, self.config))
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Weight]]) -> Iterable[tuple[str, Weight]]:
+        return _split_kv_b(super().checkpoint_weights(weights), self.config)
 
 
 def _split_kv_b(weights: Iterable[tuple[str, Weight]], cfg: ModelConfig) -> Iterator[tuple[str, Weight]]:

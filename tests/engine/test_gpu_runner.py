@@ -1,8 +1,8 @@
 """The GPU runner (runlm.engine.runners.gpu) on the CPU (RUNLM_GPU_RUNNER=1: eager, the reference attention, the
 device sampler on CPU tensors) gives the torch runner's tokens (exact numerics), through the engine's features:
 batching, prefix caching, chunked prefill, preemption, n > 1, seeded sampling, logprobs, structured outputs; and
-Gemma 2/3's KV groups, speculative decoding, mixtures of experts, LoRA, images; and refuses by name what it does not
-run."""
+Gemma 2/3's KV groups, speculative decoding, mixtures of experts, LoRA, images, every decoder family (DeepSeek's
+latent attention: tests/models/test_deepseek.py)."""
 from __future__ import annotations
 
 import json
@@ -157,11 +157,11 @@ def test_sliding_window_layers_in_a_kv_group_of_their_own(tiny_model, monkeypatc
 # and GLM-4.5's choice bias, GraniteMoE's stacked experts); hybrids with recurrent layers (a state slot per sequence:
 # Mamba2 mixers, LFM2's short convolutions, Qwen3-Next's gated DeltaNet, MiniMax's lightning attention); RoPE on
 # pairs (GLM-4, ERNIE, Cohere 2); LayerNorm families; multipliers (Granite, Falcon-H1); gpt-oss's attention sinks and
-# Llama 4's chunked attention (chunks of 16: the prompts cross them); each from safetensors and from llama.cpp's GGUF (its stacked experts dequantized on the device, one weight each; Mamba2's A from the file's)
+# Llama 4's chunked attention (chunks of 16: the prompts cross them); DeepSeek's latent attention; each from safetensors and from llama.cpp's GGUF (its stacked experts dequantized on the device, one weight each; Mamba2's A from the file's)
 GPU_FAMILIES = ["mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "dots1", "glm4-moe", "granitemoe", "ernie4_5-moe",
                 "granitemoehybrid", "bamba", "nemotron-h", "mamba2", "lfm2", "qwen3-next", "falcon-h1", "minimax",
                 "glm4", "ernie4_5", "cohere2", "granite", "phi", "stablelm", "starcoder2", "apertus", "gpt-oss",
-                "llama4-text"]
+                "llama4-text", "deepseek-v2", "deepseek-v3"]
 NO_GGUF = {"minimax", "dots1", "apertus"}  # (llama.cpp's converter writes no file, or runlm reads none, for these)
 
 
@@ -278,12 +278,6 @@ def test_gemma3_images_attend_both_ways(monkeypatch) -> None:
             for _, lp in sorted(step.items())]
            for llm in (_llm(vlm_dir("gemma3"), gpu, monkeypatch, **kw) for gpu in (True, False))]
     assert len(got[0]) > 100 and np.abs(np.array(got[0]) - np.array(got[1])).max() < 1e-4
-
-
-def test_what_it_does_not_run_is_refused_by_name(tiny_model, monkeypatch) -> None:
-    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
-    with pytest.raises(ValueError, match="the GPU runner does not run latent attention"):
-        LLM(str(tiny_model("deepseek-v3")), **KW)
 
 
 @pytest.mark.parametrize("level", [1, 2])

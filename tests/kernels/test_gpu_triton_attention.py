@@ -152,6 +152,24 @@ def test_interpreted_odd_group_and_head_dim(interp, rows):
     assert (out - reference.paged_attention_ref(q, kc, vc, table, cu, lens, 0.3, 8)).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize(("heads", "segments"), [(16, 1), (16, 4), (48, 1)])
+def test_interpreted_latent_attention(interp, heads, segments):
+    """DeepSeek's latent attention (runlm.models.mla) as the GPU runner runs it: the heads' absorbed queries against
+    one KV head of 16 + 8-value latents (a head_dim that is no power of two), V the very same cache tensor; the
+    output's first 16 values are the latent-space values. Decodes and prefills, in one pass and split-KV; 48 heads
+    in 3 programs of 16 (backend.latent_heads: the one latent head seen as 3 of stride 0)."""
+    from runlm.kernels.triton.backend import latent_heads
+
+    q, kc, _, table, cu, lens = _step(MIXED, heads, 1, 24, seed=7)
+    seen = latent_heads(kc, heads)
+    assert seen.shape[2] == heads // 16 and (heads == 16 or seen.stride(2) == 0)
+    out = interp.paged_attention(q, seen, seen, table, cu, lens, 24 ** -0.5, num_segments=segments)
+    exact = _sdpa_per_sequence(q, kc, kc.clone(), table, cu, lens, 24 ** -0.5)
+    assert (out.double() - exact).abs().max() <= 1e-5
+    assert (out[..., :16] - reference.paged_attention_ref(q, kc, kc, table, cu, lens, 24 ** -0.5)[..., :16]
+            ).abs().max() <= 1e-5
+
+
 def test_interpreted_attention_bf16(interp):
     q, kc, vc, table, cu, lens = _step(MIXED, 8, 2, 32, dtype=torch.bfloat16, seed=2)
     out = interp.paged_attention(q, kc, vc, table, cu, lens, 32 ** -0.5, None, 20.0)
@@ -290,16 +308,20 @@ def test_kernels_compile_for_sm90():
     for dtype, window, softcap, segments, rows, sinks, chunk in [
             ("bf16", 0, False, 1, 16, False, 0), ("fp32", 128, True, 1, 16, False, 0),
             ("bf16", 0, False, 16, 16, False, 0), ("bf16", 0, False, 1, 64, False, 0),
-            ("bf16", 128, False, 1, 16, True, 0), ("bf16", 0, False, 1, 64, False, 8192)]:
+            ("bf16", 128, False, 1, 16, True, 0), ("bf16", 0, False, 1, 64, False, 8192), ("bf16", 0, False, 1, 16,
+                                                                                            False, -1)]:
         args = {name: "i32" for name in kernel.arg_names if name.startswith("stride")}
         args |= {name: f"*{dtype}" for name in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr", "sinks_ptr")}
         args |= {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32"}
         args |= {"block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32", "scale": "fp32",
                  "softcap": "fp32", "num_seqs": "i32"}
+        # (chunk -1: latent attention's shape, a group of 16 heads over 512 + 64-value latents padded to 1024)
+        group, head_dim, head_dim_p = (16, 576, 1024) if chunk < 0 else (6, 128, 128)
         compile_for_h100(kernel, args, dict(
-            GROUP=6, BLOCK_Q=rows // 6, BLOCK_M=rows, HEAD_DIM=128, HEAD_DIM_P=128, BLOCK_SIZE=16, TILE=32, WINDOW=window,
-            CHUNK=chunk, USE_SOFTCAP=softcap, USE_SINKS=sinks, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32",
-            UPCAST=False, NUM_HEADS=12, NUM_SEGMENTS=segments))
+            GROUP=group, BLOCK_Q=rows // group, BLOCK_M=rows, HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
+            BLOCK_SIZE=16, TILE=32, WINDOW=window, CHUNK=max(chunk, 0), USE_SOFTCAP=softcap, USE_SINKS=sinks,
+            DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False, NUM_HEADS=2 * group,
+            NUM_SEGMENTS=segments))
     merge = attention._merge_segments_kernel
     for sinks in (False, True):
         compile_for_h100(merge, {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",

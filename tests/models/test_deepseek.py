@@ -68,12 +68,26 @@ def test_fast_mode_kl_divergence_is_llama_cpps(recipe: str) -> None:
     assert 0 < kl < 1.25 * Q8_0_KL[recipe], f"fast mode's KL divergence {kl:.6f}"
 
 
-def test_the_gpu_runner_refuses_it_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    from runlm.engine.runners.select import select_runner
-    from runlm.engine.types.config import EngineConfig
-    from runlm.models.spec import read_spec
+def test_the_gpu_runner_keeps_the_latents_and_the_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the GPU runner (RUNLM_GPU_RUNNER=1, on the CPU: the backend's reference attention; the Triton kernel on
+    latents is tests/kernels/test_gpu_triton_attention.py's) the paged cache holds one latent row a token as one
+    KV head, K and V the same tensor, and the greedy tokens are the torch runner's (a Q8_0 file: its W_UK/W_UV held
+    dense on the device, its other matrices in their blocks), prefilled in chunks, then decoded."""
+    from runlm.engine.runners.gpu import GPURunner
+    from runlm.engine.types.sampling_params import SamplingParams
+    from tests.engine.conftest import prompt_ids
 
-    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
     path = converted_gguf("deepseek-v2", "q8_0")
-    with pytest.raises(ValueError, match=r"the GPU runner does not run latent attention \(MLA\)"):
-        select_runner(read_spec(path), EngineConfig(model=str(path)))
+    prompts = [{"prompt_token_ids": prompt_ids(7 + 13 * i, seed=i)} for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    kw = dict(block_size=4, max_num_batched_tokens=16, kv_cache_memory="4MiB", exact_numerics=True, max_model_len=256)
+    got = {}
+    for gpu in (True, False):
+        monkeypatch.setenv("RUNLM_GPU_RUNNER", "1" if gpu else "0")
+        llm = LLM(str(path), **kw)
+        got[gpu] = [c.token_ids for o in llm.generate(prompts, params) for c in o.outputs]
+        if gpu:
+            assert isinstance(llm.engine.runner, GPURunner)
+            k, v = llm.engine.runner.backend.caches[0]
+            assert k is v and k.shape[1:] == (4, 1, 16 + 8)
+    assert got[True] == got[False]

@@ -109,10 +109,10 @@ def test_the_runner_choice_names_every_reason(smollm2_gguf: Path, monkeypatch: p
         assert select_runner(spec, EngineConfig(model=str(smollm2_gguf))).describe() == "native"
 
 
-def test_the_gpu_runner_refuses_a_model_by_name_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a family declares the GPU runner does not run (runlm.models.families: gpu_refuses) is refused at the
-    choice, from the spec alone."""
-    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
+def test_the_gpu_runner_takes_the_one_family_the_native_runner_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSeek's latent attention: not the native runner's (torch, named), the GPU runner's (from the spec alone)."""
     path = converted_gguf("deepseek-v3", "q8_0")
-    with pytest.raises(ValueError, match=r"the GPU runner does not run latent attention \(MLA\) yet"):
-        select_runner(read_spec(path), EngineConfig(model=str(path)))
+    monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")
+    assert select_runner(read_spec(path), EngineConfig(model=str(path))).kind.name == "gpu"
+    monkeypatch.setenv("RUNLM_GPU_RUNNER", "0")
+    assert select_runner(read_spec(path), EngineConfig(model=str(path))).kind.name == "torch"

@@ -27,8 +27,9 @@ it cannot take routes on the host, eagerly), LoRA adapters (in device slots, eac
 runlm.kernels.triton.lora's kernels, torch ops where Triton does not run; in the decode graphs too), images (the
 tower on the device; an image's rows written over its placeholders in a prefill step; Gemma 3's bidirectional spans
 by a second pass over those rows; Qwen2.5-VL's M-RoPE positions, [3, T], uploaded beside the step), gpt-oss's
-attention sinks and Llama 4's chunked attention (in the attention kernel). Refused by name (never a slow fallback),
-at the runner choice (gpu_select.why_not_gpu_model): what the family declares (latent attention). Per step, the
+attention sinks and Llama 4's chunked attention (in the attention kernel), DeepSeek's latent attention (the cache of
+latents as one KV head, runlm.models.mla). Nothing a family holds is refused: every family the torch runner runs runs
+here. Per step, the
 sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
 """
 from __future__ import annotations
@@ -109,11 +110,11 @@ class GPURunner:
         _sync_free_rope(self.loaded.model, self.max_model_len, self.device)  # (the weights may be new: wake_up)
         hybrid = self.blocks if isinstance(self.blocks, HybridBlockManager) else None
         num_blocks = [len(g.blocks) for g in hybrid.groups] if hybrid else self.blocks.layer_blocks(0)
-        self.backend = PagedAttentionBackend(mc.num_layers, num_blocks, self.blocks.block_size,
-                                             mc.num_kv_heads, mc.head_dim, self.dtype, self.device, self.max_seqs,
-                                             self.max_tokens, self.max_blocks_per_seq,
-                                             layer_group=hybrid.layer_group if hybrid else None,
-                                             kv_layers=mc.kv_layers)
+        heads, k_dim, v_dim = mc.kv_cache_shape  # (latent attention: one latent row a token, its own values)
+        self.backend = PagedAttentionBackend(mc.num_layers, num_blocks, self.blocks.block_size, heads, k_dim,
+                                             self.dtype, self.device, self.max_seqs, self.max_tokens,
+                                             self.max_blocks_per_seq, kv_layers=mc.kv_layers, latent=v_dim == 0,
+                                             layer_group=hybrid.layer_group if hybrid else None)
         # recurrent layers' (conv, ssm) states, a row per state slot (runlm.models.mamba2)
         self.states = allocate_states(mc, self.blocks.state_slots, self.device)
         self.lora_rows = self._device_lora()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runlm.engine.runners.gpu_select import keep_gguf_blocks, use_gpu_runner, why_not_gpu_model
+from runlm.engine.runners.gpu_select import keep_gguf_blocks, use_gpu_runner
 from runlm.engine.runners.threads import set_torch_threads
 from runlm.engine.types.config import EngineConfig
 from runlm.models.spec import ModelSpec
@@ -26,10 +26,8 @@ class GPUKind:
         return use_gpu_runner(config)
 
     def why_not(self, spec: ModelSpec, config: EngineConfig) -> str | None:
-        """None, or a ValueError naming what it does not run: a GPU user is told, never moved to a slow runner."""
-        refused = why_not_gpu_model(spec)
-        if refused is not None:
-            raise ValueError(f"the GPU runner does not run {refused} yet; use --device cpu")
+        """None: it runs every family the torch runner does (latent attention, sinks, chunks, recurrent layers,
+        images...), so a GPU user is never moved to a slow runner."""
         return None
 
     def load(self, spec: ModelSpec, config: EngineConfig) -> LoadedModel:

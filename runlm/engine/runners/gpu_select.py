@@ -1,12 +1,10 @@
-"""Whether the engine runs on the GPU runner (runlm.engine.runners.gpu), and what it refuses there -- without
-importing torch (the engine's bookkeeping stays torch-free until a runner is built)."""
+"""Whether the engine runs on the GPU runner (runlm.engine.runners.gpu), and how it keeps a GGUF's matrices --
+without importing torch (the engine's bookkeeping stays torch-free until a runner is built)."""
 from __future__ import annotations
 
 import os
 
 from runlm.engine.types.config import EngineConfig
-from runlm.models import families
-from runlm.models.spec import ModelSpec
 
 GPU_RUNNER_ENV = "RUNLM_GPU_RUNNER"  # "1": the GPU runner on any device (tests and benchmarks on a CPU)
 GGUF_DENSE_ENV = "RUNLM_GPU_GGUF_DENSE"  # "1": a GGUF's matrices dequantized to the compute dtype at load
@@ -26,13 +24,5 @@ def use_gpu_runner(config: EngineConfig) -> bool:
         return flag == "1"
     return config.device.startswith("cuda")
 
-
-def why_not_gpu_model(spec: ModelSpec) -> str | None:
-    """What in the model the GPU runner does not run yet: what its family declares (runlm.models.families: latent
-    attention, sinks, recurrent layers...). (Images it runs all: Gemma 3's bidirectional spans and Qwen2.5-VL's M-RoPE
-    positions included.)"""
-    if spec.config is None:
-        return None
-    return families.get(spec.config.family).gpu_refuses
 
 

@@ -38,6 +38,11 @@ stores the new K/V in the layer's cache, then attends (``sinks`` [H]: gpt-oss's 
 4's chunked local attention). ``caches[layer]`` is (k_cache, v_cache), each [num_blocks, block_size, KVH, D];
 ``flat_caches()`` gives the same memory as [slots, KVH, D] (ForwardContext.kv_caches' layout).
 
+``latent=True`` (multi-head latent attention, runlm.models.mla): one cache per layer, its one "KV head" a token's
+latent row, which is both the key and (its first values) the value -- ``caches[layer]`` is (k, k), the same tensor;
+``forward(layer, q, latent, latent, ...)`` stores the row once (twice the same bytes) and the caller keeps the
+output's first values.
+
 On the CPU, ``use_triton=None`` picks the interpreter when TRITON_INTERPRET=1 was set before Triton was first
 imported in the process (triton.jit decides when it decorates, Triton's own library included: one process runs
 interpreted or compiled kernels, never both), and the torch reference otherwise.
@@ -55,6 +60,7 @@ from runlm.kernels.triton import available, reference
 
 SPLIT_SEGMENTS = 16
 SPLIT_BELOW_PROGRAMS = 128  # about an H100's 132 SMs; not tuned on a GPU yet
+LATENT_GROUP = 16  # query heads a program of latent attention takes
 
 
 @dataclass(slots=True)
@@ -74,6 +80,15 @@ def cache_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, h
     return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
 
+def latent_heads(cache: torch.Tensor, heads: int) -> torch.Tensor:
+    """A cache of latents (one KV head) seen as heads // LATENT_GROUP KV heads of stride 0, so a program of the
+    attention kernel takes LATENT_GROUP query heads: one program of all of DeepSeek-V3's 128 heads' rows would not
+    fit an H100's shared memory (576-value rows padded to 1024). Every program reads the same latents."""
+    if heads <= LATENT_GROUP or heads % LATENT_GROUP:
+        return cache
+    return cache.expand(-1, -1, heads // LATENT_GROUP, -1)
+
+
 def use_triton_on(device: torch.device) -> bool:
     """Triton on CUDA, or anywhere under TRITON_INTERPRET=1, when it is installed."""
     return available() and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
@@ -90,7 +105,8 @@ class PagedAttentionBackend:
     def __init__(self, num_layers: int, num_blocks: int | Sequence[int], block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str, max_num_seqs: int,
                  max_num_tokens: int, max_blocks_per_seq: int, layer_group: Sequence[int] | None = None,
-                 use_triton: bool | None = None, kv_layers: Sequence[int] | None = None) -> None:
+                 use_triton: bool | None = None, kv_layers: Sequence[int] | None = None,
+                 latent: bool = False) -> None:
         self.device = torch.device(device)
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
@@ -100,14 +116,15 @@ class PagedAttentionBackend:
         if len(blocks) != num_groups or len(self.layer_group) != num_layers:
             raise ValueError("num_blocks and layer_group disagree on the number of layers or KV groups")
         self.use_triton = use_triton_on(self.device) if use_triton is None else use_triton
+        self.latent = latent
         if self.use_triton and not available():
             raise RuntimeError("PagedAttentionBackend(use_triton=True) needs triton installed")
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         keeps = set(range(num_layers)) if kv_layers is None else set(kv_layers)  # (a recurrent layer keeps none)
         for layer, g in enumerate(self.layer_group):
             shape = (blocks[g] if layer in keeps else 0, block_size, num_kv_heads, head_dim)
-            self.caches.append((torch.zeros(shape, dtype=dtype, device=self.device),
-                                torch.zeros(shape, dtype=dtype, device=self.device)))
+            k = torch.zeros(shape, dtype=dtype, device=self.device)
+            self.caches.append((k, k if latent else torch.zeros(shape, dtype=dtype, device=self.device)))
         self.cu_seqlens_q = torch.zeros(max_num_seqs + 1, dtype=torch.int32, device=self.device)
         self.seq_lens = torch.zeros(max_num_seqs, dtype=torch.int32, device=self.device)
         self.groups = [_GroupBuffers(torch.zeros(max_num_seqs, max_blocks_per_seq, dtype=torch.int32,
@@ -172,6 +189,8 @@ class PagedAttentionBackend:
             store_kv, paged_attention = kernels()
             q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
             store_kv(k, v, k_cache, v_cache, buf.slot_mapping)
+            if self.latent:
+                k_cache = v_cache = latent_heads(k_cache, q.shape[1])
             return paged_attention(q, k_cache, v_cache, buf.block_table, self.cu_seqlens_q, self.seq_lens, scale,
                                    window, softcap, num_seqs=self.num_seqs, num_segments=self.num_segments(),
                                    sinks=sinks, chunk=chunk)

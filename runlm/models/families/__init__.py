@@ -72,7 +72,6 @@ class Family:
     # --- runners
     native: bool = True                  # the native runner builds it from a GGUF file
     native_safetensors: bool = True      # ... and from a bf16/fp16 safetensors directory
-    gpu_refuses: str | None = None       # what of it the GPU runner does not run yet (None: it runs it)
 
     @property
     def names(self) -> DecoderNames:

@@ -5,7 +5,8 @@ routes by softmax, greedily or among the best groups by their best expert (``gro
 renormalized, scaled; V3 by sigmoid with a choice bias among the best groups by their two best experts (runlm.models.
 moe). llama.cpp writes both as ``deepseek2``: its metadata says how the file routes (a file without a gating function
 is V2's softmax, as llama.cpp reads it), its ``kv_b`` split in ``attn_k_b`` (transposed) and ``attn_v_b``. The
-multi-token-prediction layer past ``num_hidden_layers`` is skipped. Not the native runner's, nor the GPU runner's."""
+multi-token-prediction layer past ``num_hidden_layers`` is skipped. Not the native runner's; the GPU runner keeps
+the latents in its paged cache (one KV head) and attends over them with its Triton kernel."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -51,4 +52,4 @@ FAMILY = Family("deepseek", torch_model="runlm.models.mla:DeepseekForCausalLM", 
                                    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
                                    "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_k_b": "self_attn.k_b_proj",
                                    "attn_v_b": "self_attn.v_b_proj", "attn_kv_b": "self_attn.kv_b_proj"},
-                native=False, native_safetensors=False, gpu_refuses="latent attention (MLA)")
+                native=False, native_safetensors=False)
