@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runlm.formats import ModelFormatError
-from runlm.models.attention import get_forward_context
+from runlm.models.attention import AttentionBackend, get_forward_context
 from runlm.models.pooling import pool
 
 _ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -121,8 +121,13 @@ class BertLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
         self.act = _ACTIVATIONS[cfg.hidden_act]
 
-    def forward(self, x: torch.Tensor, groups: _Groups) -> torch.Tensor:
-        o = groups.attend(self.qkv(x), self.heads, self.head_dim, 1 / math.sqrt(self.head_dim))
+    def forward(self, x: torch.Tensor, groups: _Groups | AttentionBackend, layer: int) -> torch.Tensor:
+        qkv, scale = self.qkv(x), 1 / math.sqrt(self.head_dim)
+        if isinstance(groups, _Groups):
+            o = groups.attend(qkv, self.heads, self.head_dim, scale)
+        else:  # (a runner's kernels: the whole batch in one call, both ways)
+            q, k, v = qkv.view(x.shape[0], 3, self.heads, self.head_dim).unbind(1)
+            o = groups.forward(layer, q, k, v, scale, None, None).reshape(x.shape[0], -1)
         x = self.attn_norm(x + self.attn_out(o))
         return self.ffn_norm(x + self.ffn_out(self.act(self.ffn_in(x))))
 
@@ -135,7 +140,9 @@ _QKV = {"attention.self.query.": 0, "attention.self.key.": 1, "attention.self.va
 
 class BertModel(nn.Module):
     """forward(input_ids [T], positions [T], token_type_ids [T] | None) -> hidden [T, H];
-    pooled(hidden, query_lens) -> [B, H] (embedder) or [B, num_labels] logits (classifier)."""
+    pooled(hidden, query_lens) -> [B, H] (embedder) or [B, num_labels] logits (classifier). Attention: the forward
+    context's backend where a runner gives one (its kernels, non-causal), else SDPA over groups of similar length."""
+    causal = False
 
     def __init__(self, cfg: BertConfig, pooling_mode: str = "cls") -> None:
         super().__init__()
@@ -155,9 +162,10 @@ class BertModel(nn.Module):
         types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(types)
         x = self.embed_norm(x)
-        groups = _Groups(get_forward_context().query_lens, input_ids.device)
-        for layer in self.layers:
-            x = layer(x, groups)
+        ctx = get_forward_context()
+        groups = ctx.backend or _Groups(ctx.query_lens, input_ids.device)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, groups, i)
         return x
 
     def pooled(self, hidden: torch.Tensor, query_lens: list[int]) -> torch.Tensor:

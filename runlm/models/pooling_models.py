@@ -25,6 +25,7 @@ _ACTIVATIONS = ("sigmoid", "identity", "softmax")
 
 class DecoderPoolingModel(nn.Module):
     """A Llama-family decoder body with a pooler: forward -> hidden [T, H]; pooled -> [B, H] or [B, labels]."""
+    causal = True
 
     def __init__(self, cfg: ModelConfig, pooling_mode: str, num_labels: int) -> None:
         super().__init__()

@@ -321,7 +321,7 @@ def test_kernels_compile_for_sm90():
             GROUP=group, BLOCK_Q=rows // group, BLOCK_M=rows, HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
             BLOCK_SIZE=16, TILE=32, WINDOW=window, CHUNK=max(chunk, 0), USE_SOFTCAP=softcap, USE_SINKS=sinks,
             DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False, NUM_HEADS=2 * group,
-            NUM_SEGMENTS=segments))
+            NUM_SEGMENTS=segments, CAUSAL=not softcap))  # (one variant both ways: an encoder's)
     merge = attention._merge_segments_kernel
     for sinks in (False, True):
         compile_for_h100(merge, {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",

@@ -27,6 +27,10 @@ denominator, added after the walk (or in the merge). fp32 inputs use IEEE dots (
 reference to ~1e-6; bf16/fp16 multiply in their dtype with fp32 accumulation, P cast to V's dtype for P @ V
 (under the interpreter bf16 is computed in fp32: its bf16 arithmetic is wrong, only loads/stores are checked).
 
+Without a cache (the pooling runner: embedders and rerankers, runlm.kernels.triton.backend.VarlenAttention), the
+step's own K/V are the "cache" in blocks of one position, and ``CAUSAL=False`` lets every query see its whole
+sequence (BERT's encoder).
+
 Padded launches: sequences past the real ones get ``cu_seqlens_q`` equal to the last real end (no queries); rows
 past ``cu_seqlens_q[num_seqs]`` are not written.
 
@@ -74,7 +78,7 @@ def _unified_attention_kernel(
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     WINDOW: tl.constexpr, CHUNK: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_SINKS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, NUM_SEGMENTS: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -111,7 +115,9 @@ def _unified_attention_kernel(
     q_pos = first_pos + q_idx
 
     # the context this block's queries can see: [kv_lo, kv_hi)
-    kv_hi = tl.minimum(first_pos + local * BLOCK_Q + BLOCK_Q, seq_len)
+    kv_hi = seq_len
+    if CAUSAL:
+        kv_hi = tl.minimum(first_pos + local * BLOCK_Q + BLOCK_Q, seq_len)
     kv_lo = 0
     if WINDOW > 0:
         kv_lo = tl.maximum(first_pos + local * BLOCK_Q - WINDOW + 1, 0)
@@ -144,7 +150,9 @@ def _unified_attention_kernel(
         s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * scale
         if USE_SOFTCAP:
             s = softcap * _tanh(s / softcap)
-        allowed = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        allowed = pos_ok[None, :]
+        if CAUSAL:
+            allowed = allowed & (pos[None, :] <= q_pos[:, None])
         if WINDOW > 0:
             allowed = allowed & (pos[None, :] > q_pos[:, None] - WINDOW)
         if CHUNK > 0:
@@ -218,7 +226,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, window: int | None = None,
                     softcap: float | None = None, num_seqs: int | None = None, out: torch.Tensor | None = None,
                     tile: int = 32, num_segments: int = 1, block_rows: int = 16, sinks: torch.Tensor | None = None,
-                    chunk: int | None = None) -> torch.Tensor:
+                    chunk: int | None = None, causal: bool = True) -> torch.Tensor:
     """q [T, H, D] (any row/head strides, D contiguous); caches [num_blocks, block_size, KVH, D]; block_table
     [>= B, max_blocks] int32; cu_seqlens_q [>= B + 1] int32; seq_lens [>= B] int32, all on q's device. ``num_seqs``
     (B, default len(seq_lens)) is a host int so nothing is read back. ``num_segments`` > 1 (a power of two) splits
@@ -226,8 +234,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     for decode steps of few sequences, where one program per (sequence, KV head) leaves the GPU idle.
     ``block_rows``: query rows (tokens x heads of a group) per program; more (64) reads K/V fewer times in long
     prefills, 16 wastes least on decodes. ``sinks`` [H]: each head's attention-sink logit (gpt-oss), one more term
-    of the softmax's denominator; ``chunk``: a query sees only its own chunk of that many positions (Llama 4).
-    Returns out [T, H, D] in q's dtype."""
+    of the softmax's denominator; ``chunk``: a query sees only its own chunk of that many positions (Llama 4);
+    ``causal=False``: every query sees its sequence's whole context (an encoder: BERT). Returns out [T, H, D] in q's
+    dtype."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     if num_heads % num_kv_heads:
@@ -262,7 +271,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         HEAD_DIM=head_dim, HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=k_cache.shape[1],
         TILE=tile, WINDOW=int(window or 0), CHUNK=int(chunk or 0), USE_SOFTCAP=bool(softcap),
         USE_SINKS=sinks is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
-        UPCAST=upcast, NUM_SEGMENTS=num_segments,
+        UPCAST=upcast, NUM_SEGMENTS=num_segments, CAUSAL=causal,
     )
     if num_segments > 1:
         _merge_segments_kernel[(num_tokens, num_heads)](

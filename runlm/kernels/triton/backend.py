@@ -101,6 +101,40 @@ def kernels() -> tuple[Callable[..., None], Callable[..., torch.Tensor]]:
     return store_kv, paged_attention
 
 
+class VarlenAttention:
+    """Attention within each sequence of a batch that keeps no cache (the pooling runner's embedders and
+    rerankers, where the Triton kernels run): the step's own K/V are the paged kernel's "cache" in blocks of one
+    position (sequence b's position i is row cu[b] + i), so one launch a layer attends the whole batch, causally (a
+    decoder) or both ways (an encoder). The step's metadata goes up in one copy."""
+    use_triton = False  # (rope_forward is the paged cache's: here q and k are rotated before)
+
+    def __init__(self, query_lens: Sequence[int], device: torch.device, causal: bool = True) -> None:
+        b, width = len(query_lens), max(query_lens)
+        starts = np.zeros(b + 1, dtype=np.int32)
+        np.cumsum(query_lens, out=starts[1:])
+        offsets = np.arange(width, dtype=np.int32)[None, :]
+        table = np.where(offsets < np.asarray(query_lens, dtype=np.int32)[:, None], starts[:-1, None] + offsets, -1)
+        meta = torch.from_numpy(np.concatenate([starts, starts[1:] - starts[:-1], table.ravel()]).astype(np.int32))
+        meta = meta.to(device)
+        self.cu, self.lens, self.table = meta[:b + 1], meta[b + 1:2 * b + 1], meta[2 * b + 1:].view(b, width)
+        self.num_seqs, self.causal = b, causal
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                window: int | None, softcap: float | None, sinks: torch.Tensor | None = None,
+                chunk: int | None = None) -> torch.Tensor:
+        """q [T, H, D], k and v [T, KVH, D] (D contiguous) -> [T, H, D]."""
+        paged_attention = kernels()[1]
+        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        return paged_attention(q, k.unsqueeze(1), v.unsqueeze(1), self.table, self.cu, self.lens, scale, window,
+                               softcap, num_seqs=self.num_seqs, sinks=sinks, chunk=chunk, causal=self.causal)
+
+    def context_kv(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError("a batch without a cache has no context to read again")
+
+    def rope_forward(self, *args: object, **kwargs: object) -> torch.Tensor:
+        raise NotImplementedError("VarlenAttention rotates nothing (use_triton is False)")
+
+
 class PagedAttentionBackend:
     def __init__(self, num_layers: int, num_blocks: int | Sequence[int], block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str, max_num_seqs: int,
