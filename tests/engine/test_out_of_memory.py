@@ -40,3 +40,26 @@ def test_generate_raises_and_the_engine_generates_again(tinycoder_gguf, monkeypa
     assert run.returncode == 0, run.stderr[-3000:]
     assert "raised: the step computing this request ran out of memory" in run.stdout, run.stdout + run.stderr[-2000:]
     assert "generated again" in run.stdout
+
+
+@pytest.mark.parametrize(("error", "recoverable"), [
+    (MemoryError(), True),
+    (RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.11 GiB total capacity)"), True),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory"), True),
+    # a lost CUDA context: the engine must die (its /health fails and the daemon replaces the backend), not retry
+    (RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be "
+                  "asynchronously reported at some other API call"), False),
+    (RuntimeError("CUDA error: device-side assert triggered"), False),
+    ("AcceleratorError", False),   # what torch raises for a CUDA error (a RuntimeError)
+    ("OutOfMemoryError", True),    # ... and for a failed CUDA allocation
+    (RuntimeError("CUDA error: unspecified launch failure"), False),
+])
+def test_only_a_failed_allocation_is_survived(error: BaseException | str, recoverable: bool) -> None:
+    import torch
+
+    from runlm.engine.llm_engine import out_of_memory
+
+    if isinstance(error, str):
+        error = getattr(torch, error)("CUDA error: an illegal memory access was encountered" if not recoverable
+                                      else "CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert out_of_memory(error) is recoverable
