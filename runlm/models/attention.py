@@ -47,8 +47,8 @@ class AttentionBackend(Protocol):
 
     def rope_forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, scale: float, window: int | None,
-                     softcap: float | None, norms: tuple[torch.Tensor, torch.Tensor, float] | None = None
-                     ) -> torch.Tensor: ...
+                     softcap: float | None, norms: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+                     sinks: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor: ...
 
 
 @dataclass(slots=True)
@@ -164,7 +164,8 @@ def write_kv_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 def rope_write_kv_and_attend(layer: int, positions: torch.Tensor, rope: Any, q: torch.Tensor, k: torch.Tensor,
                              v: torch.Tensor, scale: float, window: int | None = None, softcap: float | None = None,
-                             norms: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor | None:
+                             norms: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+                             sinks: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor | None:
     """``rope`` (a RotaryEmbedding) on q and k, then write_kv_and_attend, with the rotation and the K/V store in
     one launch where the runner's backend runs Triton kernels and the rope's tables are on the device (the GPU
     runner's); None elsewhere (the caller rotates and calls write_kv_and_attend), and in a step with bidirectional
@@ -176,7 +177,7 @@ def rope_write_kv_and_attend(layer: int, positions: torch.Tensor, rope: Any, q: 
             or rope.long is not None or ctx.bidirectional is not None:
         return None
     return backend.rope_forward(layer, q, k, v, positions, rope.cos, rope.sin, rope.interleaved, scale, window,
-                                softcap, norms)
+                                softcap, norms, sinks, chunk)
 
 
 def redo_bidirectional(layer: int, q: torch.Tensor, out: torch.Tensor, scale: float, window: int | None,

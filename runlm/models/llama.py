@@ -113,8 +113,7 @@ class Attention(nn.Module):
         self.torch_only = bool(self.qk_norm_whole or self.clip or self.qk_norm_after_rope or self.sinks is not None
                                or self.chunk or self.l2_norm or self.temperature or self.output_gate)
         # nothing between the rotation and the attention (rope_write_kv_and_attend may do both)
-        self.rope_then_attend = not (self.qk_norm_after_rope or self.l2_norm or self.temperature is not None
-                                     or self.sinks is not None or self.chunk)
+        self.rope_then_attend = not (self.qk_norm_after_rope or self.l2_norm or self.temperature is not None)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
@@ -136,7 +135,8 @@ class Attention(nn.Module):
         if self.rope_then_attend:  # (q/k norms,) RoPE and the K/V store in one launch, where the backend can
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if head_norms else None
             o = rope_write_kv_and_attend(self.layer, positions, self.rope, q, k, v, self.scale, self.window,
-                                         self.softcap, norms)
+                                         self.softcap, norms, None if self.sinks is None else self.sinks.weight,
+                                         self.chunk)
             if o is not None:
                 return self.o_proj((o if gate is None else o * torch.sigmoid(gate)).reshape(t, self.q_size))
         if head_norms:

@@ -30,6 +30,32 @@ def test_kernels_under_interpreter():
     run_interpreted(__file__)
 
 
+@pytest.mark.slow
+def test_families_end_to_end_under_interpreter():
+    run_interpreted(__file__, "-k", "interpreted_families", "-m", "slow")
+
+
+@pytest.mark.slow  # (interpreted end to end: test_families_end_to_end_under_interpreter runs it)
+@pytest.mark.parametrize("recipe", ["gpt-oss", "llama4-text", "deepseek-v2"])
+def test_interpreted_families_on_the_gpu_runner(tiny_model, monkeypatch, recipe):
+    """The kernel's sinks (gpt-oss, with RoPE and the K/V store in one launch before it), chunks (Llama 4: prompts
+    crossing its 16-position chunks) and latents (DeepSeek: one KV head that is its own V) end to end: the GPU
+    runner's greedy tokens, its attention interpreted, equal the torch runner's exact mode."""
+    if not INTERPRETING:
+        pytest.skip("runs in test_families_end_to_end_under_interpreter's child process")
+    from runlm.engine.types.sampling_params import SamplingParams
+    from tests.engine.conftest import prompt_ids
+    from tests.fixtures.triton_checks import runner_tokens
+
+    def on_triton(llm) -> None:
+        assert llm.engine.runner.backend.use_triton
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    prompts = [{"prompt_token_ids": prompt_ids(9 + 11 * i, seed=i)} for i in range(2)]
+    tokens = runner_tokens(monkeypatch, tiny_model(recipe), prompts, greedy, on_triton)
+    assert tokens[True] == tokens[False]
+
+
 @pytest.fixture(scope="module")
 def interp() -> types.SimpleNamespace:
     if not INTERPRETING:

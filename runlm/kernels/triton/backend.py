@@ -233,8 +233,8 @@ class PagedAttentionBackend:
 
     def rope_forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, scale: float, window: int | None,
-                     softcap: float | None, norms: tuple[torch.Tensor, torch.Tensor, float] | None = None
-                     ) -> torch.Tensor:
+                     softcap: float | None, norms: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+                     sinks: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
         """``forward`` on q and k not yet rotated (nor, with ``norms``, RMS-normalized per head): the norms, the
         rotation and the K/V store in one launch (runlm.kernels.triton.fused.rope_store), then the attention. Only
         where the Triton kernels run."""
@@ -245,7 +245,8 @@ class PagedAttentionBackend:
         buf = self.groups[self.layer_group[layer]]
         q = rope_store(q, k, v, positions, cos, sin, interleaved, k_cache, v_cache, buf.slot_mapping, norms)
         return kernels()[1](q, k_cache, v_cache, buf.block_table, self.cu_seqlens_q, self.seq_lens, scale, window,
-                            softcap, num_seqs=self.num_seqs, num_segments=self.num_segments())
+                            softcap, num_seqs=self.num_seqs, num_segments=self.num_segments(), sinks=sinks,
+                            chunk=chunk)
 
     def context_kv(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence ``seq``'s cached K and V of layer ``layer`` this step, [seq_len, KVH, D] each (host-driven: an
