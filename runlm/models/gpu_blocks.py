@@ -11,6 +11,7 @@ import torch
 
 from runlm.formats.ggml_types import BY_NAME, BY_VALUE
 from runlm.kernels.triton import runs_on
+from runlm.models.gpu_prequantized import DeviceQuantized
 from runlm.models.linear import GGMLWeight
 
 
@@ -106,23 +107,30 @@ def dense_rows(w: GGMLWeight, ids: torch.Tensor) -> torch.Tensor:
     return dequantize_on_device(rows, BY_VALUE[w.qtype].name, (rows.shape[0], w.cols)).reshape(*ids.shape, w.cols)
 
 
-def blocks_linear(x: torch.Tensor, segments: list[GGMLWeight], bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., K] @ concat(segments)^T (+ bias): each segment's rows, in order, as the output's columns."""
+def blocks_linear(x: torch.Tensor, segments: list[GGMLWeight] | list[DeviceQuantized],
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] @ concat(segments)^T (+ bias): each segment's rows, in order, as the output's columns. A segment is
+    a GGUF matrix's blocks or a pre-quantized checkpoint's matrix (runlm.models.gpu_prequantized), each multiplied
+    as stored by its Triton kernel where Triton runs, else dequantized by torch."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     n = sum(s.rows for s in segments)
     out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     col = 0
-    if runs_on(x.device.type):
-        from runlm.kernels.triton.ggml_matmul import ggml_matmul
+    triton = runs_on(x.device.type)
+    for s in segments:
+        part = out[:, col:col + s.rows]
+        if not triton:
+            part.copy_(x2 @ (dense(s) if isinstance(s, GGMLWeight) else s.dense()).to(x.dtype).T)
+        elif isinstance(s, GGMLWeight):
+            from runlm.kernels.triton.ggml_matmul import ggml_matmul
 
-        for s in segments:
-            ggml_matmul(x2, s.raw, s.qtype, out=out[:, col:col + s.rows])
-            col += s.rows
-    else:
-        for s in segments:
-            out[:, col:col + s.rows] = x2 @ dense(s).to(x.dtype).T
-            col += s.rows
+            ggml_matmul(x2, s.raw, s.qtype, out=part)
+        else:
+            from runlm.kernels.triton.quant_matmul import quant_matmul
+
+            quant_matmul(x2, s.kind, s.values, s.scales, s.zeros, s.groups, s.rows, s.cols, s.tile, out=part)
+        col += s.rows
     if bias is not None:
         out += bias
     return out.reshape(*shape[:-1], n)

@@ -2,7 +2,9 @@
 
 - safetensors: the model is built on "meta"; each tensor is read onto the device in its stored dtype (bf16/fp16)
   and only there converted to the compute dtype, so no fp32 copy is ever made on the host. Q/K/V and gate/up
-  are stacked on the device (the model's fused parameters, as ``load_weights`` stacks them).
+  are stacked on the device (the model's fused parameters, as ``load_weights`` stacks them). A pre-quantized
+  checkpoint's matrices (GPTQ/AWQ 4-bit, FP8) stay as stored, repacked on the device for the Triton kernel that
+  dequantizes them in registers (runlm.models.gpu_prequantized).
 - GGUF: each matrix is uploaded as stored (its ggml blocks) and dequantized on the device by the torch
   implementations below (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, and F32/F16/BF16; a rarer type is dequantized on the host
   by the GGUF reader and uploaded), then Q/K are permuted back to the rotate-half layout. A log line states the
@@ -29,6 +31,7 @@ from runlm.formats.gguf import GGUFFile
 from runlm.models.config import ModelConfig
 from runlm.models.gpu_blocks import DEVICE_QUANTS, KEPT_TYPES, blocks_linear, dense, dense_rows, dequantize_on_device
 from runlm.models.gpu_moe import stack_model_experts
+from runlm.models.gpu_prequantized import DeviceQuantized, device_prequantized
 from runlm.models.linear import Embedding, GGMLWeight, Linear, Weight
 from runlm.models.llama import LlamaForCausalLM, stacked_target
 from runlm.models.load import LoadedModel, _empty_model
@@ -96,7 +99,7 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dty
     """Every parameter of a model built on "meta" from HF-named tensors already on the device, converted to
     ``dtype`` there; Q/K/V and gate/up stacked. A linear layer whose every part comes in GGUF blocks keeps them
     (Linear.keep_device_blocks); blocks meant for anything else are dequantized."""
-    shards: dict[str, dict[int, torch.Tensor | GGMLWeight]] = {}
+    shards: dict[str, dict[int, torch.Tensor | GGMLWeight | DeviceQuantized]] = {}
     tied = getattr(model, "lm_head", None) is None
     if isinstance(model, LlamaForCausalLM):  # (a family's own reading of its checkpoint; no MTP layers)
         weights = cast(Iterator[tuple[str, Weight]], model.decoder_weights(weights))
@@ -106,7 +109,7 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dty
             continue
         target, shard = stacked_target(name, params)
         shards.setdefault(target, {})[shard] = \
-            tensor if isinstance(tensor, GGMLWeight) else cast(torch.Tensor, tensor).to(dtype)
+            tensor if isinstance(tensor, GGMLWeight | DeviceQuantized) else cast(torch.Tensor, tensor).to(dtype)
     unexpected = [n for n in shards if n not in params]
     if unexpected:
         raise KeyError(f"unexpected weight {unexpected[0]!r}")
@@ -117,6 +120,13 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dty
         module_name, attr = name.rsplit(".", 1)
         module = model.get_submodule(module_name)
         ordered = [parts[-1]] if -1 in parts else [parts[i] for i in sorted(parts)]
+        if all(isinstance(p, DeviceQuantized) for p in ordered) and isinstance(module, Linear) and attr == "weight":
+            kept = cast(list[DeviceQuantized], ordered)
+            shape = getattr(module, attr).shape
+            if sum(s.rows for s in kept) != shape[0] or kept[0].cols != shape[1]:
+                raise RuntimeError(f"{name}: the checkpoint's quantized matrix does not fit {tuple(shape)}")
+            module.keep_device_blocks(kept, blocks_linear)
+            continue
         if all(isinstance(p, GGMLWeight) for p in ordered) and isinstance(module, Linear | Embedding) and \
                 attr == "weight":
             segments = cast(list[GGMLWeight], ordered)
@@ -131,7 +141,8 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dty
                 model.tied_head = Linear(shape[1], shape[0], bias=False, device="meta")
                 model.tied_head.keep_device_blocks(segments, blocks_linear)
             continue
-        dense_parts = [dense(p).to(dtype) if isinstance(p, GGMLWeight) else p for p in ordered]
+        dense_parts = [dense(p).to(dtype) if isinstance(p, GGMLWeight) else p.dense().to(dtype)
+                       if isinstance(p, DeviceQuantized) else p for p in ordered]
         tensor = dense_parts[0] if len(dense_parts) == 1 else torch.cat(dense_parts)
         shape = getattr(module, attr).shape
         if tensor.numel() != shape.numel():
@@ -165,10 +176,13 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
         model_ = _empty_model(cfg, rope_freq_factors(gguf))
         weights = _gguf_tensors(gguf, cfg, dev, stats, gguf_blocks)
     else:
-        values = sum(prod(t.shape) for t in spec.safetensors().tensors.values())
-        check_fits(values * itemsize, dev, gpu_memory_utilization, path.name)
+        # (a float weight in the compute dtype; a pre-quantized checkpoint's packed values and scales as stored)
+        check_fits(sum(prod(t.shape) * itemsize if t.qtype in ("F32", "F16", "BF16") else t.end - t.begin
+                       for t in spec.safetensors().tensors.values()), dev, gpu_memory_utilization, path.name)
         model_ = _empty_model(cfg)
-        weights = _safetensors_tensors(path, dev)
+        # (DeviceQuantized matrices among them, a pre-quantized checkpoint's: fill_parameters keeps them as they are)
+        weights = cast(Iterator[tuple[str, Weight]], device_prequantized(_safetensors_tensors(path, dev),
+                                                                         spec.hf_config))
         if family is not None:  # a vision-language directory: the tower's tensors set aside as it goes
             weights = cast(Iterator[tuple[str, torch.Tensor]],
                            split_vision(weights, family.text_weight, vision_weights))
@@ -192,6 +206,11 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
         log.info("%s: GGUF blocks (%.1f MiB as stored), %d matrices kept in their blocks, the rest dequantized on %s "
                  "to %s: the weights take %.1f MiB there (%.2fx the file's)", path.name, stats[0] / 2**20, len(kept),
                  dev, str(dtype).removeprefix("torch."), held / 2**20, held / stats[0])
+    quantized = [s for m in model_.modules() if isinstance(m, Linear) for s in m.device_blocks
+                 if isinstance(s, DeviceQuantized)]
+    if quantized:
+        log.info("%s: %d pre-quantized matrices kept as stored on %s (%.1f MiB), multiplied in their format", path.name,
+                 len(quantized), dev, sum(s.nbytes for s in quantized) / 2**20)
     model_.model.fused = False
     stack_model_experts(model_)  # (mixtures of experts: the fused kernel's stacked weights)
     vision = None

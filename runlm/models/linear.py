@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -79,7 +79,9 @@ class Linear(nn.Linear):
         for name in ("qweight", "scales", "offsets"):  # set by keep_quantized
             self.register_buffer(name, None)
         self.ggml: list[GGMLWeight] = []  # set by keep_ggml
-        self.device_blocks: list[GGMLWeight] = []  # set by keep_device_blocks
+        # set by keep_device_blocks: GGUF blocks (GGMLWeight) or a pre-quantized checkpoint's matrices
+        # (runlm.models.gpu_prequantized.DeviceQuantized), on the GPU runner's device
+        self.device_blocks: list[Any] = []
         self.lora: Adapter | None = None  # set where LoRA adapters may be attached (runlm.models.lora)
 
     def reset_parameters(self) -> None:
@@ -99,9 +101,10 @@ class Linear(nn.Linear):
         self._ggml_types = [s.qtype for s in segments]
         self.register_parameter("weight", None)
 
-    def keep_device_blocks(self, segments: list[GGMLWeight], matmul: Callable[..., torch.Tensor]) -> None:
-        """Serve this layer from GGUF blocks on the GPU runner's device: ``matmul(x, segments=, bias=)``
-        (runlm.models.gpu_blocks.blocks_linear), outputs the segments' rows in order."""
+    def keep_device_blocks(self, segments: list[Any], matmul: Callable[..., torch.Tensor]) -> None:
+        """Serve this layer from matrices kept as stored on the GPU runner's device (GGUF blocks, a pre-quantized
+        checkpoint's): ``matmul(x, segments=, bias=)`` (runlm.models.gpu_blocks.blocks_linear), outputs the
+        segments' rows in order."""
         self.device_blocks = segments
         self._blocks_forward = functools.partial(matmul, segments=segments)
         self.register_parameter("weight", None)

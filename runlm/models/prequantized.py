@@ -76,7 +76,7 @@ class Q8Repacker:
 # ``<module>.qweight`` (int32, eight 4-bit values each), ``qzeros`` (int32, packed alike), ``scales`` (fp16, per group
 # of input rows and output column), GPTQ's ``g_idx`` (each input row's group). A weight is scale * (q - zero).
 INT4_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
-_AWQ_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # AWQ packs output columns 0 2 4 6 1 3 5 7 into a word's nibbles
+AWQ_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # AWQ packs output columns 0 2 4 6 1 3 5 7 into a word's nibbles
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 
 
@@ -115,7 +115,7 @@ def dequantize_int4(method: str, config: Mapping[str, Any], qweight: torch.Tenso
             torch.arange(in_features) // int(config.get("group_size", 128) if config.get("group_size", 128) > 0
                                               else in_features)
     else:  # AWQ: qweight [in, out / 8], packed along the output columns in its own order
-        order = torch.tensor(_AWQ_ORDER)
+        order = torch.tensor(AWQ_ORDER)
         q = _nibbles(qweight, 1).view(qweight.shape[0], -1, 8)[..., order].reshape(qweight.shape[0], -1)
         zeros = _nibbles(qzeros, 1).view(qzeros.shape[0], -1, 8)[..., order].reshape(qzeros.shape[0], -1)
         in_features = q.shape[0]

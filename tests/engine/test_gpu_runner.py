@@ -184,6 +184,25 @@ def test_families_give_the_torch_runners_tokens(tiny_model, monkeypatch, recipe:
         _tokens(_llm(path, False, monkeypatch, **kw).generate(prompts, GREEDY))
 
 
+@pytest.mark.parametrize("checkpoint", ["gptq", "awq", "fp8-block", "fp8-channel"])
+def test_prequantized_checkpoints_kept_as_stored_give_the_torch_runners_tokens(monkeypatch, checkpoint: str) -> None:
+    """GPTQ (act-order), AWQ and FP8 (per-tile, per-row scales) checkpoints: every quantized matrix kept as stored on
+    the device (runlm.models.gpu_prequantized; the Triton kernel is test_gpu_triton_quant_matmul.py's), the torch
+    runner's greedy tokens in exact mode."""
+    from runlm.models.gpu_prequantized import DeviceQuantized
+    from runlm.models.linear import Linear
+    from tests.fixtures.models import fp8_model, int4_model
+
+    kind, _, variant = checkpoint.partition("-")
+    path = int4_model(kind)[0] if kind != "fp8" else fp8_model(variant)[0]
+    prompts = [{"prompt_token_ids": prompt_ids(7 + 9 * i, seed=i)} for i in range(3)]
+    gpu = _llm(path, True, monkeypatch)
+    kept = [m for m in gpu.engine.runner.loaded.model.modules() if isinstance(m, Linear) and m.device_blocks]
+    assert len(kept) == 4 * gpu.engine.loaded.config.num_layers  # (each layer's qkv, o_proj, gate_up, down_proj)
+    assert all(isinstance(s, DeviceQuantized) for m in kept for s in m.device_blocks)
+    assert _tokens(gpu.generate(prompts, GREEDY)) == _tokens(_llm(path, False, monkeypatch).generate(prompts, GREEDY))
+
+
 def test_speculative_decoding_keeps_the_greedy_tokens(tiny_model, smollm2_gguf, monkeypatch) -> None:
     """A draft model (a near copy: some drafts accepted, some not) and n-gram lookup on a real model asked to repeat
     a passage: each speculating sequence's 1 + k rows run in the step beside the others and are verified; the

@@ -122,13 +122,19 @@ def ggml_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, out: torch.Tenso
         raise ValueError(f"{BY_VALUE[qtype].name}: rows of {row_bytes} bytes do not hold K={k} values")
     if x.stride(1) != 1 or raw.stride(1) != 1 or raw.stride(0) != row_bytes:
         raise ValueError("ggml_matmul needs x's rows and the weight's bytes contiguous")
-    if out is None:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0 or n == 0:
-        return out
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    block_n = 64
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _ggml_matmul_kernel[grid](x, raw, out, m, n, k, x.stride(0), row_bytes, out.stride(0), QTYPE=qtype,
-                              BLOCK_M=block_m, BLOCK_N=block_n, IEEE=x.dtype == torch.float32)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
+    if m and n:
+        block_m, grid = tiles(m, n)
+        _ggml_matmul_kernel[grid](x, raw, out, m, n, k, x.stride(0), row_bytes, out.stride(0), QTYPE=qtype,
+                                  BLOCK_M=block_m, BLOCK_N=BLOCK_N, IEEE=x.dtype == torch.float32)
     return out
+
+
+BLOCK_N = 64  # weight rows a program takes
+
+
+def tiles(m: int, n: int) -> tuple[int, tuple[int, int]]:
+    """(BLOCK_M, grid) of a dequantize-in-kernel matmul of m rows by n weight rows: 16 rows a program for decode
+    steps, up to 64 for prefill."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    return block_m, (triton.cdiv(m, block_m), triton.cdiv(n, BLOCK_N))
