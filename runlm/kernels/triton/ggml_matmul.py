@@ -92,22 +92,35 @@ def _weights(w_ptr, rows, row_mask, k0, row_bytes, QTYPE: tl.constexpr):
 @triton.jit
 def _ggml_matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, row_bytes, stride_ym,
                         QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = rows_m < M
-    mask_n = rows_n < N
+    rows_m, mask_m = tile_rows(0, BLOCK_M, M)
+    rows_n, mask_n = tile_rows(1, BLOCK_N, N)
     cols = tl.arange(0, 32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, 32):
         x = tl.load(x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm + k0 + cols[None, :], mask=mask_m[:, None],
                     other=0.0)
         w = _weights(w_ptr, tl.where(mask_n, rows_n, 0), mask_n, k0, row_bytes, QTYPE).to(x.dtype)
-        if IEEE:
-            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-        else:
-            acc += tl.dot(x, tl.trans(w))
+        acc = dot_add(acc, x, w, IEEE)
+    store_tile(y_ptr, acc, rows_m, mask_m, rows_n, mask_n, stride_ym)
+
+
+@triton.jit
+def tile_rows(axis: tl.constexpr, BLOCK: tl.constexpr, limit):
+    """This program's BLOCK rows along grid axis ``axis`` and which of them are < limit."""
+    rows = tl.program_id(axis) * BLOCK + tl.arange(0, BLOCK)
+    return rows, rows < limit
+
+
+@triton.jit
+def dot_add(acc, x, w, IEEE: tl.constexpr):
+    """acc + x @ w^T (x [BM, 32], w [BN, 32] in x's dtype; IEEE: float32 without TF32)."""
+    if IEEE:
+        return acc + tl.dot(x, tl.trans(w), input_precision="ieee")
+    return acc + tl.dot(x, tl.trans(w))
+
+
+@triton.jit
+def store_tile(y_ptr, acc, rows_m, mask_m, rows_n, mask_n, stride_ym):
     y = y_ptr + rows_m.to(tl.int64)[:, None] * stride_ym + rows_n[None, :]
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 

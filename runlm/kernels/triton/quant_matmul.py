@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runlm.kernels.triton.ggml_matmul import BLOCK_N, tiles
+from runlm.kernels.triton.ggml_matmul import BLOCK_N, dot_add, store_tile, tile_rows, tiles
 
 INT4, FP8 = 0, 1
 
@@ -38,12 +38,8 @@ def _e4m3(bits):
 def _quant_matmul_kernel(x_ptr, v_ptr, s_ptr, z_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_vn, stride_sn,
                          stride_ym, BR, BC, KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          IEEE: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = rows_m < M
-    mask_n = rows_n < N
+    rows_m, mask_m = tile_rows(0, BLOCK_M, M)
+    rows_n, mask_n = tile_rows(1, BLOCK_N, N)
     safe_n = tl.where(mask_n, rows_n, 0).to(tl.int64)
     cols = tl.arange(0, 32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -63,13 +59,8 @@ def _quant_matmul_kernel(x_ptr, v_ptr, s_ptr, z_ptr, g_ptr, y_ptr, M, N, K, stri
             bits = tl.load(v_ptr + safe_n[:, None] * stride_vn + k[None, :], mask=m, other=0)
             scale = tl.load(s_ptr + (safe_n // BR)[:, None] * stride_sn + (k // BC)[None, :], mask=m, other=0.0)
             w = _e4m3(bits) * scale
-        w = tl.where(m, w, 0.0).to(x.dtype)
-        if IEEE:
-            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-        else:
-            acc += tl.dot(x, tl.trans(w))
-    y = y_ptr + rows_m.to(tl.int64)[:, None] * stride_ym + rows_n[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+        acc = dot_add(acc, x, tl.where(m, w, 0.0).to(x.dtype), IEEE)
+    store_tile(y_ptr, acc, rows_m, mask_m, rows_n, mask_n, stride_ym)
 
 
 def quant_matmul(x: torch.Tensor, kind: int, values: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
