@@ -1,12 +1,15 @@
 """GPU benchmark (issue 28): runlm's GPU runner vs transformers (and vLLM where installed) on the same model.
 
 Random-weight Qwen2.5-0.5B-, 1.5B- and 7B-shaped models (49,152-token vocabulary, as the issue's baseline) are
-built on the device in bf16 and saved as safetensors with a word-level tokenizer (no hub, no package index).
-Every peer then loads that directory in a child process of its own and is measured on the same prompts
+built on the device in bf16 and saved as safetensors with a byte-level BPE tokenizer without merges (no hub, no
+package index); runlm also runs the same shape as a Q4_K_M GGUF (runlm's converter and quantizer: its blocks kept on
+the device). Every peer then loads its files in a child process of its own and is measured on the same prompts
 (random token ids, PROMPT_LEN in, OUTPUT_LEN out, greedy, ignore_eos):
 
-- load: from the files to ready (runlm: LLM(...) including graph capture and the memory profile);
-- 1 stream: decode tok/s after the first token, and TTFT;
+- load: from the files to ready (runlm: LLM(...) including graph capture and the memory profile), cold (an empty
+  Triton cache: every kernel compiled) and warm (a second process on the cache the first left);
+- 1 stream: decode tok/s after the first token, and TTFT; TTFT of a 2,048-token prompt (--long-prompt);
+- kernels a decode step (runlm on CUDA: torch.profiler over 8 steps of one sequence, sampler included);
 - 8 / 64 / 256 concurrent requests: output tok/s (all output tokens / wall time);
 - limit: the bandwidth limit of one stream, weight bytes per step / the card's memory bandwidth.
 
@@ -53,13 +56,17 @@ BANDWIDTH = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.
 
 
 def _tokenizer(target: Path, vocab: int) -> None:
-    """A word-level tokenizer over ``vocab`` tokens: the benchmark feeds token ids, the engine needs a tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A byte-level BPE over ``vocab`` tokens without merges (the 256 bytes, then made-up words): the benchmark feeds
+    token ids, the engine needs a tokenizer, and runlm's GGUF converter reads byte-level BPE."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    words = sorted(alphabet) + [f"t{i}" for i in range(vocab - len(alphabet))]
+    tok = Tokenizer(models.BPE({w: i for i, w in enumerate(words)}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     tok.save(str(target / "tokenizer.json"))
-    (target / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t2", "bos_token": "t1"}))
+    (target / "tokenizer_config.json").write_text(json.dumps({"eos_token": words[2], "bos_token": words[1]}))
 
 
 def build_model(shape: str, device: str, dtype: str) -> Path:
@@ -79,6 +86,22 @@ def build_model(shape: str, device: str, dtype: str) -> Path:
     _tokenizer(tmp, SHAPES[shape]["vocab_size"])
     del model
     os.replace(tmp, target)
+    return target
+
+
+def gguf_of(directory: Path, qtype: str) -> Path:
+    """The shape's directory as a GGUF file in ``qtype`` (runlm's converter to F16, then its quantizer: llama.cpp's
+    per-tensor choices), cached beside it."""
+    from runlm.quantize import quantize_file
+    from runlm.quantize.convert import convert_folder
+
+    target = directory.with_name(f"{directory.name}-{qtype.lower()}.gguf")
+    if not target.exists():
+        f16 = directory.with_name(directory.name + "-f16.gguf")
+        convert_folder(directory, f16, "f16")
+        quantize_file(f16, target.with_suffix(".partial"), qtype)
+        f16.unlink()
+        os.replace(target.with_suffix(".partial"), target)
     return target
 
 
@@ -104,10 +127,13 @@ def run_runlm(path: str, cfg: dict) -> dict:
 
     t0 = time.perf_counter()
     llm = LLM(path, device=cfg["device"], dtype=cfg["dtype"], max_num_seqs=max(cfg["concurrency"]),
-              max_num_batched_tokens=cfg["batched_tokens"], max_model_len=cfg["prompt"] + cfg["output"] + 16,
+              max_num_batched_tokens=cfg["batched_tokens"],
+              max_model_len=max(cfg["prompt"], cfg["long_prompt"]) + cfg["output"] + 16,
               **({"kv_cache_memory": "64MiB"} if cfg["device"] == "cpu" else {}))
     _sync(cfg["device"])
     out: dict = {"load_s": time.perf_counter() - t0}
+    if cfg.get("load_only"):
+        return out
     params = SamplingParams(temperature=0.0, max_tokens=cfg["output"], ignore_eos=True)
     engine = llm.engine
     vocab = SHAPES[cfg["shape"]]["vocab_size"]
@@ -120,6 +146,11 @@ def run_runlm(path: str, cfg: dict) -> dict:
             times += [time.perf_counter()] * (n - len(times))
     out["ttft_s"] = times[0] - t0
     out["tok_s_1"] = (len(times) - 1) / (times[-1] - times[0])
+    out["kernels_per_step"] = kernels_per_decode_step(engine, vocab, cfg)
+    long = [{"prompt_token_ids": prompts(1, cfg["long_prompt"], vocab, 5)[0]}]
+    t0 = time.perf_counter()
+    llm.generate(long, SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    out["ttft_long_s"] = time.perf_counter() - t0
     for c in cfg["concurrency"]:
         batch = [{"prompt_token_ids": p} for p in prompts(c, cfg["prompt"], vocab, 1)]
         t0 = time.perf_counter()
@@ -127,6 +158,31 @@ def run_runlm(path: str, cfg: dict) -> dict:
         out[f"tok_s_{c}"] = sum(len(r.outputs[0].token_ids) for r in res) / (time.perf_counter() - t0)
     out["graphs"] = sorted(getattr(engine.runner, "graphs", {}))
     return out
+
+
+def kernels_per_decode_step(engine, vocab: int, cfg: dict) -> float | None:
+    """CUDA kernels a decode step of one sequence runs (torch.profiler over 8 steps, graph replays included: the
+    kernels inside a graph count), sampler and output building included; None off CUDA."""
+    if not cfg["device"].startswith("cuda"):
+        return None
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from runlm.engine.types.sampling_params import SamplingParams
+
+    engine.add_request("profiled", {"prompt_token_ids": prompts(1, cfg["prompt"], vocab, 3)[0]},
+                       SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True))
+    for _ in range(4):  # the prefill, then decodes
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(8):
+            engine.step()
+        torch.cuda.synchronize()
+    engine.abort_request("profiled")
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.startswith(("Memcpy", "Memset"))]
+    return len(kernels) / 8
 
 
 def run_hf(path: str, cfg: dict) -> dict:
@@ -210,8 +266,24 @@ def child(peer: str, path: Path, cfg: dict, timeout: float) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def runlm_cold_and_warm(path: Path, cfg: dict, timeout: float) -> dict:
+    """runlm's figures with a fresh Triton cache (its load compiles every kernel: cold), then one more load with
+    the cache that run left (warm)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="runlm-triton-") as cache:
+        os.environ["TRITON_CACHE_DIR"] = cache
+        try:
+            figures = child("runlm", path, cfg, timeout)
+            if "error" not in figures:
+                figures["load_warm_s"] = child("runlm", path, {**cfg, "load_only": True}, timeout).get("load_s")
+        finally:
+            del os.environ["TRITON_CACHE_DIR"]
+    return figures
+
+
 def weight_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
 def limit_tok_s(path: Path, device: str) -> float | None:
@@ -226,8 +298,8 @@ def limit_tok_s(path: Path, device: str) -> float | None:
 
 
 def table(results: list[dict], concurrency: list[int]) -> str:
-    cols = ["model", "peer", "load s", "TTFT ms", "1 stream tok/s", *[f"{c} streams tok/s" for c in concurrency],
-            "limit 1 stream tok/s"]
+    cols = ["model", "peer", "load s (cold/warm)", "TTFT ms", "TTFT ms, long prompt", "kernels a decode step",
+            "1 stream tok/s", *[f"{c} streams tok/s" for c in concurrency], "limit 1 stream tok/s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
 
     def f(x, scale: float = 1.0, digits: int = 1) -> str:
@@ -238,8 +310,10 @@ def table(results: list[dict], concurrency: list[int]) -> str:
         if "error" in m:
             lines.append(f"| {r['model']} | {r['peer']} | {m['error']} |" + " |" * (len(cols) - 3))
             continue
-        lines.append("| " + " | ".join([r["model"], r["peer"], f(m.get("load_s"), digits=2),
-                                        f(m.get("ttft_s"), 1000), f(m.get("tok_s_1")),
+        load = f(m.get("load_s"), digits=2) + (f" / {m['load_warm_s']:.2f}" if m.get("load_warm_s") else "")
+        lines.append("| " + " | ".join([r["model"], r["peer"], load, f(m.get("ttft_s"), 1000),
+                                        f(m.get("ttft_long_s"), 1000), f(m.get("kernels_per_step"), digits=0),
+                                        f(m.get("tok_s_1")),
                                         *[f(m.get(f"tok_s_{c}")) for c in concurrency],
                                         f(r.get("limit_tok_s"), digits=0)]) + " |")
     return "\n".join(lines) + "\n"
@@ -252,6 +326,8 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--output", type=int, default=128)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 64, 256])
+    ap.add_argument("--long-prompt", type=int, default=2048, help="the prompt of the second TTFT column")
+    ap.add_argument("--gguf", default="Q4_K_M", help="runlm also on the shape as this GGUF type ('' for none)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per peer and model")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: the script end to end")
     ap.add_argument("--child", choices=list(PEERS))
@@ -263,7 +339,7 @@ def main() -> int:
         return 0
     if args.smoke:
         device, dtype, models = "cpu", "float32", ["smoke"]
-        args.prompt, args.output, args.concurrency = 16, 6, [2, 4]
+        args.prompt, args.output, args.concurrency, args.long_prompt = 16, 6, [2, 4], 64
         peers = [p for p in args.peers if p != "vllm"]
     else:
         import torch
@@ -280,14 +356,22 @@ def main() -> int:
     results = []
     for model in models:
         path = build_model(model, device, dtype)
-        limit = limit_tok_s(path, device)
         cfg = dict(shape=model, device=device, dtype=dtype, prompt=args.prompt, output=args.output,
-                   concurrency=args.concurrency, batched_tokens=2048 if device == "cuda" else 64)
-        for peer in peers:
-            figures = child(peer, path, cfg, args.timeout)
+                   concurrency=args.concurrency, batched_tokens=2048 if device == "cuda" else 64,
+                   long_prompt=args.long_prompt)
+        runs = [(peer, path) for peer in peers]
+        if args.gguf and "runlm" in peers:
+            try:
+                runs.append((f"runlm {args.gguf}", gguf_of(path, args.gguf)))
+            except Exception as exc:  # noqa: BLE001 - no gguf package or ggml quantizer on this machine
+                results.append({"model": model, "peer": f"runlm {args.gguf}",
+                                "figures": {"error": f"no {args.gguf} file: {exc}"[:300]}})
+        for peer, weights in runs:
+            figures = runlm_cold_and_warm(weights, cfg, args.timeout) if peer.startswith("runlm") else \
+                child(peer, weights, cfg, args.timeout)
             print(model, peer, json.dumps(figures), flush=True)
-            results.append({"model": model, "peer": peer, "figures": figures, "limit_tok_s": limit,
-                            "weight_bytes": weight_bytes(path)})
+            results.append({"model": model, "peer": peer, "figures": figures,
+                            "limit_tok_s": limit_tok_s(weights, device), "weight_bytes": weight_bytes(weights)})
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "gpu_bench_smoke" if args.smoke else "gpu_bench"
     meta = {"device": device, "dtype": dtype, "prompt": args.prompt, "output": args.output,
