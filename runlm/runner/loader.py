@@ -12,7 +12,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -295,16 +295,18 @@ class Loader:
         ids = None
         if names is not None:
             ids = {(await self.model(n)).id for n in names}
-        chosen = [r for r in list(self.runners.values())
-                  if (ids is None or r.model.id in ids) and (backend is None or r.backend.name == backend)]
-        await asyncio.gather(*(self.unload(r) for r in chosen))
-        return len(chosen)
+        return await self._unload_where(lambda r: (ids is None or r.model.id in ids)
+                                        and (backend is None or r.backend.name == backend))
 
     async def unload_idle_named(self, name: ModelName) -> int:
         """Unload the idle runners loaded under ``name`` (not those of other names for the same weights)."""
-        chosen = [r for r in list(self.runners.values()) if r.model.name == name and not r.in_use]
-        await asyncio.gather(*(self.unload(r) for r in chosen))
-        return len(chosen)
+        return await self._unload_where(lambda r: r.model.name == name and not r.in_use)
+
+    async def _unload_where(self, chosen: Callable[[Runner], bool]) -> int:
+        """Unload every runner ``chosen`` picks, all at once; returns how many."""
+        runners = [r for r in list(self.runners.values()) if chosen(r)]
+        await asyncio.gather(*(self.unload(r) for r in runners))
+        return len(runners)
 
     async def configure(self, model: StoredModel, backend_name: str | None, config: BackendConfig) -> Backend:
         """Set how ``model`` loads on a backend from now on (naming the backend also makes it the model's
