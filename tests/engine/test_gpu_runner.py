@@ -14,6 +14,7 @@ from runlm.engine.runners.gpu import GPURunner
 from runlm.engine.runners.torch_runner import ModelRunner
 from runlm.engine.types.sampling_params import SamplingParams, StructuredOutputsParams
 from tests.engine.conftest import prompt_ids
+from tests.fixtures.default_run import default_run
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 KW = dict(block_size=4, max_num_batched_tokens=64, kv_cache_memory="16MiB", exact_numerics=True, max_model_len=256)
@@ -165,15 +166,12 @@ GPU_FAMILIES = ["mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "dots1", "glm4-moe
 NO_GGUF = {"minimax", "dots1", "apertus"}  # (llama.cpp's converter writes no file, or runlm reads none, for these)
 
 
-# the default run: one of each kind, from each format; `make test-slow` runs the whole matrix
-QUICK = {("mixtral", "q8_0"), ("qwen2-moe", "safetensors"), ("granitemoehybrid", "safetensors"),
-         ("qwen3-next", "q8_0"), ("glm4", "q8_0"), ("cohere2", "safetensors"), ("falcon-h1", "safetensors"),
-         ("gpt-oss", "q8_0"), ("llama4-text", "safetensors")}
-
-
+# the default run: one of each kind, from each format (DeepSeek's: tests/models/test_deepseek.py); `make test-slow`
+# runs the whole matrix
+@default_run("mixtral-q8_0", "qwen2-moe-safetensors", "granitemoehybrid-safetensors", "qwen3-next-q8_0", "glm4-q8_0",
+             "cohere2-safetensors", "falcon-h1-safetensors", "gpt-oss-q8_0", "llama4-text-safetensors")
 @pytest.mark.parametrize(("recipe", "fmt"), [
-    pytest.param(r, f, marks=() if (r, f) in QUICK else pytest.mark.slow)
-    for r, f in [*((r, "safetensors") for r in GPU_FAMILIES), *((r, "q8_0") for r in GPU_FAMILIES if r not in NO_GGUF)]])
+    *((r, "safetensors") for r in GPU_FAMILIES), *((r, "q8_0") for r in GPU_FAMILIES if r not in NO_GGUF)])
 def test_families_give_the_torch_runners_tokens(tiny_model, monkeypatch, recipe: str, fmt: str) -> None:
     from tests.fixtures.gguf_convert import converted_gguf
 

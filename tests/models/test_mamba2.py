@@ -82,12 +82,9 @@ assert set(FAMILIES) == set(HYBRID_RECIPES)
 
 
 # (the default run: every family from safetensors, two from llama.cpp's GGUF; the rest under make test-slow)
-QUICK_GGUF = ("nemotron-h-moe", "qwen3-next")
-
-
+@default_run(*(f"{r}-safetensors" for r in FAMILIES), "nemotron-h-moe-gguf", "qwen3-next-gguf")
 @pytest.mark.parametrize(("recipe", "fmt"), [
-    (r, fmt) if fmt == "safetensors" or r in QUICK_GGUF else pytest.param(r, fmt, marks=pytest.mark.slow)
-    for r in FAMILIES for fmt in ("safetensors", "gguf") if fmt == "safetensors" or r in GGUF_RECIPES])
+    (r, fmt) for r in FAMILIES for fmt in ("safetensors", "gguf") if fmt == "safetensors" or r in GGUF_RECIPES])
 def test_hybrids_match_transformers(recipe: str, fmt: str, tiny_model) -> None:
     """Exact mode's logits within 1e-4 of transformers' on a 200-token prompt, and 64 greedy tokens through the engine
     that are transformers' own choices: each the argmax of its forward over the prompt and the tokens before it.
@@ -128,12 +125,9 @@ def test_the_layers_read_alike_from_the_config_and_the_gguf_file(recipe: str, ti
 
 
 # the default run bounds one pure Mamba2 model and one hybrid with experts; `make test-slow` every recipe (~9 s each)
-KL_DEFAULT = ("mamba2", "nemotron-h-moe")
-
-
+@default_run("mamba2", "nemotron-h-moe")
 @pytest.mark.skipif(not ggml.available(), reason="ggml's kernels are unavailable: fast mode is exact mode here")
-@pytest.mark.parametrize("recipe", [r if r in KL_DEFAULT else pytest.param(r, marks=pytest.mark.slow)
-                                    for r in GGUF_RECIPES])
+@pytest.mark.parametrize("recipe", GGUF_RECIPES)
 def test_fast_mode_kl_divergence_is_llama_cpps(recipe: str) -> None:
     fast = load_decoder(converted_gguf(recipe, "q8_0"))
     linears = [m for m in fast.model.model.layers[0].mixer.modules() if isinstance(m, Linear)]
