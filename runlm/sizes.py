@@ -53,22 +53,28 @@ def return_free_heap() -> None:
     trim(0)
 
 
-@functools.lru_cache(maxsize=1)
 def gpu_memory() -> int | None:
-    """Total memory of the first NVIDIA GPU in bytes, or None without one -- asked of the driver (its /proc
-    entry, then nvidia-smi), never of torch, so a CPU process that asks stays torch-free."""
+    """Total memory of the first NVIDIA GPU in bytes, or None without one."""
+    memories = gpu_memories()
+    return memories[0] if memories else None
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_memories() -> tuple[int, ...]:
+    """Each NVIDIA GPU's total memory in bytes, in the driver's order (empty without one) -- asked of the driver
+    (its /proc entry, then nvidia-smi), never of torch, so a CPU process that asks stays torch-free."""
     gpus = Path("/proc/driver/nvidia/gpus")
     if not gpus.is_dir() or not any(gpus.iterdir()):
-        return None
+        return ()
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return None
+        return ()
     try:
         out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True,
                              text=True, timeout=10, check=True).stdout
-        return int(out.split()[0]) << 20  # MiB
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
+        return tuple(int(line) << 20 for line in out.split())  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return ()
 
 
 def read_small_text(path: str, limit: int, flag: str) -> str:

@@ -228,3 +228,20 @@ def test_a_killed_replica_fails_or_retries_its_requests_and_is_restarted(dp: DPA
         time.sleep(0.5)
     assert dp._pool.restarts >= 2 and len(dp._pool.serving()) == 2
     assert run(_finish_on(dp, 0)) == 4 and run(_finish_on(dp, 1)) == 4
+
+
+def test_replicas_take_one_gpu_each_where_there_are_several(dp: DPAsyncLLM) -> None:
+    """vLLM's placement on a machine with several GPUs: a bare "cuda" gives replica r cuda:(r % GPUs), a named
+    device, one GPU, the CPU or Ray's actors (given GPUs of their own) keep the device as given; here (no GPU) the
+    replicas keep the engine's own device."""
+    from runlm.engine.parallel.pool import ReplicaPool, replica_devices
+
+    assert replica_devices("cuda", "mp", 4) == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    for device, backend, gpus in [("cuda", "mp", 1), ("cuda:1", "mp", 4), ("cpu", "mp", 4), ("cuda", "ray", 4)]:
+        assert replica_devices(device, backend, gpus) is None
+    pool = ReplicaPool("m", {"device": "cuda"}, 8, make=print, prepare=print, on_gone=print,  # type: ignore[arg-type]
+                       devices=["cuda:0", "cuda:1"])  # (specs only: nothing is started)
+    assert [pool.spec(r, 3).engine_args["device"] for r in range(3)] == ["cuda:0", "cuda:1", "cuda:0"]
+    assert [pool.spec(r, 2).engine_args["threads"] for r in range(2)] == [4, 4]
+    assert all("device" not in r.spec.engine_args or r.spec.engine_args["device"] == "cpu"
+               for r in dp.replicas.values())

@@ -18,7 +18,7 @@ from runlm.engine.async_inproc import AsyncLLM, RequestStream
 from runlm.engine.core.detokenizer import DELTA
 from runlm.engine.engine_core import EngineStats
 from runlm.engine.llm_engine import PromptType
-from runlm.engine.parallel.pool import ReplicaPool, replica_factory
+from runlm.engine.parallel.pool import ReplicaPool, replica_devices, replica_factory
 from runlm.engine.parallel.replica import EngineReplica, ReplicaDeadError
 from runlm.engine.parallel.router import PrefixRouter
 from runlm.engine.pooling_engine import PoolingPromptType
@@ -28,6 +28,7 @@ from runlm.engine.types.lora_request import LoRARequest
 from runlm.engine.types.pooling_params import PoolingParams
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.formats.tokenizer import Tokenizer
+from runlm.sizes import gpu_memories
 
 __all__ = ["DPAsyncLLM", "DPRequestStream"]
 
@@ -52,8 +53,9 @@ class DPAsyncLLM(AsyncLLM, data_parallel=True):
         self._sleep_level = 0
         self._scale_lock: asyncio.Lock | None = None
         self.data_parallel_backend = backend
+        devices = replica_devices(engine_args.get("device"), backend, len(gpu_memories()))  # (one GPU a replica)
         self._pool = ReplicaPool(str(model), dict(engine_args, profiler_dir=profiler_dir), total,
-                                 replica_factory(backend, **options), self._prepare, self._router.forget)
+                                 replica_factory(backend, **options), self._prepare, self._router.forget, devices)
         self._pool.start(data_parallel_size)
         first = self._pool.replicas[0]
         self._info: dict[str, Any] = getattr(first, "info", None) or {}

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from runlm.engine.parallel.replica import EngineReplica, ReplicaSpec
 
-__all__ = ["BACKENDS", "ReplicaPool", "replica_factory", "run_in_thread"]
+__all__ = ["BACKENDS", "ReplicaPool", "replica_devices", "replica_factory", "run_in_thread"]
 
 log = logging.getLogger("runlm.engine.dp")
 T = TypeVar("T")
@@ -57,14 +57,24 @@ def run_in_thread(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return value
 
 
+def replica_devices(device: str | None, backend: str, gpus: int) -> list[str] | None:
+    """One GPU a replica (vLLM's placement): on this machine ("mp") with a bare ``cuda`` and several GPUs, replica
+    r runs on cuda:(r % gpus); None (the device as given) for one GPU, a named one (cuda:1), the CPU, or Ray (whose
+    actors are given GPUs of their own)."""
+    if backend != "mp" or device != "cuda" or gpus < 2:
+        return None
+    return [f"cuda:{i}" for i in range(gpus)]
+
+
 class ReplicaPool:
     def __init__(self, model: str, engine_args: dict[str, Any], total_threads: int,
                  make: Callable[[ReplicaSpec], EngineReplica],
                  prepare: Callable[[EngineReplica], Awaitable[None]],
-                 on_gone: Callable[[int], None]) -> None:
+                 on_gone: Callable[[int], None], devices: list[str] | None = None) -> None:
         """``prepare`` brings a new replica to the front end's state (adapters, sleep, pause) before it
-        serves; ``on_gone(rank)`` is told when a replica's cache is lost (restart, removal)."""
-        self.model, self.engine_args, self.total_threads = model, engine_args, total_threads
+        serves; ``on_gone(rank)`` is told when a replica's cache is lost (restart, removal); ``devices``: replica
+        r's device is devices[r % len(devices)] (replica_devices), else the engine arguments' own."""
+        self.model, self.engine_args, self.total_threads, self.devices = model, engine_args, total_threads, devices
         self.make, self.prepare, self.on_gone = make, prepare, on_gone
         self.replicas: dict[int, EngineReplica] = {}
         self.draining: set[int] = set()
@@ -76,7 +86,13 @@ class ReplicaPool:
 
     def spec(self, rank: int, size: int) -> ReplicaSpec:
         threads = max(1, self.total_threads // max(1, size))
-        return ReplicaSpec(self.model, dict(self.engine_args, threads=threads), rank)
+        args = dict(self.engine_args, threads=threads)
+        if self.devices:
+            args["device"] = self.devices[rank % len(self.devices)]
+            if size > len(self.devices):
+                log.warning("%d replicas on %d GPUs: replica %d shares %s", size, len(self.devices), rank,
+                            args["device"])
+        return ReplicaSpec(self.model, args, rank)
 
     # ---- start and stop ------------------------------------------------------------------------
     def start(self, size: int) -> None:
