@@ -83,6 +83,7 @@ class BackendConfig:
     loras: dict[str, dict[str, str]] = field(default_factory=dict)  # LoRA name -> {file: blob digest} (runner.lora)
     chat_template: str | None = None       # a chat template's text (Jinja or Go) instead of the model's
     lora_paths: dict[str, str] = field(default_factory=dict)        # LoRA name -> its files; filled in by the loader
+    gpu: int | None = None  # of several GPUs, the one the loader placed it on (its process sees it alone)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BackendConfig:

@@ -179,19 +179,22 @@ class Loader:
             raise BadRequest(str(exc)) from None
         need = backend.required_memory(model, config)
         if not self.budget.can_ever_fit(need):
+            gpu = f" and {human_size(need.vram)} of one GPU's" if need.vram and self.budget.gpus else ""
             raise ModelTooLarge(
-                f"model {str(model.name)!r} needs {human_size(need.ram)} of memory with the {backend.name} backend "
-                f"(weights, KV cache for {config.context_size or 'the default'} context, runtime) but the memory "
-                f"budget is {human_size(self.budget.ram)}; use a smaller context size or a larger budget "
+                f"model {str(model.name)!r} needs {human_size(need.ram)} of memory{gpu} with the {backend.name} "
+                f"backend (weights, KV cache for {config.context_size or 'the default'} context, runtime) but the "
+                f"memory budget is {self.budget.describe()}; use a smaller context size or a larger budget "
                 f"(runlm serve --memory-budget)", code="model_too_large")
         path = await asyncio.to_thread(self.store.model_path, model)
         async with self._memory_lock:
-            await self._make_room(need, model)
+            placed = await self._make_room(need, model)
+            if placed.gpu is not None and len(self.budget.gpus) > 1:  # (its process is given that GPU alone)
+                config = replace(config, gpu=placed.gpu)
             self._counter += 1
             address = f"127.0.0.1:{_free_port()}" if backend.uses_tcp else \
                 str(self._socket_dir / f"{backend.name}-{self._counter}.sock")
             keep_alive = config.keep_alive if config.keep_alive is not None else self.default_keep_alive
-            runner = Runner(backend, model, mode, config, address, need, keep_alive,
+            runner = Runner(backend, model, mode, config, address, placed, keep_alive,
                             backend_client(address, backend.uses_tcp, backend.api_key_for(address)))
             self.runners[key] = runner
         runner.task = asyncio.create_task(self._run(runner, str(path)))
@@ -217,10 +220,14 @@ class Loader:
                                                          draft_kv_bytes_per_token=per_token))
         return config
 
-    async def _make_room(self, need: RequiredMemory, model: StoredModel) -> None:
+    async def _make_room(self, need: RequiredMemory, model: StoredModel) -> RequiredMemory:
+        """``need`` placed (its GPU chosen where it needs one) once the budget has room: idle models unloaded,
+        least recently used first, or a wait for a busy one to finish."""
         deadline = time.monotonic() + ROOM_WAIT_SECONDS
-        while not self.budget.fits(self.used(), need):
-            idle = [r for r in self.runners.values() if r.ready and r.in_use == 0 and not r.stopping]
+        while (placed := self.budget.place((r.memory for r in self.runners.values()), need)) is None:
+            ram_short = self.used().ram + need.ram > self.budget.ram  # (else a GPU is: only a GPU's model helps)
+            idle = [r for r in self.runners.values() if r.ready and r.in_use == 0 and not r.stopping
+                    and (ram_short or r.memory.vram)]
             if idle:
                 await self.unload(min(idle, key=lambda r: r.last_used))  # least recently used first
                 continue
@@ -231,6 +238,7 @@ class Loader:
             async with self._released:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._released.wait(), left)
+        return placed
 
     async def _run(self, runner: Runner, path: str) -> None:
         try:

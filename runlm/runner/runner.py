@@ -77,7 +77,8 @@ class Runner:
                 "mode": self.mode.value, "pid": self.pid, "in_use": self.in_use > 0, "ready": self.ready,
                 "stopping": self.stopping,
                 "loaded_at": int(self.loaded_at), "expires_at": int(self.expires_at) if self.expires_at else None,
-                "keep_alive": self.keep_alive, "memory": {"ram": self.memory.ram, "vram": self.memory.vram},
+                "keep_alive": self.keep_alive, "memory": {"ram": self.memory.ram, "vram": self.memory.vram,
+                                                        "gpu": self.memory.gpu},
                 "resident": resident_bytes(self.pid),
                 "context_size": self.backend.context_size(self.model, self.config),
                 "kv_cache_dtype": self.backend.kv_cache_dtype(self.config)}

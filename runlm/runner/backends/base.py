@@ -56,7 +56,8 @@ class BackendExitedError(BackendError):
 @dataclass(slots=True, frozen=True)
 class RequiredMemory:
     ram: int   # bytes
-    vram: int  # bytes (single-GPU set-ups)
+    vram: int  # bytes, on one GPU
+    gpu: int | None = None  # which (the driver's index), once the loader has placed it (None: not placed)
 
     def __add__(self, other: RequiredMemory) -> RequiredMemory:
         return RequiredMemory(self.ram + other.ram, self.vram + other.vram)

@@ -89,4 +89,4 @@ class DiffusersBackend(ProcessBackend):
         if mode not in self.modes:
             raise BackendError(f"the diffusers backend generates images; it cannot serve {mode.value}")
         await self.run_process(self.command(socket, model, model_ref, config), socket,
-                               f"diffusers-{model_ref.replace('/', '_').replace(':', '_')}-{mode.value}")
+                               f"diffusers-{model_ref.replace('/', '_').replace(':', '_')}-{mode.value}", config.gpu)

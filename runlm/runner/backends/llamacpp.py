@@ -124,4 +124,4 @@ class LlamaCppBackend(ProcessBackend):
         if not self.installed():
             raise BackendError(self.status())
         await self.run_process(self.command(socket, model, model_ref, mode, config, stored), socket,
-                               f"llamacpp-{model_ref.replace('/', '_').replace(':', '_')}-{mode.value}")
+                               f"llamacpp-{model_ref.replace('/', '_').replace(':', '_')}-{mode.value}", config.gpu)

@@ -208,4 +208,4 @@ class NativeBackend(ProcessBackend):
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(config.chat_template)
         await self.run_process(self.command(socket, model, model_ref, stored, config), socket,
-                               f"native-{model_ref.replace('/', '_').replace(':', '_')}-{mode.value}")
+                               f"native-{model_ref.replace('/', '_').replace(':', '_')}-{mode.value}", config.gpu)

@@ -77,13 +77,17 @@ class ProcessBackend(Backend):
         """A fresh secret per backend process: only the daemon can talk to it, whatever the socket's reach."""
         return self._keys.setdefault(address, secrets.token_urlsafe(32))
 
-    def child_env(self, address: str) -> dict[str, str]:
+    def child_env(self, address: str, gpu: int | None = None) -> dict[str, str]:
+        """The backend process's environment: the daemon's without its secrets, its own API key, and (``gpu``:
+        the loader placed it on one of several) that GPU alone, counted in the driver's (PCI bus) order."""
         env = {k: v for k, v in os.environ.items() if k not in INHERITED_KEYS}
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env.update(dict.fromkeys(self.api_key_env, self.api_key_for(address)))  # the environment, not argv:
-        return env                                                                # argv is world-readable
+        if gpu is not None:                                                       # argv is world-readable
+            env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(gpu))
+        return env
 
-    async def run_process(self, argv: list[str], socket: str, log_name: str) -> None:
+    async def run_process(self, argv: list[str], socket: str, log_name: str, gpu: int | None = None) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{log_name}.log"
         with open(log_path, "ab") as log:
@@ -93,7 +97,7 @@ class ProcessBackend(Backend):
             # through parent_watch: the backend gets SIGTERM if the daemon dies without stopping it
             watched = [sys.executable, "-m", "runlm.runner.parent_watch", str(os.getpid()), *argv]
             proc = await asyncio.create_subprocess_exec(
-                *watched, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.child_env(socket),
+                *watched, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.child_env(socket, gpu),
                 start_new_session=True)
         self._processes[socket] = proc
         try:

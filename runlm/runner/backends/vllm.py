@@ -78,4 +78,4 @@ class VLLMBackend(ProcessBackend):
         if not self.installed():
             raise BackendError(self.status())
         await self.run_process(self.command(socket, model, model_ref, mode, config), socket,
-                               f"vllm-{model_ref.replace('/', '_').replace(':', '_')}-{mode.value}")
+                               f"vllm-{model_ref.replace('/', '_').replace(':', '_')}-{mode.value}", config.gpu)
