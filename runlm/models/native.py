@@ -36,10 +36,18 @@ from runlm.native import kernels
 log = logging.getLogger("runlm.native")
 
 
+def not_its_family(cfg: ModelConfig) -> str:
+    """The reason a family the native runner does not build gives: what in it the runner lacks, where it is one
+    of the whole designs it has not (recurrent layers, latent attention)."""
+    held = "'s recurrent layers, a state per sequence the native runner does not keep" if cfg.recurrent_layers else \
+        "'s latent attention (MLA)" if cfg.kv_lora_rank else ""
+    return f"the {cfg.family} family{held}"
+
+
 def why_not_native(gguf: GGUFFile, cfg: ModelConfig) -> str | None:
     """Why this model file cannot run on the native runner (None: it can). What the engine asks of it
     (exact numerics, a device, LoRA...) is the engine's to check (runlm/engine/runners/native.py)."""
-    model_reasons = [(not families.get(cfg.family).native, f"the {cfg.family} family"),
+    model_reasons = [(not families.get(cfg.family).native, not_its_family(cfg)),
                      (cfg.clip_qkv is not None, "q/k/v clipping"),
                      (cfg.qk_norm_after_rope, "q/k norms after RoPE"),
                      (cfg.norm_offset != 0.0, "offset norms"),

@@ -28,7 +28,7 @@ from runlm.formats.gguf import ggml_type
 from runlm.formats.safetensors import SafetensorsDir
 from runlm.models import families
 from runlm.models.config import ModelConfig
-from runlm.models.native import NativeLoaded, NativeModel, native_loaded, not_native, why_not_native
+from runlm.models.native import NativeLoaded, NativeModel, native_loaded, not_its_family, not_native, why_not_native
 from runlm.models.rope_freqs import LONGROPE, inverse_frequencies, rope_kind, rope_tables
 from runlm.models.spec import ModelSpec, as_spec
 from runlm.native import kernels
@@ -48,7 +48,7 @@ def why_not_native_dir(st: SafetensorsDir, cfg: ModelConfig, hf_config: dict) ->
                ("vision_config" in hf_config or "text_config" in hf_config, "a vision-language model"),
                ((st.directory / "modules.json").exists(), "a sentence-transformers model"),
                # what runlm.models.native's GGUF loader builds and this one does not (yet)
-               (not families.get(cfg.family).native_safetensors, f"the {cfg.family} family"),
+               (not families.get(cfg.family).native_safetensors, not_its_family(cfg)),
                (cfg.sliding_window is not None or cfg.layer_types is not None, "sliding-window layers"),
                (cfg.rotary_dim != cfg.head_dim or rope_kind(cfg.rope_scaling) in LONGROPE,
                 "partial rotary or LongRoPE")]

@@ -243,7 +243,8 @@ def test_the_runners_say_why_not(recipe: str, monkeypatch: pytest.MonkeyPatch, t
 
     path = converted_gguf(recipe, "q8_0") if recipe in GGUF_RECIPES else tiny_model(recipe)
     llm = LLM(str(path), max_model_len=256, kv_cache_memory="16MiB")
-    assert llm.engine.choice.describe() == f"torch (the {FAMILIES[recipe][recipe in GGUF_RECIPES]} family)"
+    assert llm.engine.choice.describe() == f"torch (the {FAMILIES[recipe][recipe in GGUF_RECIPES]} family's recurrent " \
+        "layers, a state per sequence the native runner does not keep)"
     assert llm.generate(["The capital of France is"])[0].outputs[0].token_ids
     monkeypatch.setenv("RUNLM_GPU_RUNNER", "1")  # (the GPU runner keeps a state per sequence too: eager)
     assert select_runner(read_spec(path), EngineConfig(model=str(path))).kind.name == "gpu"
