@@ -55,6 +55,8 @@ def _stack(linears: list[Linear]) -> tuple[torch.Tensor, int] | str:
     """One projection of every expert stacked, each expert's weight rebound as a view of the stack; or why not."""
     if any(lin.bias is not None for lin in linears):
         return "its experts have biases"
+    if any(not isinstance(s, GGMLWeight) for lin in linears for s in lin.device_blocks):
+        return "its experts are a pre-quantized checkpoint's (GPTQ/AWQ/FP8)"
     if all(lin.device_blocks for lin in linears):
         types = {s.qtype for lin in linears for s in lin.device_blocks}
         if len(types) != 1:

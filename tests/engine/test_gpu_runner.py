@@ -201,6 +201,23 @@ def test_prequantized_checkpoints_kept_as_stored_give_the_torch_runners_tokens(m
     assert _tokens(gpu.generate(prompts, GREEDY)) == _tokens(_llm(path, False, monkeypatch).generate(prompts, GREEDY))
 
 
+def test_a_prequantized_mixture_of_experts_routes_on_the_host(monkeypatch) -> None:
+    """A Qwen2-MoE whose experts are FP8 (per-row scales): the fused MoE kernel stacks dense or GGUF experts only, so
+    the layer keeps the host loop over its experts' kept matrices and says so; the torch runner's tokens."""
+    from runlm.models.gpu_prequantized import DeviceQuantized
+    from runlm.models.moe import SparseMoeBlock, host_routed_experts
+    from tests.fixtures.models import fp8_model
+
+    path = fp8_model("channel", "qwen2-moe")[0]
+    prompts = [{"prompt_token_ids": prompt_ids(7 + 9 * i, seed=i)} for i in range(2)]
+    gpu = _llm(path, True, monkeypatch)
+    model = gpu.engine.runner.loaded.model
+    assert host_routed_experts(model, "cuda") == "its experts are a pre-quantized checkpoint's (GPTQ/AWQ/FP8)"
+    experts = next(m for m in model.modules() if isinstance(m, SparseMoeBlock)).experts
+    assert all(isinstance(s, DeviceQuantized) for e in experts for s in e.down_proj.device_blocks)
+    assert _tokens(gpu.generate(prompts, GREEDY)) == _tokens(_llm(path, False, monkeypatch).generate(prompts, GREEDY))
+
+
 def test_speculative_decoding_keeps_the_greedy_tokens(tiny_model, smollm2_gguf, monkeypatch) -> None:
     """A draft model (a near copy: some drafts accepted, some not) and n-gram lookup on a real model asked to repeat
     a passage: each speculating sequence's 1 + k rows run in the step beside the others and are verified; the
