@@ -37,7 +37,7 @@ def test_interpreted_batches_take_the_kernel(tiny_model, recipe: str) -> None:
     llm = LLM(str(tiny_model(recipe)), max_num_batched_tokens=512)
     runner = llm.engine.runner
     assert runner.use_triton
-    texts = [t for t in varied_sentences(14, seed=5) if len(t) < 200][:8]  # (the interpreter is slow on long ones)
+    texts = [t for t in varied_sentences(14, seed=5) if len(t) < 200][:5]  # (the interpreter is slow on long ones)
     batched = torch.stack([o.outputs.data for o in llm.embed(texts, use_tqdm=False)])
     alone = torch.stack([llm.embed([t], use_tqdm=False)[0].outputs.data for t in texts[:3]])
     assert (batched[:3] - alone).abs().max() <= 1e-5

@@ -77,7 +77,7 @@ def test_the_gpu_runner_keeps_the_latents_and_the_tokens(monkeypatch: pytest.Mon
     from runlm.engine.types.sampling_params import SamplingParams
     from tests.engine.conftest import prompt_ids
 
-    path = converted_gguf("deepseek-v2", "q8_0")
+    path = converted_gguf("deepseek-v3", "q8_0")
     prompts = [{"prompt_token_ids": prompt_ids(7 + 13 * i, seed=i)} for i in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     kw = dict(block_size=4, max_num_batched_tokens=16, kv_cache_memory="4MiB", exact_numerics=True, max_model_len=256)
