@@ -41,42 +41,22 @@ class DeviceQuantized:
             q = torch.stack((self.values & 0xF, self.values >> 4), dim=-1).reshape(self.rows, -1)[:, :self.cols]
             g = self.groups.long()
             return (q.float() - self.zeros[:, g]) * self.scales[:, g]
-        values = self.values.view(torch.float8_e4m3fn).float()
-        scales = self.scales.repeat_interleave(self.tile[0], 0)[:self.rows].repeat_interleave(self.tile[1], 1)
-        return values * scales[:, :self.cols]
-
-
-def _nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """int32 words [R, C] -> their eight 4-bit values along the columns, lowest first: [R, 8 C] uint8."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
-    return ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(packed.shape[0], -1).to(torch.uint8)
+        return prequantized.dequantize_fp8(self.values.view(torch.float8_e4m3fn).float(), self.scales,
+                                           list(self.tile))
 
 
 def from_int4(method: str, config: Mapping[str, Any], qweight: torch.Tensor, qzeros: torch.Tensor,
               scales: torch.Tensor, g_idx: torch.Tensor | None) -> DeviceQuantized:
-    """A GPTQ (qweight [K / 8, N], packed along the input rows) or AWQ (qweight [K, N / 8], packed along the output
-    columns in its own order) module's tensors, on any device -> the kernel's layout there."""
-    if method == "gptq":
-        q = _nibbles(qweight.T.contiguous())  # [N, K]
-        zeros = _nibbles(qzeros).float()       # [G, N]
-        if str(config.get("checkpoint_format", "gptq")).lower() != "gptq_v2":
-            zeros = zeros + 1  # GPTQ's v1 files store each zero less one
-        k = q.shape[1]
-        size = int(config.get("group_size", 128))
-        groups = g_idx.int() if g_idx is not None else \
-            torch.arange(k, dtype=torch.int32, device=q.device) // (size if size > 0 else k)
-    else:
-        order = torch.tensor(prequantized.AWQ_ORDER, device=qweight.device)
-        q = _nibbles(qweight).view(qweight.shape[0], -1, 8)[..., order].reshape(qweight.shape[0], -1).T  # [N, K]
-        zeros = _nibbles(qzeros).view(qzeros.shape[0], -1, 8)[..., order].reshape(qzeros.shape[0], -1).float()
-        k = q.shape[1]
-        groups = torch.arange(k, dtype=torch.int32, device=q.device) // (k // scales.shape[0])
-    n = q.shape[0]
+    """A GPTQ or AWQ module's tensors (prequantized.unpack_int4 reads their packing), on any device -> the kernel's
+    layout there."""
+    q, zeros, scales, groups = prequantized.unpack_int4(method, config, qweight, qzeros, scales, g_idx)
+    q = q.T.to(torch.uint8)  # [N, K]
+    n, k = q.shape
     if k % 2:
         q = torch.cat((q, q.new_zeros(n, 1)), dim=1)
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
-    return DeviceQuantized(INT4, packed, scales.float().T.contiguous(), zeros.T.contiguous(), groups.contiguous(),
-                           n, k)
+    return DeviceQuantized(INT4, packed, scales.T.contiguous(), zeros.float().T.contiguous(),
+                           groups.int().contiguous(), n, k)
 
 
 def from_fp8(values: torch.Tensor, scale: torch.Tensor, block: list[int] | None) -> DeviceQuantized:
@@ -84,16 +64,7 @@ def from_fp8(values: torch.Tensor, scale: torch.Tensor, block: list[int] | None)
     rows, cols = values.shape
     if values.dtype != torch.float8_e4m3fn:
         raise ValueError(f"FP8 weights in {values.dtype} are not read on the GPU (e4m3 are)")
-    scale = scale.float()
-    if scale.numel() == 1:
-        grid, tile = scale.reshape(1, 1), (rows, cols)
-    elif scale.numel() == rows:
-        grid, tile = scale.reshape(rows, 1), (1, cols)
-    else:
-        br, bc = block or [-(-rows // scale.shape[0]), -(-cols // scale.shape[-1])]
-        if scale.shape != (-(-rows // br), -(-cols // bc)):
-            raise ValueError(f"a scale of shape {tuple(scale.shape)} fits neither the tensor nor {br}x{bc} blocks")
-        grid, tile = scale, (br, bc)
+    grid, tile = prequantized.scale_tiles(rows, cols, scale, block)
     return DeviceQuantized(FP8, values.contiguous().view(torch.uint8), grid.contiguous(), None, None, rows, cols,
                            tile)
 

@@ -27,19 +27,30 @@ def scale_name(weight: str, names: Mapping[str, Any]) -> str | None:
     return next((base + s for s in SCALE_SUFFIXES if base + s in names), None)
 
 
-def dequantize_fp8(values: torch.Tensor, scale: torch.Tensor, block: list[int] | None) -> torch.Tensor:
-    """FP8 values (already widened to float32) times their scale: one scalar, one per output row, or one per
-    ``block`` (rows x cols) tile."""
-    rows, cols = values.shape
+def scale_tiles(rows: int, cols: int, scale: torch.Tensor, block: list[int] | None
+                ) -> tuple[torch.Tensor, tuple[int, int]]:
+    """An FP8 matrix's scale as a float32 grid of tiles and the tile's rows x cols: one scalar (the whole matrix),
+    one per output row, or one per ``block`` tile (the config's, else as the grid divides the matrix)."""
     scale = scale.float()
     if scale.numel() == 1:
-        return values * scale.reshape(())
+        return scale.reshape(1, 1), (rows, cols)
     if scale.numel() == rows:
-        return values * scale.reshape(rows, 1)
+        return scale.reshape(rows, 1), (1, cols)
     br, bc = block or [math.ceil(rows / scale.shape[0]), math.ceil(cols / scale.shape[-1])]
     if scale.shape != (math.ceil(rows / br), math.ceil(cols / bc)):
         raise ValueError(f"a scale of shape {tuple(scale.shape)} fits neither the tensor nor {br}x{bc} blocks")
-    return values * scale.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
+    return scale, (br, bc)
+
+
+def dequantize_fp8(values: torch.Tensor, scale: torch.Tensor, block: list[int] | None) -> torch.Tensor:
+    """FP8 values (already widened to float32) times their scale (scale_tiles' three kinds)."""
+    rows, cols = values.shape
+    grid, (br, bc) = scale_tiles(rows, cols, scale, block)
+    if (br, bc) == (rows, cols):
+        return values * grid.reshape(())
+    if (br, bc) == (1, cols):
+        return values * grid
+    return values * grid.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
 
 
 def block_size(hf_config: Mapping[str, Any] | None) -> list[int] | None:
@@ -76,8 +87,7 @@ class Q8Repacker:
 # ``<module>.qweight`` (int32, eight 4-bit values each), ``qzeros`` (int32, packed alike), ``scales`` (fp16, per group
 # of input rows and output column), GPTQ's ``g_idx`` (each input row's group). A weight is scale * (q - zero).
 INT4_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
-AWQ_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # AWQ packs output columns 0 2 4 6 1 3 5 7 into a word's nibbles
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+_AWQ_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # AWQ packs output columns 0 2 4 6 1 3 5 7 into a word's nibbles
 
 
 def int4_method(hf_config: Mapping[str, Any] | None) -> tuple[str, Mapping[str, Any]] | None:
@@ -95,15 +105,19 @@ def int4_method(hf_config: Mapping[str, Any] | None) -> tuple[str, Mapping[str, 
 
 def _nibbles(packed: torch.Tensor, dim: int) -> torch.Tensor:
     """int32 words -> their eight 4-bit values, lowest first, along ``dim`` (0: rows, 1: columns)."""
-    values = (packed.unsqueeze(-1) >> _SHIFTS) & 0xF  # [..., 8]
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    values = (packed.unsqueeze(-1) >> shifts) & 0xF  # [..., 8]
     if dim == 0:
         return values.permute(0, 2, 1).reshape(-1, packed.shape[1])
     return values.reshape(packed.shape[0], -1)
 
 
-def dequantize_int4(method: str, config: Mapping[str, Any], qweight: torch.Tensor, qzeros: torch.Tensor,
-                    scales: torch.Tensor, g_idx: torch.Tensor | None) -> torch.Tensor:
-    """The [out, in] float32 weight of a GPTQ or AWQ module."""
+def unpack_int4(method: str, config: Mapping[str, Any], qweight: torch.Tensor, qzeros: torch.Tensor,
+                scales: torch.Tensor, g_idx: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GPTQ or AWQ module's tensors unpacked on their device: (q [in, out], zeros [groups, out] (GPTQ v1's
+    stored-less-one put right), scales [groups, out] float32, each input row's group [in] int64). The weight is
+    (q - zeros[group]) * scales[group]."""
     scales = scales.float()
     if method == "gptq":  # qweight [in / 8, out]: packed along the input rows
         q = _nibbles(qweight, 0)
@@ -111,15 +125,22 @@ def dequantize_int4(method: str, config: Mapping[str, Any], qweight: torch.Tenso
         if str(config.get("checkpoint_format", "gptq")).lower() != "gptq_v2":
             zeros = zeros + 1  # GPTQ's v1 files store each zero less one
         in_features = q.shape[0]
+        size = int(config.get("group_size", 128))
         groups = g_idx.long() if g_idx is not None else \
-            torch.arange(in_features) // int(config.get("group_size", 128) if config.get("group_size", 128) > 0
-                                              else in_features)
+            torch.arange(in_features, device=q.device) // (size if size > 0 else in_features)
     else:  # AWQ: qweight [in, out / 8], packed along the output columns in its own order
-        order = torch.tensor(AWQ_ORDER)
+        order = torch.tensor(_AWQ_ORDER, device=qweight.device)
         q = _nibbles(qweight, 1).view(qweight.shape[0], -1, 8)[..., order].reshape(qweight.shape[0], -1)
         zeros = _nibbles(qzeros, 1).view(qzeros.shape[0], -1, 8)[..., order].reshape(qzeros.shape[0], -1)
         in_features = q.shape[0]
-        groups = torch.arange(in_features) // (in_features // scales.shape[0])
+        groups = torch.arange(in_features, device=q.device) // (in_features // scales.shape[0])
+    return q, zeros, scales, groups
+
+
+def dequantize_int4(method: str, config: Mapping[str, Any], qweight: torch.Tensor, qzeros: torch.Tensor,
+                    scales: torch.Tensor, g_idx: torch.Tensor | None) -> torch.Tensor:
+    """The [out, in] float32 weight of a GPTQ or AWQ module."""
+    q, zeros, scales, groups = unpack_int4(method, config, qweight, qzeros, scales, g_idx)
     w = (q.float() - zeros[groups].float()) * scales[groups]  # [in, out]
     return w.T.contiguous()
 

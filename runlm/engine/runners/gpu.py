@@ -29,8 +29,8 @@ tower on the device; an image's rows written over its placeholders in a prefill 
 by a second pass over those rows; Qwen2.5-VL's M-RoPE positions, [3, T], uploaded beside the step), gpt-oss's
 attention sinks and Llama 4's chunked attention (in the attention kernel), DeepSeek's latent attention (the cache of
 latents as one KV head, runlm.models.mla). Nothing a family holds is refused: every family the torch runner runs runs
-here. Per step, the
-sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler (gpu_sampler, logged once).
+here. Per step, the sampler hands logit_bias, allowed_token_ids, min_tokens and DRY to the numpy sampler
+(gpu_sampler, logged once).
 """
 from __future__ import annotations
 

@@ -23,6 +23,3 @@ def use_gpu_runner(config: EngineConfig) -> bool:
     if flag is not None and flag != "":
         return flag == "1"
     return config.device.startswith("cuda")
-
-
-

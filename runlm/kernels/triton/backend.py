@@ -109,12 +109,13 @@ class VarlenAttention:
     use_triton = False  # (rope_forward is the paged cache's: here q and k are rotated before)
 
     def __init__(self, query_lens: Sequence[int], device: torch.device, causal: bool = True) -> None:
-        b, width = len(query_lens), max(query_lens)
+        lens = np.asarray(query_lens, dtype=np.int32)
+        b, width = len(lens), int(lens.max())
         starts = np.zeros(b + 1, dtype=np.int32)
-        np.cumsum(query_lens, out=starts[1:])
+        np.cumsum(lens, out=starts[1:])
         offsets = np.arange(width, dtype=np.int32)[None, :]
-        table = np.where(offsets < np.asarray(query_lens, dtype=np.int32)[:, None], starts[:-1, None] + offsets, -1)
-        meta = torch.from_numpy(np.concatenate([starts, starts[1:] - starts[:-1], table.ravel()]).astype(np.int32))
+        table = np.where(offsets < lens[:, None], starts[:-1, None] + offsets, -1)
+        meta = torch.from_numpy(np.concatenate([starts, lens, table.ravel()]).astype(np.int32))
         meta = meta.to(device)
         self.cu, self.lens, self.table = meta[:b + 1], meta[b + 1:2 * b + 1], meta[2 * b + 1:].view(b, width)
         self.num_seqs, self.causal = b, causal
