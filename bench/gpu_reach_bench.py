@@ -9,9 +9,12 @@
 - gemma3: a Gemma 3-shaped model (sliding-window layers 5:1 beside global ones: two KV groups), 1 and 64 streams;
 - mla: a DeepSeek-V2-Lite-shaped model (latent attention: a 576-value latent a token and layer in the cache; 64
   experts of 1408, 6 a token, 2 shared), 1 and 64 streams, and its cache's bytes per token;
-- image: a vision-language model's TTFT for one image on the runner's device against the same on the CPU.
+- image: a vision-language model's TTFT for one image on the runner's device against the same on the CPU;
+- offload (issue 42): a Qwen2.5-7B-shaped bf16 model, one stream's decode tok/s wholly on the GPU, with half its
+  layers on the GPU (--n-gpu-layers, and the automatic split under a --gpu-memory-utilization that holds about
+  half), and wholly on the CPU (the runner the CPU picks, its threads).
 
-    python bench/gpu_reach_bench.py [--scenarios lora spec moe gemma3 mla image]   # needs CUDA (skips without)
+    python bench/gpu_reach_bench.py [--scenarios lora spec moe gemma3 mla image offload]   # needs CUDA
     python bench/gpu_reach_bench.py --smoke    # tiny shapes on the CPU (RUNLM_GPU_RUNNER=1): end to end, no figures
 
 Writes bench/results/gpu_reach_bench.json and .md (``--smoke``: gpu_reach_bench_smoke.*).
@@ -31,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gpu_bench import BANDWIDTH, CACHE, RESULTS, SHAPES, _sync, _tokenizer, prompts  # noqa: E402
 
-SCENARIOS = ("lora", "spec", "moe", "gemma3", "mla", "image")
+SCENARIOS = ("lora", "spec", "moe", "gemma3", "mla", "image", "offload")
 # the scenarios' own model shapes (the dense one is gpu_bench's Qwen2.5 shape); smoke: tiny, on the CPU
 MOE = dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
            num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, intermediate_size=6144,
@@ -44,6 +47,8 @@ DEEPSEEK_V2_LITE = dict(hidden_size=2048, num_hidden_layers=27, num_attention_he
                         n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2, moe_intermediate_size=1408,
                         first_k_dense_replace=1, intermediate_size=10944, vocab_size=49152,
                         max_position_embeddings=4096, topk_method="greedy")
+QWEN25_7B = dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                 intermediate_size=18944, vocab_size=152064, max_position_embeddings=4096, tie_word_embeddings=False)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
             intermediate_size=128, vocab_size=512, max_position_embeddings=512)
 
@@ -64,6 +69,9 @@ def build(kind: str, smoke: bool, device: str, dtype: str) -> Path:
                                                        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
                                                        num_experts_per_tok=2, moe_intermediate_size=32)
                                                   if smoke else DEEPSEEK_V2_LITE))
+    elif kind == "offload":
+        shape = dict(QWEN25_7B, **dict(TINY, num_hidden_layers=4)) if smoke else QWEN25_7B
+        config = transformers.Qwen2Config(**shape)
     else:
         config = transformers.Gemma3TextConfig(**(dict(GEMMA3, **TINY, sliding_window=16) if smoke else GEMMA3))
     torch.manual_seed(0)
@@ -165,6 +173,43 @@ def run_mla(cfg: dict) -> dict:
             "kv_bytes_per_token": per_token, "per_head_kv_bytes_per_token": per_head}
 
 
+def run_offload(cfg: dict) -> dict:
+    import gc
+
+    import torch
+
+    from runlm.models.offload import weight_bytes_on_device
+    from runlm.models.spec import as_spec
+
+    path = str(build("offload", cfg["smoke"], "cpu", cfg["dtype"]))
+    batch, output = prompts(1, cfg["prompt"], cfg["vocab"], 3), max(4, cfg["output"] // 4)
+    layers = as_spec(path).decoder_config().num_layers
+    out: dict = {"layers": layers, "weights_gib": sum(weight_bytes_on_device(as_spec(path), 2, ()).values()) / 2**30}
+
+    def measure(name: str, **kw) -> None:
+        llm = _llm(path, cfg, **kw)
+        split = llm.engine.loaded.offload
+        out[f"{name}_gpu_layers"] = layers if split is None else split.gpu_layers
+        out[f"{name}_tok_s"] = _tok_s(llm, batch, output)
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    measure("whole_gpu")
+    measure("half", n_gpu_layers=layers // 2)
+    if cfg["device"].startswith("cuda"):  # a share that holds about half the weights: the split picked for it
+        total = torch.cuda.get_device_properties(0).total_memory
+        measure("auto", gpu_memory_utilization=min(0.95, (out["weights_gib"] * 2**30 / 2 + 2 * 2**30) / total))
+    os.environ["RUNLM_GPU_RUNNER"] = "0"
+    from runlm.engine.llm import LLM
+
+    cpu = LLM(path, device="cpu", max_model_len=cfg["max_len"], kv_cache_memory="256MiB")
+    out["whole_cpu_tok_s"] = _tok_s(cpu, batch, output)
+    out["half_vs_cpu"] = out["half_tok_s"] / out["whole_cpu_tok_s"]
+    return out
+
+
 def run_image(cfg: dict) -> dict:
     from runlm.engine.llm import LLM
     from runlm.engine.types.sampling_params import SamplingParams
@@ -198,7 +243,7 @@ def build_dense(cfg: dict) -> Path:
 
 
 RUNS = {"lora": run_lora, "spec": run_spec, "moe": run_moe, "gemma3": run_gemma3, "mla": run_mla,
-        "image": run_image}
+        "image": run_image, "offload": run_offload}
 
 
 def main() -> int:

@@ -93,6 +93,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="on a GPU, run every step eagerly (no CUDA graphs for decode)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                    help="split the model over N processes (tensor parallelism, gloo on CPUs; default 1)")
+    p.add_argument("--n-gpu-layers", "-ngl", type=int, default=None, metavar="K",
+                   help="on a GPU, keep the model's last K layers there and run the others on the CPU (layer offload, "
+                        "llama.cpp's flag; -1: all; default: as many as fit, the whole model where it fits)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="compute dtype (default float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -275,7 +278,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                        max_cpu_loras=args.max_cpu_loras, speculative_config=spec, mmproj=args.mmproj,
                        limit_mm_per_prompt=settings.media.limit_per_prompt,
                        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-                       tensor_parallel_size=args.tensor_parallel_size)
+                       tensor_parallel_size=args.tensor_parallel_size, n_gpu_layers=args.n_gpu_layers)
     if args.device == "auto":
         engine_args["device"] = args.device = _auto_device()
     if args.dtype or args.device.startswith("cuda"):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from math import prod
 from pathlib import Path
 from typing import cast
 
@@ -35,6 +34,7 @@ from runlm.models.gpu_prequantized import DeviceQuantized, device_prequantized
 from runlm.models.linear import Embedding, GGMLWeight, Linear, Weight
 from runlm.models.llama import LlamaForCausalLM, stacked_target
 from runlm.models.load import LoadedModel, _empty_model
+from runlm.models.offload import HOST, HOST_DTYPE, LayerSplit, offload_layers, weight_bytes_on_device
 from runlm.models.spec import ModelSpec, as_spec
 
 log = logging.getLogger("runlm.gpu")
@@ -67,27 +67,31 @@ def _safetensors_tensors(directory: Path, device: torch.device) -> Iterator[tupl
             raise ModelFormatError(f"{file}: cannot read safetensors ({exc})") from None
 
 
-def _gguf_tensors(gguf: GGUFFile, cfg: ModelConfig, device: torch.device, stats: list[int], blocks: bool
-                  ) -> Iterator[tuple[str, Weight]]:
+def _gguf_tensors(gguf: GGUFFile, cfg: ModelConfig, device: torch.device, stats: list[int], blocks: bool,
+                  split: LayerSplit | None = None) -> Iterator[tuple[str, Weight]]:
     """HF-named weights on the device (runlm.models.weights.gguf_weights' reading of the file, every family's
     renaming and conversion included): with ``blocks``, matrices of a type the GPU kernel reads as GGMLWeight
     (their bytes uploaded as stored), the rest float32 dequantized on the device; stats gets [stored bytes, bytes
-    on the device as float32 or blocks]."""
+    on the device as float32 or blocks]. A ``split``'s CPU layers stay on the host (their blocks as mapped)."""
     from runlm.models.weights import gguf_weights
 
     def load(name: str) -> torch.Tensor:
         info = gguf.tensors[name]
+        on = HOST if split is not None and split.on_host(name) else device
         if info.qtype in DEVICE_QUANTS or info.qtype in ("F32", "F16", "BF16"):
-            tensor = dequantize_on_device(gguf.raw_tensor(name).to(device), info.qtype, info.shape)
+            tensor = dequantize_on_device(gguf.raw_tensor(name).to(on), info.qtype, info.shape)
         else:  # a rarer block type: the host's dequantizer, then the device
-            tensor = gguf.load(name).to(device)
-        stats[0] += info.n_bytes
-        stats[1] += tensor.numel() * 4
+            tensor = gguf.load(name).to(on)
+        if on == device:
+            stats[0] += info.n_bytes
+            stats[1] += tensor.numel() * 4
         return tensor
 
     for name, weight in gguf_weights(gguf, cfg, "blocks" if blocks else "dense", load,
                                      KEPT_TYPES if blocks else frozenset()):
-        if isinstance(weight, GGMLWeight):
+        if split is not None and split.on_host(name):
+            yield name, weight
+        elif isinstance(weight, GGMLWeight):
             stats[0] += weight.raw.numel()
             stats[1] += weight.raw.numel()
             yield name, GGMLWeight(weight.raw.to(device), weight.qtype, weight.rows, weight.cols)
@@ -95,10 +99,15 @@ def _gguf_tensors(gguf: GGUFFile, cfg: ModelConfig, device: torch.device, stats:
             yield name, cast(torch.Tensor, weight).to(device)
 
 
-def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dtype: torch.dtype) -> None:
+def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dtype: torch.dtype,
+                    split: LayerSplit | None = None) -> None:
     """Every parameter of a model built on "meta" from HF-named tensors already on the device, converted to
     ``dtype`` there; Q/K/V and gate/up stacked. A linear layer whose every part comes in GGUF blocks keeps them
-    (Linear.keep_device_blocks); blocks meant for anything else are dequantized."""
+    (Linear.keep_device_blocks); blocks meant for anything else are dequantized. A ``split``'s CPU layers are
+    float32, their GGUF blocks multiplied by the CPU kernels (Linear.keep_ggml)."""
+    def dtype_of(name: str) -> torch.dtype:
+        return HOST_DTYPE if split is not None and split.on_host(name) else dtype
+
     shards: dict[str, dict[int, torch.Tensor | GGMLWeight | DeviceQuantized]] = {}
     tied = getattr(model, "lm_head", None) is None
     if isinstance(model, LlamaForCausalLM):  # (a family's own reading of its checkpoint; no MTP layers)
@@ -108,8 +117,8 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dty
         if "rotary_emb" in name or (name == "lm_head.weight" and tied):
             continue
         target, shard = stacked_target(name, params)
-        shards.setdefault(target, {})[shard] = \
-            tensor if isinstance(tensor, GGMLWeight | DeviceQuantized) else cast(torch.Tensor, tensor).to(dtype)
+        shards.setdefault(target, {})[shard] = tensor if isinstance(tensor, GGMLWeight | DeviceQuantized) else \
+            cast(torch.Tensor, tensor).to(dtype_of(target))
     unexpected = [n for n in shards if n not in params]
     if unexpected:
         raise KeyError(f"unexpected weight {unexpected[0]!r}")
@@ -134,14 +143,17 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dty
             if sum(s.rows for s in segments) != shape[0] or segments[0].cols != shape[1]:
                 raise RuntimeError(f"{name}: checkpoint blocks do not fit {tuple(shape)}")
             if isinstance(module, Linear):
-                module.keep_device_blocks(segments, blocks_linear)
+                if split is not None and split.on_host(name):
+                    module.keep_ggml(segments)
+                else:
+                    module.keep_device_blocks(segments, blocks_linear)
                 continue
             module.keep_device_blocks(segments[0], dense_rows, dtype)
             if tied and isinstance(model, LlamaForCausalLM):  # the logits read the same blocks
                 model.tied_head = Linear(shape[1], shape[0], bias=False, device="meta")
                 model.tied_head.keep_device_blocks(segments, blocks_linear)
             continue
-        dense_parts = [dense(p).to(dtype) if isinstance(p, GGMLWeight) else p.dense().to(dtype)
+        dense_parts = [dense(p).to(dtype_of(name)) if isinstance(p, GGMLWeight) else p.dense().to(dtype_of(name))
                        if isinstance(p, DeviceQuantized) else p for p in ordered]
         tensor = dense_parts[0] if len(dense_parts) == 1 else torch.cat(dense_parts)
         shape = getattr(module, attr).shape
@@ -152,10 +164,11 @@ def fill_parameters(model: nn.Module, weights: Iterator[tuple[str, Weight]], dty
 
 def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bfloat16", device: str = "cuda",
                    gpu_memory_utilization: float = 0.9, mmproj: str | Path | None = None,
-                   gguf_blocks: bool = True) -> LoadedModel:
+                   gguf_blocks: bool = True, split: LayerSplit | None = None) -> LoadedModel:
     """A Llama-family decoder from a .gguf file or a safetensors directory (a ModelSpec, or its path), its weights
     on ``device`` in ``dtype`` (see the module docstring); ``gguf_blocks``: a GGUF's matrices stay in their blocks
-    where the kernel reads their type (else every weight is dequantized to ``dtype`` at load)."""
+    where the kernel reads their type (else every weight is dequantized to ``dtype`` at load); ``split``: its first
+    layers kept on the CPU (runlm.models.offload)."""
     from runlm.models import families
     from runlm.models import vision as vlm
     from runlm.models.load import split_vision
@@ -169,20 +182,20 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
     stats = [0, 0]
     vision_weights: list[tuple[str, torch.Tensor]] = []
     family = vlm.family_module(spec.vision) if spec.vision is not None and spec.projector is None else None
+    sizes = weight_bytes_on_device(spec, itemsize, KEPT_TYPES if gguf_blocks else ())
+    check_fits(sum(size for name, size in sizes.items() if split is None or not split.on_host(name)), dev,
+               gpu_memory_utilization, path.name)
     if spec.gguf is not None:
         gguf = spec.gguf
-        check_fits(sum(i.n_bytes if gguf_blocks and i.qtype in KEPT_TYPES and len(i.shape) in (2, 3) else
-                       i.n_values * itemsize for i in gguf.tensors.values()), dev, gpu_memory_utilization, path.name)
         model_ = _empty_model(cfg, rope_freq_factors(gguf))
-        weights = _gguf_tensors(gguf, cfg, dev, stats, gguf_blocks)
+        weights = _gguf_tensors(gguf, cfg, dev, stats, gguf_blocks, split)
     else:
-        # (a float weight in the compute dtype; a pre-quantized checkpoint's packed values and scales as stored)
-        check_fits(sum(prod(t.shape) * itemsize if t.qtype in ("F32", "F16", "BF16") else t.end - t.begin
-                       for t in spec.safetensors().tensors.values()), dev, gpu_memory_utilization, path.name)
         model_ = _empty_model(cfg)
+        tensors = _safetensors_tensors(path, dev if split is None else HOST)
+        if split is not None:  # (read on the host, the GPU layers' moved on)
+            tensors = ((n, t if split.on_host(n) else t.to(dev)) for n, t in tensors)
         # (DeviceQuantized matrices among them, a pre-quantized checkpoint's: fill_parameters keeps them as they are)
-        weights = cast(Iterator[tuple[str, Weight]], device_prequantized(_safetensors_tensors(path, dev),
-                                                                         spec.hf_config))
+        weights = cast(Iterator[tuple[str, Weight]], device_prequantized(tensors, spec.hf_config))
         if family is not None:  # a vision-language directory: the tower's tensors set aside as it goes
             weights = cast(Iterator[tuple[str, torch.Tensor]],
                            split_vision(weights, family.text_weight, vision_weights))
@@ -193,10 +206,10 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
         model_.model.rope.use_interleaved_pairs()
     try:
         with torch.no_grad():
-            fill_parameters(model_, weights, dtype)
+            fill_parameters(model_, weights, dtype, split)
     except (KeyError, RuntimeError) as exc:
         raise ModelFormatError(f"{path}: weights do not fit the {cfg.family} config: {exc}") from None
-    model_ = model_.to(device=dev, dtype=dtype).eval()
+    model_ = _to_device(model_, dev, dtype, split).eval()
     if stats[0]:
         kept = [m for m in model_.modules() if isinstance(m, Linear) and m.device_blocks]
         tables = [m.device_blocks for m in model_.modules() if isinstance(m, Embedding) and m.device_blocks]
@@ -212,7 +225,12 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
         log.info("%s: %d pre-quantized matrices kept as stored on %s (%.1f MiB), multiplied in their format", path.name,
                  len(quantized), dev, sum(s.nbytes for s in quantized) / 2**20)
     model_.model.fused = False
-    stack_model_experts(model_)  # (mixtures of experts: the fused kernel's stacked weights)
+    # (mixtures of experts: the fused kernel's stacked weights; a split's CPU layers route on the host)
+    stack_model_experts(model_, first_layer=0 if split is None else split.host_layers)
+    if split is not None:
+        offload_layers(model_, split, dev, dtype)
+        log.info("%s: %d of %d layers on %s: %s", path.name, split.gpu_layers, split.num_layers, dev,
+                 split.describe())
     vision = None
     if family is not None:
         assert spec.hf_config is not None
@@ -221,4 +239,19 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
         vision = vlm.build_mmproj(spec.projector, tokenizer)
     if vision is not None:  # the tower on the device in float32 (its numerics: transformers'), its rows cast
         vision = vision.to(device=dev)  # to the model's dtype as they are written over the placeholders
-    return LoadedModel(model_, cfg, tokenizer, path, vision)
+    return LoadedModel(model_, cfg, tokenizer, path, vision, offload=split)
+
+
+def _to_device(model: LlamaForCausalLM, dev: torch.device, dtype: torch.dtype, split: LayerSplit | None
+               ) -> LlamaForCausalLM:
+    """The model on ``dev`` in ``dtype``, but for a split's CPU layers (float32, on the host)."""
+    if split is None:
+        return model.to(device=dev, dtype=dtype)
+    layers = model.model.layers
+    kept = [layers[i] for i in range(split.host_layers)]
+    for i in range(split.host_layers):
+        layers[i] = nn.Identity()
+    model = model.to(device=dev, dtype=dtype)
+    for i, layer in enumerate(kept):
+        layers[i] = layer.to(device=HOST, dtype=HOST_DTYPE)
+    return model

@@ -24,9 +24,12 @@ from runlm.models.moe import SparseMoeBlock, StackedExperts
 log = logging.getLogger("runlm.gpu")
 
 
-def stack_model_experts(model: nn.Module) -> None:
-    """Stack every mixture-of-experts layer of a model loaded onto the GPU runner's device (see the docstring)."""
-    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+def stack_model_experts(model: nn.Module, first_layer: int = 0) -> None:
+    """Stack every mixture-of-experts layer of a model loaded onto the GPU runner's device (see the docstring),
+    from decoder layer ``first_layer`` on (those before it: a layer offload's, on the host)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    scope = model if layers is None else nn.ModuleList(list(layers)[first_layer:])
+    blocks = [m for m in scope.modules() if isinstance(m, SparseMoeBlock)]
     reasons = [reason for block in blocks if (reason := stack_experts(block)) is not None]
     if blocks:
         log.info("mixture of experts: %d of %d layers stacked for the fused kernel%s", len(blocks) - len(reasons),

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the model classes and weight readers are torch's: imported 
 
     from runlm.models.linear import Weight
     from runlm.models.llama import LlamaForCausalLM
+    from runlm.models.offload import LayerSplit
     from runlm.models.vision import VisionModel
 
 
@@ -27,6 +28,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     path: Path
     vision: VisionModel | None = None  # a vision-language model's tower and projector (runlm.models.vision)
+    offload: LayerSplit | None = None  # the GPU runner's layer offload: layers on the CPU (runlm.models.offload)
 
 
 def _empty_model(cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> LlamaForCausalLM:

@@ -37,6 +37,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim, self.rotary_dim = head_dim, rotary_dim or head_dim
         self.sync_free = False  # the tables cover every position, on the positions' device (the GPU runner's)
+        self.on_host = False  # a layer offload's CPU layers' copy (runlm.models.offload): its tables stay on the host
         self.mrope_section: list[int] | None = None
         if scaling is not None and scaling.get("mrope_section"):
             self.mrope_section = [int(s) for s in scaling["mrope_section"]]

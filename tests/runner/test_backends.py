@@ -59,6 +59,27 @@ def test_native_memory_grows_with_context(stored, tmp_path: Path) -> None:
     assert native.context_size(model, BackendConfig(context_size=100_000)) == 8192  # capped by the model
 
 
+def test_a_gpu_runs_offloaded_layers_are_counted_in_ram(stored, tmp_path: Path) -> None:
+    """Layer offload (--n-gpu-layers K): the layers before the last K, and their K/V, in RAM beside the GPU share;
+    without the flag, what of the weights the share cannot hold (the engine splits the model so)."""
+    from runlm.runner.backends.native import kv_cache_bytes, offloaded_bytes, weight_bytes
+
+    store, model = stored
+    native = all_backends(tmp_path)["native"]
+    layers, weights = model.info.num_layers, weight_bytes(model)
+    config = BackendConfig(context_size=1024, runtime_flags=["--n-gpu-layers", "10"])
+    assert native.check_flags(config.runtime_flags) == ["--n-gpu-layers", "10"]
+    kv = kv_cache_bytes(model, 1024, config)
+    assert offloaded_bytes(model, config, 1 << 40, 1024) == (weights + kv) * (layers - 10) // layers > 0
+    for flags in (["--n-gpu-layers", "-1"], ["--n-gpu-layers", str(layers)]):
+        assert offloaded_bytes(model, BackendConfig(runtime_flags=flags), 1 << 40, 1024) == 0
+    assert offloaded_bytes(model, BackendConfig(), weights // 3, 1024) == weights - weights // 3
+    assert offloaded_bytes(model, BackendConfig(), weights, 1024) == 0
+    for bad in ("0", "-2", "x", "99999"):
+        with pytest.raises(ConfigError, match="needs a valid value"):
+            native.check_flags(["--n-gpu-layers", bad])
+
+
 def test_native_weight_estimate_is_what_the_engine_allocates(stored) -> None:
     from runlm.models.load import load_decoder
     from runlm.runner.backends.native import weight_bytes

@@ -35,7 +35,7 @@ here. Per step, the sampler hands logit_bias, allowed_token_ids, min_tokens and 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -47,6 +47,12 @@ from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.mm_step import mrope_positions, step_images
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
+from runlm.engine.runners.gpu_offload import (
+    OffloadBackend,
+    device_kv_bytes_per_token,
+    host_kv_bytes_per_token,
+    offload_backend,
+)
 from runlm.engine.runners.gpu_sampler import sample_on_device
 from runlm.engine.runners.gpu_verify import sample_and_verify_on_device
 from runlm.engine.runners.torch_runner import States, allocate_states, image_rows
@@ -98,7 +104,7 @@ class GPURunner:
         self.mrope = loaded.vision is not None and loaded.vision.uses_mrope
         shape = (3, self.max_tokens) if self.mrope else (self.max_tokens,)
         self.positions = torch.zeros(shape, dtype=torch.int64, device=self.device)
-        self.backend: PagedAttentionBackend | None = None
+        self.backend: PagedAttentionBackend | OffloadBackend | None = None
         self.states: States = None
         self.graphs: dict[int, _Graph] = {}
         self.graph_sizes = graph_batch_sizes(self.max_seqs)
@@ -111,15 +117,23 @@ class GPURunner:
         hybrid = self.blocks if isinstance(self.blocks, HybridBlockManager) else None
         num_blocks = [len(g.blocks) for g in hybrid.groups] if hybrid else self.blocks.layer_blocks(0)
         heads, k_dim, v_dim = mc.kv_cache_shape  # (latent attention: one latent row a token, its own values)
-        self.backend = PagedAttentionBackend(mc.num_layers, num_blocks, self.blocks.block_size, heads, k_dim,
-                                             self.dtype, self.device, self.max_seqs, self.max_tokens,
-                                             self.max_blocks_per_seq, kv_layers=mc.kv_layers, latent=v_dim == 0,
-                                             layer_group=hybrid.layer_group if hybrid else None)
+        split = self.loaded.offload
+        if split is not None:  # layer offload: the CPU layers' K/V in a cache on the host
+            self.backend = offload_backend(mc, split, num_blocks, self.blocks.block_size, self.dtype, self.device,
+                                           self.max_seqs, self.max_tokens, self.max_blocks_per_seq,
+                                           hybrid.layer_group if hybrid else None)
+        else:
+            self.backend = PagedAttentionBackend(mc.num_layers, num_blocks, self.blocks.block_size, heads, k_dim,
+                                                 self.dtype, self.device, self.max_seqs, self.max_tokens,
+                                                 self.max_blocks_per_seq, kv_layers=mc.kv_layers, latent=v_dim == 0,
+                                                 layer_group=hybrid.layer_group if hybrid else None)
         # recurrent layers' (conv, ssm) states, a row per state slot (runlm.models.mamba2)
         self.states = allocate_states(mc, self.blocks.state_slots, self.device)
         self.lora_rows = self._device_lora()
         if self.device.type == "cuda" and not self.config.enforce_eager:
-            if not self.backend.graphable:
+            if split is not None:
+                log.info("CUDA graphs off: layer offload runs %d layers on the CPU", split.host_layers)
+            elif not self.backend.graphable:
                 log.info("CUDA graphs off: the attention backend %s reads the host", type(self.backend).__name__)
             elif mc.recurrent_layers:  # (runlm.models.mamba2.by_sequence groups the step's rows on the host)
                 log.info("CUDA graphs off: the recurrent layers group their rows on the host")
@@ -156,7 +170,7 @@ class GPURunner:
     @torch.inference_mode()
     def capture_graphs(self) -> None:
         """One graph per padded decode size, largest first (they share one memory pool)."""
-        assert self.backend is not None
+        assert isinstance(self.backend, PagedAttentionBackend)
         pool = None
         model = self.loaded.model
         for size in sorted(self.graph_sizes, reverse=True):
@@ -220,8 +234,17 @@ class GPURunner:
             self.positions[:t].copy_(parts["positions"])
         groups = [(parts[f"block_table{g}"].view(shape), parts[f"slot_mapping{g}"])
                   for g in range(1, 1 + len(group_tables))]
-        self.backend.set_step(parts["block_table"].view(shape), parts["cu_seqlens_q"], parts["seq_lens"],
-                              parts["slot_mapping"], groups=groups, max_query_len=max(plan.query_lens))
+        backend = self.backend
+        if isinstance(backend, OffloadBackend):  # the host's cache addressed from the packed host array
+            host = {name: self.host_np[off:off + length] for name, (off, length) in layout.parts().items()}
+            backend.set_host_step(host["block_table"].reshape(shape), host["cu_seqlens_q"], host["seq_lens"],
+                                  host["slot_mapping"], [(host[f"block_table{g}"].reshape(shape),
+                                                          host[f"slot_mapping{g}"])
+                                                         for g in range(1, 1 + len(group_tables))],
+                                  max(plan.query_lens))
+            backend = backend.device
+        backend.set_step(parts["block_table"].view(shape), parts["cu_seqlens_q"], parts["seq_lens"],
+                         parts["slot_mapping"], groups=groups, max_query_len=max(plan.query_lens))
         if self.lora_rows is not None:  # each row's adapter slot (-1: none, and the padding rows)
             rows = lora.row_slots(self.loaded.model, plan.query_lens)
             self.lora_rows[:len(rows)].copy_(torch.from_numpy(rows))
@@ -258,8 +281,9 @@ def _sync_free_rope(model: torch.nn.Module, max_len: int, device: torch.device) 
     from runlm.models.rope import RotaryEmbedding
 
     for rope in {id(m): m for m in model.modules() if isinstance(m, RotaryEmbedding)}.values():
-        if getattr(rope, "long", None) is not None:
-            continue  # long-context RoPE (Phi-3) picks its tables by the positions: keeps its own lookup
+        if getattr(rope, "long", None) is not None or rope.on_host:
+            continue  # long-context RoPE (Phi-3) picks its tables by the positions; a layer offload's CPU layers'
+            # copies stay on the host: both keep their own lookup
         rope.ensure_positions(max_len)
         rope.cos, rope.sin = rope.cos.to(device).contiguous(), rope.sin.to(device).contiguous()
         rope.sync_free = True
@@ -284,6 +308,13 @@ def gpu_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, bytes_per_tok
     memory; refused when not even one sequence of max_model_len fits, naming both sizes. An explicit
     kv_cache_memory in bytes wins. On a CPU: the engine's kv_cache_memory budget, unchanged."""
     device = torch.device(config.device)
+    split = loaded.offload
+    if split is not None:  # layer offload: the device holds its layers' K/V, the host the CPU layers' (both capped)
+        host_blocks = kv_cache_blocks(config, host_kv_bytes_per_token(loaded.config, split), max_model_len)
+        bytes_per_token = device_kv_bytes_per_token(loaded.config, split, bytes_per_token,
+                                                    torch.empty(0, dtype=torch_dtype(config.dtype)).element_size())
+        return min(host_blocks, gpu_kv_cache_blocks(config, replace(loaded, offload=None), bytes_per_token,
+                                                    max_model_len))
     if device.type != "cuda" or (config.kv_cache_memory is not None and not isinstance(config.kv_cache_memory,
                                                                                        float)):
         return kv_cache_blocks(config, bytes_per_token, max_model_len)

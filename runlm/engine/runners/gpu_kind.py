@@ -31,10 +31,14 @@ class GPUKind:
         return None
 
     def load(self, spec: ModelSpec, config: EngineConfig) -> LoadedModel:
+        from runlm.engine.runners.gpu_offload import gpu_split
+        from runlm.models.gpu_blocks import KEPT_TYPES
         from runlm.models.gpu_load import load_to_device
 
+        blocks = keep_gguf_blocks()
         return load_to_device(spec, dtype=config.dtype, device=config.device,
-                              gpu_memory_utilization=config.gpu_memory_utilization, gguf_blocks=keep_gguf_blocks())
+                              gpu_memory_utilization=config.gpu_memory_utilization, gguf_blocks=blocks,
+                              split=gpu_split(spec, config, sorted(KEPT_TYPES) if blocks else []))
 
     def build(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
               structured: StructuredOutputManager) -> GPURunner:

@@ -48,7 +48,8 @@ class TPKind:
         from runlm.engine.runners.tp_group import TPLoaded, start_group
 
         group, loaded, split = start_group(config)
-        return TPLoaded(loaded.model, loaded.config, loaded.tokenizer, loaded.path, loaded.vision, group, split)
+        return TPLoaded(loaded.model, loaded.config, loaded.tokenizer, loaded.path, loaded.vision, group=group,
+                        split=split)
 
     def build(self, config: EngineConfig, loaded: TPLoaded, blocks: AnyBlockManager,
               structured: StructuredOutputManager) -> TPRunner:

@@ -70,6 +70,9 @@ class EngineConfig:
     enforce_eager: bool = False
     # tensor parallelism (vLLM's name): the model split over this many processes (runlm.engine.runners.tp_group)
     tensor_parallel_size: int = 1
+    # layer offload (llama.cpp's --n-gpu-layers): the GPU runner keeps this many of the model's last decoder
+    # layers on the GPU and runs the others on the CPU (None: all that fit, after what free memory allows; -1: all)
+    n_gpu_layers: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
@@ -92,6 +95,10 @@ class EngineConfig:
             raise ValueError("max_cpu_loras must be at least max_loras")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise ValueError("tensor_parallel_size must be a whole number of processes (1 or more)")
+        if self.n_gpu_layers is not None and (not isinstance(self.n_gpu_layers, int) or self.n_gpu_layers < -1
+                                              or self.n_gpu_layers == 0):
+            raise ValueError("n_gpu_layers must be a number of layers (1 or more), or -1 for all of them; a model "
+                             "with none on the GPU runs there with --device cpu")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be a fraction in (0, 1]")
         limit = self.limit_mm_per_prompt

@@ -128,6 +128,20 @@ def on_gpu(config: BackendConfig, gpu_total: int | None = None) -> int | None:
     return int(total * share)
 
 
+def offloaded_bytes(model: StoredModel, config: BackendConfig, gpu: int, context: int) -> int:
+    """The memory a GPU run's layer offload keeps on the host (runlm.models.offload): with --n-gpu-layers K, the
+    weights of the layers before the last K and their K/V for ``context`` tokens; without it, what of the weights
+    its GPU share cannot hold (the engine then splits the model so)."""
+    weights = weight_bytes(model)
+    value, layers = flag_value(config.runtime_flags, "--n-gpu-layers"), model.info.num_layers
+    if value is None:
+        return max(0, weights - gpu)
+    on_gpu_layers = int(value)
+    if on_gpu_layers == -1 or not layers or on_gpu_layers >= layers:
+        return 0
+    return (weights + kv_cache_bytes(model, context, config)) * (layers - on_gpu_layers) // layers
+
+
 def template_file(socket: str) -> Path:
     """Where a runner's configured chat template is written: beside its socket, in the daemon's own folder."""
     return Path(socket + ".template")
@@ -147,7 +161,8 @@ class NativeBackend(ProcessBackend):
                      "--allowed-media-domains": lambda v: re.fullmatch(r"(\*\.)?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*", v)
                      is not None and len(v) <= 253,
                      "--max-loras": is_int, "--max-lora-rank": is_int, "--max-cpu-loras": is_int,
-                     "--tensor-parallel-size": lambda v: is_int(v) and 1 <= int(v) <= 64}
+                     "--tensor-parallel-size": lambda v: is_int(v) and 1 <= int(v) <= 64,
+                     "--n-gpu-layers": lambda v: re.fullmatch(r"-1|[1-9]\d{0,3}", v) is not None}
     supports_lora = True
     takes_chat_template = True
 
@@ -166,7 +181,8 @@ class NativeBackend(ProcessBackend):
     def required_memory(self, model: StoredModel, config: BackendConfig) -> RequiredMemory:
         gpu = on_gpu(config)
         if gpu is not None:  # the engine takes its share of the GPU (weights, activations, then the KV cache)
-            return RequiredMemory(ram=RUNTIME_OVERHEAD + projector_bytes(model), vram=gpu)
+            host = offloaded_bytes(model, config, gpu, self.context_size(model, config))  # (layer offload's)
+            return RequiredMemory(ram=RUNTIME_OVERHEAD + projector_bytes(model) + host, vram=gpu)
         weights = weight_bytes(model) + draft_bytes(config) + projector_bytes(model)
         kv = runtime_kv_bytes(config) or kv_cache_bytes(model, self.context_size(model, config), config)
         return RequiredMemory(ram=weights + kv + RUNTIME_OVERHEAD, vram=0)
