@@ -242,6 +242,32 @@ def load_to_device(model: ModelSpec | str | Path, dtype: torch.dtype | str = "bf
     return LoadedModel(model_, cfg, tokenizer, path, vision, offload=split)
 
 
+def move_to_device(model: LlamaForCausalLM, device: torch.device) -> LlamaForCausalLM:
+    """A model loaded on the host (load_to_device(device="cpu")) moved whole to ``device``, the matrices it keeps in
+    their blocks too (tensor parallelism: each rank cuts its part on the host, then moves only that)."""
+    model = model.to(device=device)
+    for module in model.modules():
+        if isinstance(module, Linear) and module.device_blocks:
+            if not all(isinstance(s, GGMLWeight) for s in module.device_blocks):
+                raise ValueError("a pre-quantized checkpoint's matrices are not moved between devices")
+            module.keep_device_blocks([GGMLWeight(s.raw.to(device), s.qtype, s.rows, s.cols)
+                                       for s in module.device_blocks], module._blocks_forward.func)
+        elif isinstance(module, Embedding) and module.device_blocks is not None:
+            t = module.device_blocks
+            module.keep_device_blocks(GGMLWeight(t.raw.to(device), t.qtype, t.rows, t.cols), module._rows,
+                                      module.rows_dtype)
+    return model
+
+
+def held_bytes(model: nn.Module) -> int:
+    """The bytes a model's weights take where they are: parameters, and the matrices kept in their blocks."""
+    blocks = {id(s.raw): s.raw.numel() * s.raw.element_size() for m in model.modules()
+              for s in (m.device_blocks if isinstance(m, Linear) else
+                        [m.device_blocks] if isinstance(m, Embedding) and m.device_blocks is not None else [])
+              if isinstance(s, GGMLWeight)}
+    return sum(p.numel() * p.element_size() for p in model.parameters()) + sum(blocks.values())
+
+
 def _to_device(model: LlamaForCausalLM, dev: torch.device, dtype: torch.dtype, split: LayerSplit | None
                ) -> LlamaForCausalLM:
     """The model on ``dev`` in ``dtype``, but for a split's CPU layers (float32, on the host)."""

@@ -1,5 +1,6 @@
-"""One rank's collectives in a tensor-parallel group, on torch.distributed's gloo process group (CPUs; NCCL for
-GPUs is the GPU runner's to add, beside it). Rank 0 (the engine's process) hosts the rendezvous (a TCPStore on a
+"""One rank's collectives in a tensor-parallel group, on torch.distributed's process groups: gloo on CPUs; on GPUs
+NCCL for the tensors a step reduces and gathers (each rank's own device), gloo beside it for the step rank 0
+broadcasts (pickled, host memory). Rank 0 (the engine's process) hosts the rendezvous (a TCPStore on a
 free loopback port); the other ranks join it from the address it hands them.
 
 A rank's process holds its group as an object (not torch.distributed's default group), so one process may host
@@ -33,30 +34,44 @@ class Communicator:
     """all_reduce (row-parallel layers, the vocab-parallel embedding), gather (the vocab-parallel logits) and
     broadcast_object (rank 0's step to the others) over ``size`` ranks; ``calls`` counts the all-reduces."""
 
-    def __init__(self, store: dist.TCPStore, rank: int, size: int) -> None:
+    def __init__(self, store: dist.TCPStore, rank: int, size: int, device: torch.device | None = None) -> None:
         self.rank, self.size, self.store = rank, size, store
         # (gloo's options with their devices: not in torch's type stubs)
         opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)]  # (not the host's public address)
         opts._timeout = STEP_TIMEOUT
         self.group: Any = dist.ProcessGroupGloo(store, rank, size, opts)
+        self.tensors: Any = self.group  # the group the step's tensors go through (NCCL on a GPU)
+        if device is not None and device.type == "cuda":
+            nccl = dist.ProcessGroupNCCL.Options()
+            nccl._timeout = STEP_TIMEOUT
+            torch.cuda.set_device(device)
+            self.tensors = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, nccl)
         self.all_reduces = 0
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """The sum over ranks, in place (t must be contiguous)."""
         self.all_reduces += 1
-        self.group.allreduce([t]).wait()
+        self.tensors.allreduce([t]).wait()
         return t
+
+    def min_int(self, value: int) -> int:
+        """The smallest of the ranks' ``value`` (each rank's KV cache from its own memory: the least of them)."""
+        t = torch.tensor([value], dtype=torch.int64)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN  # type: ignore[assignment]
+        self.group.allreduce([t], opts).wait()
+        return int(t.item())
 
     def gather_cols(self, t: torch.Tensor, total: int) -> torch.Tensor:
         """Each rank's [N, cols] (equal cols, the last rank's padded) side by side on rank 0, cut to ``total``
         columns; the others get their own ``t`` back."""
         t = t.contiguous()
         if self.rank != 0:
-            self.group.gather([], [t], _gather_options()).wait()
+            self.tensors.gather([], [t], _gather_options()).wait()
             return t
         parts = [torch.empty_like(t) for _ in range(self.size)]
-        self.group.gather([parts], [t], _gather_options()).wait()
+        self.tensors.gather([parts], [t], _gather_options()).wait()
         return torch.cat(parts, dim=-1)[..., :total]
 
     def broadcast_object(self, obj: Any = None) -> Any:
@@ -74,10 +89,11 @@ class Communicator:
         return obj if self.rank == 0 else pickle.loads(data.numpy().tobytes())
 
     def close(self) -> None:
-        try:
-            self.group.shutdown()
-        except RuntimeError:  # a peer already gone
-            pass
+        for group in {id(g): g for g in (self.tensors, self.group)}.values():
+            try:
+                group.shutdown()
+            except RuntimeError:  # a peer already gone
+                pass
 
 
 def _gather_options() -> Any:

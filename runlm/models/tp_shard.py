@@ -7,7 +7,8 @@
   logits columns, gathered on rank 0).
 
 A decoder step is thus 2 all-reduces a layer and 1 for the embedding. Weights are cut as loaded: fp32 (exact
-numerics), int8 blocks or GGUF blocks (a matrix's input columns cut at whole blocks).
+numerics), int8 blocks or GGUF blocks (a matrix's input columns cut at whole blocks), and the GPU runner's forms:
+dense in the compute dtype, or GGUF blocks kept for its kernels (Linear.device_blocks).
 """
 from __future__ import annotations
 
@@ -177,6 +178,10 @@ class VocabParallelEmbedding(nn.Module):
         if table.ggml is not None:
             g = table.ggml
             table.keep_ggml(GGMLWeight(g.raw[lo:hi], g.qtype, hi - lo, g.cols))
+        elif table.device_blocks is not None:  # (the GPU runner's table in its blocks)
+            g = table.device_blocks
+            table.keep_device_blocks(GGMLWeight(g.raw[lo:hi], g.qtype, hi - lo, g.cols), table._rows,
+                                     table.rows_dtype)
         else:
             table.weight = nn.Parameter(table.weight[lo:hi].contiguous(), requires_grad=False)
         table.num_embeddings = hi - lo
@@ -198,6 +203,9 @@ def take_rows(linear: Linear, ranges: list[tuple[int, int]]) -> None:
     """Keep the output rows in ``ranges`` (in order), whichever way the weight is held."""
     if linear.ggml:
         linear.keep_ggml([piece for lo, hi in ranges for piece in _ggml_rows(linear.ggml, lo, hi)])
+    elif linear.device_blocks:
+        linear.keep_device_blocks([piece for lo, hi in ranges for piece in _ggml_rows(_blocks(linear), lo, hi)],
+                                  linear._blocks_forward.func)
     elif linear.qweight is not None:
         assert linear.scales is not None and linear.offsets is not None
         q, s, o = linear.qweight, linear.scales, linear.offsets
@@ -207,6 +215,14 @@ def take_rows(linear: Linear, ranges: list[tuple[int, int]]) -> None:
     if linear.bias is not None:
         linear.bias = nn.Parameter(torch.cat([linear.bias[lo:hi] for lo, hi in ranges]), requires_grad=False)
     linear.out_features = sum(hi - lo for lo, hi in ranges)
+
+
+def _blocks(linear: Linear) -> list[GGMLWeight]:
+    """The GPU runner's GGUF blocks of a layer; a pre-quantized checkpoint's matrices are refused."""
+    if not all(isinstance(s, GGMLWeight) for s in linear.device_blocks):
+        raise ValueError("tensor parallelism does not cut a pre-quantized checkpoint's (GPTQ, AWQ, FP8) matrices; "
+                         "serve it with tensor_parallel_size 1")
+    return list(linear.device_blocks)
 
 
 def _ggml_rows(segments: list[GGMLWeight], lo: int, hi: int) -> list[GGMLWeight]:
@@ -222,9 +238,9 @@ def _ggml_rows(segments: list[GGMLWeight], lo: int, hi: int) -> list[GGMLWeight]
 
 def take_cols(linear: Linear, lo: int, hi: int) -> None:
     """Keep the input columns [lo, hi); a block-quantized weight is cut at whole blocks only."""
-    if linear.ggml:
+    if linear.ggml or linear.device_blocks:
         pieces = []
-        for s in linear.ggml:
+        for s in linear.ggml or _blocks(linear):
             block = ggml.block_size(s.qtype)
             if lo % block or hi % block:
                 raise ValueError(f"tensor parallelism cuts a {linear.in_features}-column matrix at column {lo}, "
@@ -232,7 +248,10 @@ def take_cols(linear: Linear, lo: int, hi: int) -> None:
                                  "unquantized model")
             a, b = ggml.row_bytes(s.qtype, lo), ggml.row_bytes(s.qtype, hi)
             pieces.append(GGMLWeight(s.raw[:, a:b].contiguous(), s.qtype, s.rows, hi - lo))
-        linear.keep_ggml(pieces)
+        if linear.ggml:
+            linear.keep_ggml(pieces)
+        else:
+            linear.keep_device_blocks(pieces, linear._blocks_forward.func)
     elif linear.qweight is not None:
         if lo % INT8_BLOCK or hi % INT8_BLOCK:
             raise ValueError(f"tensor parallelism cuts a {linear.in_features}-column matrix at column {lo}, inside "

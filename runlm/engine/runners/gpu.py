@@ -35,6 +35,7 @@ here. Per step, the sampler hands logit_bias, allowed_token_ids, min_tokens and 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -71,6 +72,16 @@ log = logging.getLogger("runlm.gpu")
 
 
 @dataclass(slots=True)
+class PackedStep:
+    """What a step's forward pass needs beside its packed host array (gpu_graphs.pack_step): all that tensor
+    parallelism's other ranks are sent with the array's bytes."""
+    layout: StepLayout
+    graph_size: int | None  # the decode graph it replays (None: eager)
+    query_lens: list[int]
+    context_lens: list[int]
+
+
+@dataclass(slots=True)
 class _Graph:
     graph: torch.cuda.CUDAGraph
     hidden: torch.Tensor  # the captured forward's output [size, hidden]
@@ -78,12 +89,15 @@ class _Graph:
 
 class GPURunner:
     def __init__(self, config: EngineConfig, loaded: LoadedModel, blocks: AnyBlockManager,
-                 structured: StructuredOutputManager | None = None) -> None:
+                 structured: StructuredOutputManager | None = None, kv_heads: int | None = None,
+                 device: torch.device | None = None) -> None:
+        """``kv_heads`` and ``device``: a tensor-parallel rank's own (runlm.engine.runners.tp_gpu)."""
         self.config, self.loaded, self.blocks, self.structured = config, loaded, blocks, structured
+        self.kv_heads = kv_heads
         # speculative decoding: the speculating sequences' 1 + k rows run in the step beside the others (eagerly:
         # the decode graphs take one row a sequence), verified on the device (gpu_verify)
         self.speculating = config.speculative_config is not None
-        self.dtype, self.device = torch_dtype(config.dtype), torch.device(config.device)
+        self.dtype, self.device = torch_dtype(config.dtype), device or torch.device(config.device)
         self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         mc = loaded.config
         self.max_model_len = mc.context_length(config.max_model_len)
@@ -117,6 +131,7 @@ class GPURunner:
         hybrid = self.blocks if isinstance(self.blocks, HybridBlockManager) else None
         num_blocks = [len(g.blocks) for g in hybrid.groups] if hybrid else self.blocks.layer_blocks(0)
         heads, k_dim, v_dim = mc.kv_cache_shape  # (latent attention: one latent row a token, its own values)
+        heads = self.kv_heads or heads
         split = self.loaded.offload
         if split is not None:  # layer offload: the CPU layers' K/V in a cache on the host
             self.backend = offload_backend(mc, split, num_blocks, self.blocks.block_size, self.dtype, self.device,
@@ -223,46 +238,64 @@ class GPURunner:
         group_tables = [[s.table.groups[g].blocks for s in sched.seqs] for g in range(len(self.group_managers))]
         layout = pack_step(plan, [s.table.blocks for s in sched.seqs], self.blocks.block_size, self.host_np,
                            pad_seqs=size, group_tables=group_tables)
+        step = PackedStep(layout, size, list(plan.query_lens), list(plan.context_lens))
+        self.share_step(step, plan)
+        mrope = mrope_positions(sched, len(plan.ids)) if self.mrope else None
+        lora_rows = lora.row_slots(self.loaded.model, plan.query_lens) if self.lora_rows is not None else None
+
+        def configure(ctx: ForwardContext) -> None:
+            if self.states is not None:
+                ctx.states, ctx.state_slots, ctx.state_fresh = self.states, plan.state_slots, plan.state_fresh
+            vision = self.loaded.vision
+            images = step_images(sched) if vision is not None else None
+            if images is not None:  # (an image's rows come in prefill steps: never a graph's)
+                assert vision is not None
+                ctx.mm_embeds = image_rows(self.encoder_cache, images, vision, self.device)
+                ctx.bidirectional = images.bidirectional  # (Gemma 3: those rows again, with their spans' mask)
+
+        return self.forward_packed(step, mrope, lora_rows, configure)
+
+    def share_step(self, step: PackedStep, plan: BatchPlan) -> None:
+        """A packed step about to run (tensor parallelism's runner hands it to the other ranks)."""
+
+    def forward_packed(self, step: PackedStep, mrope: np.ndarray | None = None, lora_rows: np.ndarray | None = None,
+                       configure: Callable[[ForwardContext], None] | None = None) -> torch.Tensor:
+        """The forward pass over the step packed in the host array: uploaded, spread into the model's and the
+        backend's buffers, then a decode graph replayed or the model run eagerly (``configure``: what else the
+        step's context holds: states, images). [rows, hidden]."""
+        assert self.backend is not None, "the KV cache was freed (sleep)"
+        layout, b, max_query_len = step.layout, len(step.query_lens), max(step.query_lens)
         parts = self.upload(layout)
         t, shape = layout.num_tokens, (layout.num_seqs, layout.width)
         self.input_ids[:t].copy_(parts["ids"])
-        if self.mrope:  # (padding rows at position 0)
+        if mrope is not None:  # (padding rows at position 0)
             rows = np.zeros((3, t), dtype=np.int64)
-            rows[:, :len(plan.ids)] = mrope_positions(sched, len(plan.ids))
+            rows[:, :mrope.shape[1]] = mrope
             self.positions[:, :t].copy_(torch.from_numpy(rows), non_blocking=self.uploaded is not None)
         else:
             self.positions[:t].copy_(parts["positions"])
-        groups = [(parts[f"block_table{g}"].view(shape), parts[f"slot_mapping{g}"])
-                  for g in range(1, 1 + len(group_tables))]
+        extra = range(1, 1 + len(self.group_managers))
+        groups = [(parts[f"block_table{g}"].view(shape), parts[f"slot_mapping{g}"]) for g in extra]
         backend = self.backend
         if isinstance(backend, OffloadBackend):  # the host's cache addressed from the packed host array
             host = {name: self.host_np[off:off + length] for name, (off, length) in layout.parts().items()}
             backend.set_host_step(host["block_table"].reshape(shape), host["cu_seqlens_q"], host["seq_lens"],
                                   host["slot_mapping"], [(host[f"block_table{g}"].reshape(shape),
-                                                          host[f"slot_mapping{g}"])
-                                                         for g in range(1, 1 + len(group_tables))],
-                                  max(plan.query_lens))
+                                                          host[f"slot_mapping{g}"]) for g in extra], max_query_len)
             backend = backend.device
         backend.set_step(parts["block_table"].view(shape), parts["cu_seqlens_q"], parts["seq_lens"],
-                         parts["slot_mapping"], groups=groups, max_query_len=max(plan.query_lens))
-        if self.lora_rows is not None:  # each row's adapter slot (-1: none, and the padding rows)
-            rows = lora.row_slots(self.loaded.model, plan.query_lens)
-            self.lora_rows[:len(rows)].copy_(torch.from_numpy(rows))
-            self.lora_rows[len(rows):t].fill_(-1)
-        if size is not None:
-            graph = self.graphs[size]
+                         parts["slot_mapping"], groups=groups, max_query_len=max_query_len)
+        if self.lora_rows is not None and lora_rows is not None:  # each row's adapter slot (-1: none, padding)
+            self.lora_rows[:len(lora_rows)].copy_(torch.from_numpy(lora_rows))
+            self.lora_rows[len(lora_rows):t].fill_(-1)
+        if step.graph_size is not None:
+            graph = self.graphs[step.graph_size]
             graph.graph.replay()
             return graph.hidden[:b]
-        ctx = ForwardContext(plan.query_lens, plan.context_lens, None, None, None, backend=self.backend,
+        ctx = ForwardContext(step.query_lens, step.context_lens, None, None, None, backend=self.backend,
                              lora_rows=None if self.lora_rows is None else self.lora_rows[:t])
-        if self.states is not None:
-            ctx.states, ctx.state_slots, ctx.state_fresh = self.states, plan.state_slots, plan.state_fresh
-        vision = self.loaded.vision
-        images = step_images(sched) if vision is not None else None
-        if images is not None:  # (an image's rows come in prefill steps: never a graph's)
-            assert vision is not None
-            ctx.mm_embeds = image_rows(self.encoder_cache, images, vision, self.device)
-            ctx.bidirectional = images.bidirectional  # (Gemma 3: those rows again, with their spans' mask)
+        if configure is not None:
+            configure(ctx)
         with forward_context(ctx):
             return self.loaded.model(self.input_ids[:t], self.positions[..., :t])
 
@@ -302,12 +335,14 @@ def enable_device_lora(model: torch.nn.Module, config: EngineConfig) -> None:
         lora.enable_device(model, kept + config.max_loras, config.max_lora_rank, torch_dtype(config.dtype))
 
 
-def gpu_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, bytes_per_token: int, max_model_len: int) -> int:
+def gpu_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, bytes_per_token: int, max_model_len: int,
+                        device: torch.device | None = None) -> int:
     """KV-cache blocks for the GPU runner. On CUDA (vLLM's way): after the weights, profile one largest step
     (max_num_batched_tokens tokens), and give the cache what is left of gpu_memory_utilization x the device's
     memory; refused when not even one sequence of max_model_len fits, naming both sizes. An explicit
-    kv_cache_memory in bytes wins. On a CPU: the engine's kv_cache_memory budget, unchanged."""
-    device = torch.device(config.device)
+    kv_cache_memory in bytes wins. On a CPU: the engine's kv_cache_memory budget, unchanged. ``device``: a
+    tensor-parallel rank's own (default: the config's)."""
+    device = device or torch.device(config.device)
     split = loaded.offload
     if split is not None:  # layer offload: the device holds its layers' K/V, the host the CPU layers' (both capped)
         host_blocks = kv_cache_blocks(config, host_kv_bytes_per_token(loaded.config, split), max_model_len)

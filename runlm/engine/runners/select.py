@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("runlm.engine")
 
 # (module, kind) in order of preference
-RUNNERS = (("runlm.engine.runners.tp_kind", "TP"),
+RUNNERS = (("runlm.engine.runners.tp_kind", "GPU_TP"),
+           ("runlm.engine.runners.tp_kind", "TP"),
            ("runlm.engine.runners.gpu_kind", "GPU"),
            ("runlm.engine.runners.native", "NATIVE"),
            ("runlm.engine.runners.torch_kind", "TORCH"))

@@ -20,17 +20,18 @@ from typing import Any
 import torch
 
 from runlm.dtypes import torch_dtype
-from runlm.engine.runners.threads import set_torch_threads
+from runlm.engine.runners.gpu_select import keep_gguf_blocks, use_gpu_runner
 from runlm.engine.runners.torch_runner import KVCaches, States, allocate_caches, plan_context
 from runlm.engine.types.config import EngineConfig, physical_cores
 from runlm.models import lora
 from runlm.models.attention import forward_context
 from runlm.models.load import LoadedModel, load_decoder
 from runlm.models.spec import read_spec
-from runlm.models.tp_comm import Communicator, host_store, join_store
+from runlm.models.tp_comm import Communicator, host_store
 from runlm.models.tp_shard import Split, shard_adapter, shard_model
 
 log = logging.getLogger("runlm.engine")
+WORKER_MODULE = "runlm.engine.runners.tp_worker"  # a worker process's main (it picks the torch or the GPU worker)
 STOP_WAIT_S = 10.0  # how long a worker is given to leave after "stop" before it is terminated
 
 
@@ -101,11 +102,30 @@ def rank_threads(config: EngineConfig) -> int:
     return max(1, (config.threads or physical_cores()) // config.tensor_parallel_size)
 
 
+def rank_device(config: EngineConfig, rank: int) -> torch.device:
+    """Rank ``rank``'s device: on CUDA the rank-th GPU from the configured one (cuda:1 with 2 ranks: 1 and 2)."""
+    device = torch.device(config.device)
+    if device.type != "cuda":
+        return device
+    return torch.device("cuda", (device.index or 0) + rank)
+
+
 def load_part(config: EngineConfig, comm: Communicator) -> tuple[LoadedModel, Split]:
-    """This rank's part of the model: the whole as the torch runner loads it, then cut (tp_shard)."""
-    loaded = load_decoder(read_spec(config.model, config.mmproj), dtype=config.dtype, device=config.device,
-                          exact_numerics=config.exact_numerics)
-    return loaded, shard_model(loaded.model, comm)
+    """This rank's part of the model: the whole as its runner loads it, then cut (tp_shard). The GPU runner's is
+    read on the host and cut there; only the rank's part goes to its device."""
+    spec = read_spec(config.model, config.mmproj)
+    if not use_gpu_runner(config):
+        loaded = load_decoder(spec, dtype=config.dtype, device=config.device, exact_numerics=config.exact_numerics)
+        return loaded, shard_model(loaded.model, comm)
+    from runlm.models.gpu_load import check_fits, held_bytes, load_to_device, move_to_device
+
+    device = rank_device(config, comm.rank)
+    loaded = load_to_device(spec, dtype=config.dtype, device="cpu", gguf_blocks=keep_gguf_blocks())
+    split = shard_model(loaded.model, comm)
+    check_fits(held_bytes(loaded.model), device, config.gpu_memory_utilization,
+               f"{spec.path.name} (rank {comm.rank}'s part)")
+    loaded.model = move_to_device(loaded.model, device)
+    return loaded, split
 
 
 def agree(comm: Communicator, error: BaseException | None) -> list[str]:
@@ -124,7 +144,7 @@ def start_group(config: EngineConfig) -> tuple[TPGroup, LoadedModel, Split]:
     size = config.tensor_parallel_size
     store = host_store(size)
     processes = [spawn_worker(rank, size, store.port, config) for rank in range(1, size)]
-    comm = Communicator(store, 0, size)  # (waits for every worker to join)
+    comm = Communicator(store, 0, size, rank_device(config, 0))  # (waits for every worker to join)
     group = TPGroup(comm, processes)
     part, error = None, None
     try:
@@ -142,32 +162,11 @@ def start_group(config: EngineConfig) -> tuple[TPGroup, LoadedModel, Split]:
 def spawn_worker(rank: int, size: int, port: int, config: EngineConfig) -> subprocess.Popen:
     """Rank ``rank`` as a child process of this Python (a fresh interpreter: nothing of the caller's state or its
     main module is imported); its config arrives on its stdin."""
-    p = subprocess.Popen([sys.executable, "-m", __name__, str(rank), str(size), str(port)], stdin=subprocess.PIPE)
+    p = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, str(rank), str(size), str(port)], stdin=subprocess.PIPE)
     assert p.stdin is not None
     p.stdin.write(pickle.dumps(config))
     p.stdin.close()
     return p
-
-
-def worker_main(rank: int, size: int, port: int, config: EngineConfig) -> None:
-    """A worker process: join, load its part, then run what rank 0 broadcasts until "stop"."""
-    set_torch_threads(rank_threads(config))
-    comm = Communicator(join_store(port, size), rank, size)
-    part, error = None, None
-    try:
-        part = load_part(config, comm)
-    except Exception as exc:
-        error = exc
-    if agree(comm, error):
-        comm.close()
-        return
-    assert part is not None
-    try:
-        Worker(*part, config, comm).serve()
-    except RuntimeError as exc:  # rank 0 went away (its engine ended without a "stop"): nothing is left to serve
-        log.debug("tensor-parallel rank %d stops: %s", rank, exc)
-    finally:
-        comm.close()
 
 
 class Worker:
@@ -208,8 +207,3 @@ class Worker:
             hidden = model(torch.from_numpy(plan.ids).to(self.device), torch.from_numpy(plan.positions).to(self.device))
         for rows in logit_rows:
             model.compute_logits(hidden[rows])
-
-
-if __name__ == "__main__":  # a worker: python -m runlm.engine.runners.tp_group RANK SIZE PORT < pickled config
-    rank_, size_, port_ = map(int, sys.argv[1:4])
-    worker_main(rank_, size_, port_, pickle.loads(sys.stdin.buffer.read()))
