@@ -129,6 +129,7 @@ def run_runlm(path: str, cfg: dict) -> dict:
     llm = LLM(path, device=cfg["device"], dtype=cfg["dtype"], max_num_seqs=max(cfg["concurrency"]),
               max_num_batched_tokens=cfg["batched_tokens"],
               max_model_len=max(cfg["prompt"], cfg["long_prompt"]) + cfg["output"] + 16,
+              kv_cache_dtype=cfg.get("kv_cache_dtype", "auto"),
               **({"kv_cache_memory": "64MiB"} if cfg["device"] == "cpu" else {}))
     _sync(cfg["device"])
     out: dict = {"load_s": time.perf_counter() - t0}
@@ -328,6 +329,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--long-prompt", type=int, default=2048, help="the prompt of the second TTFT column")
     ap.add_argument("--gguf", default="Q4_K_M", help="runlm also on the shape as this GGUF type ('' for none)")
+    ap.add_argument("--fp8-kv", action="store_true", help="runlm also with --kv-cache-dtype fp8 (the bf16 weights)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per peer and model")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: the script end to end")
     ap.add_argument("--child", choices=list(PEERS))
@@ -366,8 +368,11 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001 - no gguf package or ggml quantizer on this machine
                 results.append({"model": model, "peer": f"runlm {args.gguf}",
                                 "figures": {"error": f"no {args.gguf} file: {exc}"[:300]}})
+        if args.fp8_kv and "runlm" in peers:
+            runs.append(("runlm fp8 KV cache", path))
         for peer, weights in runs:
-            figures = runlm_cold_and_warm(weights, cfg, args.timeout) if peer.startswith("runlm") else \
+            run_cfg = dict(cfg, kv_cache_dtype="fp8") if peer == "runlm fp8 KV cache" else cfg
+            figures = runlm_cold_and_warm(weights, run_cfg, args.timeout) if peer.startswith("runlm") else \
                 child(peer, weights, cfg, args.timeout)
             print(model, peer, json.dumps(figures), flush=True)
             results.append({"model": model, "peer": peer, "figures": figures,

@@ -12,9 +12,10 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, bytes_
 
 
 # --kv-cache-dtype (vLLM's name): "auto" lets the runner choose (the native runner fp16, llama.cpp's and Ollama's
-# default; the torch and GPU runners the compute dtype); "fp32" and "fp16" name the native runner's, and "q8_0"
-# stores the cache in llama.cpp's q8_0 blocks, 34 bytes (an fp16 scale and 32 int8) per 32 values.
-KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "q8_0")
+# default; the torch and GPU runners the compute dtype); "fp32" and "fp16" name the native runner's, "q8_0"
+# stores the cache in llama.cpp's q8_0 blocks, 34 bytes (an fp16 scale and 32 int8) per 32 values, and "fp8" (the
+# GPU runner's) in float8 e4m3, a byte a value (vLLM's fp8 cache, a scale of 1).
+KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "q8_0", "fp8")
 NATIVE_AUTO = "fp16"  # what "auto" is on the native (CPU) runner
 Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34
 
@@ -38,5 +39,5 @@ def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, 
         if head_dim % Q8_BLOCK:
             raise ValueError(f"a q8_0 KV cache needs head_dim a multiple of 32, not {head_dim}")
         return 2 * num_layers * num_kv_heads * q8_row_bytes(head_dim)
-    size = {"fp16": 2, "fp32": 4}.get(kind, bytes_per_value)
+    size = {"fp16": 2, "fp32": 4, "fp8": 1}.get(kind, bytes_per_value)
     return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, size, v_dim)

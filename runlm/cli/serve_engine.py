@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="KV-cache size: bytes such as 2GiB, or a fraction of free memory such as 0.3")
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                    help="KV-cache storage (default auto: fp32 on the CPU; q8_0: llama.cpp's 8-bit blocks, ~3.8x "
-                        "the tokens in the same memory, native runner only)")
+                        "the tokens in the same memory, native runner only; fp8: float8 e4m3, the GPU runner's)")
     p.add_argument("--max-waiting", type=int, default=256,
                    help="sequences that may wait beyond --max-num-seqs before requests get 503 (default 256)")
     p.add_argument("--max-body-size", default="32MiB", metavar="SIZE",

@@ -53,6 +53,32 @@ def all_logits(model, ids: list[int], chunk: int = 512,
     return torch.cat(out)
 
 
+def paged_logits(model, ids: list[int], cache_dtype: torch.dtype, chunk: int = 512,
+                 block_size: int = 16) -> torch.Tensor:
+    """``all_logits`` through the GPU runner's paged attention (runlm.kernels.triton.backend), its cache in
+    ``cache_dtype`` (float8_e4m3fn: ``--kv-cache-dtype fp8``): each window prefilled in one step, so every query
+    reads the keys and values as the cache holds them."""
+    from runlm.kernels.triton.backend import PagedAttentionBackend
+
+    cfg = model.config
+    device = next(model.parameters()).device
+    heads, k_dim, v_dim = cfg.kv_cache_shape
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(ids), chunk):
+            window = ids[start:start + chunk]
+            n, blocks = len(window), -(-len(window) // block_size)
+            backend = PagedAttentionBackend(cfg.num_layers, blocks, block_size, heads, k_dim, cache_dtype, device, 1,
+                                            n, blocks, kv_layers=cfg.kv_layers, latent=v_dim == 0)
+            backend.set_step(torch.arange(blocks, dtype=torch.int32).view(1, -1),
+                             torch.tensor([0, n], dtype=torch.int32), torch.tensor([n], dtype=torch.int32),
+                             torch.arange(n), max_query_len=n)
+            with forward_context(ForwardContext([n], [n], None, None, None, backend=backend)):
+                hidden = model(torch.tensor(window, device=device), torch.arange(n, device=device))
+                out.append(model.compute_logits(hidden).float().cpu())
+    return torch.cat(out)
+
+
 def native_logits(model: NativeModel, ids: list[int], chunk: int = 512, kv_cache_dtype: str = "auto") -> torch.Tensor:
     """``all_logits`` of a model on the native runner (runlm.models.native.NativeModel): what fast mode serves;
     ``kv_cache_dtype`` as the engine's (``q8_0``: the 8-bit cache)."""

@@ -258,6 +258,42 @@ def test_interpreted_kv_store_matches_index_copy(interp):
     _check_store(interp.store_kv, "cpu")
 
 
+def _check_fp8_cache(store_kv, paged_attention, device: str) -> None:
+    """--kv-cache-dtype fp8: K/V stored as float8 e4m3 (encoded by the kernel itself: values past +-448 saturate,
+    the rest round to nearest even) equal torch's cast; the attention kernel reads the fp8 cache as the
+    per-sequence fp64 reference does the same bytes decoded."""
+    g = torch.Generator().manual_seed(8)
+    heads, kv_heads, d, bs = 4, 2, 32, 16
+    f8 = torch.float8_e4m3fn
+    seqs = [(3, 3), (5, 5)]  # two prefills: every context position stored this step
+    q, _, _, table, cu, lens = _step(seqs, heads, kv_heads, d, block_size=bs, seed=8)
+    k, v = (torch.randn(8, kv_heads, d, generator=g) * 30 for _ in range(2))
+    k[0, 0, :3] = torch.tensor([600.0, -1000.0, 447.9])  # past e4m3's range: saturated
+    slots = torch.tensor([int(table[b, p // bs]) * bs + p % bs for b, (n, _) in enumerate(seqs) for p in range(n)])
+    kc, vc = (torch.zeros(int(table.max()) + 1, bs, kv_heads, d, dtype=f8) for _ in range(2))
+    ref_k, ref_v = torch.zeros_like(kc), torch.zeros_like(vc)
+    to = dict(device=device)
+    kc, vc = kc.to(**to), vc.to(**to)
+    store_kv(k.to(**to), v.to(**to), kc, vc, slots.to(**to))
+    reference.store_kv_ref(k, v, ref_k, ref_v, slots)
+    got, want = kc.cpu().float(), ref_k.float()
+    first = int(slots[0])
+    assert got.view(-1, kv_heads, d)[first, 0, :3].tolist() == want.view(-1, kv_heads, d)[first, 0, :3].tolist() \
+        == [448.0, -448.0, 448.0]
+    assert torch.equal(got, want) and torch.equal(vc.cpu().float(), ref_v.float())
+    tiny = torch.tensor([2 ** -10, 3 * 2 ** -10, 2 ** -6 - 2 ** -11, 31.0, 33.0, -0.3])  # subnormals, ties, carries
+    small = torch.zeros(1, bs, 1, 6, dtype=f8).to(**to)
+    store_kv(tiny.view(1, 1, 6).to(**to), tiny.view(1, 1, 6).to(**to), small, small.clone(), torch.tensor([0]).to(**to))
+    assert small.cpu().float()[0, 0, 0].tolist() == tiny.to(f8).float().tolist()
+    out = paged_attention(q.to(**to), kc, vc, table.to(**to), cu.to(**to), lens.to(**to), d ** -0.5)
+    exact = _sdpa_per_sequence(q, kc.cpu().float(), vc.cpu().float(), table, cu, lens, d ** -0.5)
+    assert (out.cpu().double() - exact).abs().max() <= 2e-6 * exact.abs().max()  # (fp32's rounding of V ~ 100)
+
+
+def test_interpreted_fp8_cache(interp):
+    _check_fp8_cache(interp.store_kv, interp.paged_attention, "cpu")
+
+
 # ---------------------------------------------------------------- the backend
 
 def _two_steps(backend_factory):
@@ -347,17 +383,29 @@ def test_kernels_compile_for_sm90():
             GROUP=group, BLOCK_Q=rows // group, BLOCK_M=rows, HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
             BLOCK_SIZE=16, TILE=32, WINDOW=window, CHUNK=max(chunk, 0), USE_SOFTCAP=softcap, USE_SINKS=sinks,
             DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False, NUM_HEADS=2 * group,
-            NUM_SEGMENTS=segments, CAUSAL=not softcap))  # (one variant both ways: an encoder's)
+            NUM_SEGMENTS=segments, CAUSAL=not softcap, FP8=False))  # (one variant both ways: an encoder's)
     merge = attention._merge_segments_kernel
     for sinks in (False, True):
         compile_for_h100(merge, {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
                                   "part_l_ptr": "*fp32", "cu_seqlens_q_ptr": "*i32", "sinks_ptr": "*bf16",
                                   "num_seqs": "i32", "stride_ot": "i32", "stride_oh": "i32"},
                           dict(NUM_HEADS=12, NUM_SEGMENTS=16, HEAD_DIM=128, HEAD_DIM_P=128, USE_SINKS=sinks))
+    # an fp8 cache (--kv-cache-dtype fp8: its bytes, decoded in the kernel) read by bf16 queries
+    args = {name: "i32" for name in kernel.arg_names if name.startswith("stride")}
+    args |= {name: "*bf16" for name in ("out_ptr", "q_ptr", "sinks_ptr")}
+    args |= {"k_cache_ptr": "*u8", "v_cache_ptr": "*u8", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
+             "part_l_ptr": "*fp32", "block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32",
+             "scale": "fp32", "softcap": "fp32", "num_seqs": "i32"}
+    compile_for_h100(kernel, args, dict(
+        GROUP=6, BLOCK_Q=16 // 6, BLOCK_M=16, HEAD_DIM=128, HEAD_DIM_P=128, BLOCK_SIZE=16, TILE=32, WINDOW=0,
+        CHUNK=0, USE_SOFTCAP=False, USE_SINKS=False, DOT_PRECISION="tf32", UPCAST=False, NUM_HEADS=12,
+        NUM_SEGMENTS=16, CAUSAL=True, FP8=True))
     store = kv_store._store_kv_kernel
-    args = {name: "i32" for name in store.arg_names if name.startswith("stride")}
-    args |= {"k_ptr": "*fp32", "v_ptr": "*fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "slot_ptr": "*i64"}
-    compile_for_h100(store, args, dict(NUM_KV_HEADS=2, HEAD_DIM=128, HEADS_P=2, HEAD_DIM_P=128, BLOCK_SIZE=16))
+    for cache, fp8 in (("*bf16", False), ("*u8", True)):
+        args = {name: "i32" for name in store.arg_names if name.startswith("stride")}
+        args |= {"k_ptr": "*bf16", "v_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "slot_ptr": "*i64"}
+        compile_for_h100(store, args, dict(NUM_KV_HEADS=2, HEAD_DIM=128, HEADS_P=2, HEAD_DIM_P=128, BLOCK_SIZE=16,
+                                           FP8=fp8))
 
 
 @needs_cuda
@@ -379,6 +427,13 @@ def test_cuda_attention_matches_reference(dtype, heads, kv_heads, head_dim):
 def test_cuda_kv_store_matches_index_copy():
     from runlm.kernels.triton.kv_store import store_kv
     _check_store(store_kv, "cuda")
+
+
+@needs_cuda
+def test_cuda_fp8_cache():
+    from runlm.kernels.triton.attention import paged_attention
+    from runlm.kernels.triton.kv_store import store_kv
+    _check_fp8_cache(store_kv, paged_attention, "cuda")
 
 
 @needs_cuda

@@ -154,8 +154,10 @@ def test_the_rope_kernel_compiles_for_sm90():
     args |= {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16",
              "v_cache_ptr": "*bf16", "slot_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64"}
     args |= {"qw_ptr": "*bf16", "kw_ptr": "*bf16", "eps": "fp32"}
-    for norm in (False, True):
-        compile_for_h100(store, args, dict(consts, ROTARY=128, INTERLEAVED=False, BLOCK_SIZE=16, NORM=norm))
+    for norm, fp8 in ((False, False), (True, False), (False, True)):  # (fp8: the cache's bytes, --kv-cache-dtype fp8)
+        cache = "*u8" if fp8 else "*bf16"
+        compile_for_h100(store, args | {"k_cache_ptr": cache, "v_cache_ptr": cache},
+                         dict(consts, ROTARY=128, INTERLEAVED=False, BLOCK_SIZE=16, NORM=norm, FP8=fp8))
 
 
 @pytest.mark.parametrize("recipe", ["qwen2", "qwen3"])

@@ -79,6 +79,10 @@ def test_a_q8_0_kv_cache_where_torch_would_run_exits_1_saying_why(tiny_model) ->
                           "--exact-numerics"], env=ENV, capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and "kv_cache_dtype 'q8_0' needs the native runner" in res.stderr
     assert "exact numerics" in res.stderr
-    res = subprocess.run([*RUNLM, "smollm2", "--port", "0", "--kv-cache-dtype", "fp8"], env=ENV, capture_output=True,
+    res = subprocess.run([*RUNLM, "smollm2", "--port", "0", "--kv-cache-dtype", "fp4"], env=ENV, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and "--kv-cache-dtype" in res.stderr
+    # fp8 is the GPU runner's: on a CPU it names where it runs
+    res = subprocess.run([*RUNLM, str(tiny_model("qwen2")), "--port", "0", "--kv-cache-dtype", "fp8"], env=ENV,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "gpu runner, which runs on a GPU (--device cuda)" in res.stderr

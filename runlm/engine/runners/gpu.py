@@ -98,6 +98,8 @@ class GPURunner:
         # the decode graphs take one row a sequence), verified on the device (gpu_verify)
         self.speculating = config.speculative_config is not None
         self.dtype, self.device = torch_dtype(config.dtype), device or torch.device(config.device)
+        # the paged cache's: the compute dtype, or float8 e4m3 (--kv-cache-dtype fp8: half a bf16 cache's bytes)
+        self.cache_dtype = torch.float8_e4m3fn if config.kv_cache_dtype == "fp8" else self.dtype
         self.encoder_cache = EncoderCache()  # the engine hands it its own (reset_mm_cache)
         mc = loaded.config
         self.max_model_len = mc.context_length(config.max_model_len)
@@ -134,12 +136,12 @@ class GPURunner:
         heads = self.kv_heads or heads
         split = self.loaded.offload
         if split is not None:  # layer offload: the CPU layers' K/V in a cache on the host
-            self.backend = offload_backend(mc, split, num_blocks, self.blocks.block_size, self.dtype, self.device,
-                                           self.max_seqs, self.max_tokens, self.max_blocks_per_seq,
+            self.backend = offload_backend(mc, split, num_blocks, self.blocks.block_size, self.cache_dtype,
+                                           self.device, self.max_seqs, self.max_tokens, self.max_blocks_per_seq,
                                            hybrid.layer_group if hybrid else None)
         else:
             self.backend = PagedAttentionBackend(mc.num_layers, num_blocks, self.blocks.block_size, heads, k_dim,
-                                                 self.dtype, self.device, self.max_seqs, self.max_tokens,
+                                                 self.cache_dtype, self.device, self.max_seqs, self.max_tokens,
                                                  self.max_blocks_per_seq, kv_layers=mc.kv_layers, latent=v_dim == 0,
                                                  layer_group=hybrid.layer_group if hybrid else None)
         # recurrent layers' (conv, ssm) states, a row per state slot (runlm.models.mamba2)
@@ -346,8 +348,8 @@ def gpu_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, bytes_per_tok
     split = loaded.offload
     if split is not None:  # layer offload: the device holds its layers' K/V, the host the CPU layers' (both capped)
         host_blocks = kv_cache_blocks(config, host_kv_bytes_per_token(loaded.config, split), max_model_len)
-        bytes_per_token = device_kv_bytes_per_token(loaded.config, split, bytes_per_token,
-                                                    torch.empty(0, dtype=torch_dtype(config.dtype)).element_size())
+        itemsize = 1 if config.kv_cache_dtype == "fp8" else torch_dtype(config.dtype).itemsize
+        bytes_per_token = device_kv_bytes_per_token(loaded.config, split, bytes_per_token, itemsize)
         return min(host_blocks, gpu_kv_cache_blocks(config, replace(loaded, offload=None), bytes_per_token,
                                                     max_model_len))
     if device.type != "cuda" or (config.kv_cache_memory is not None and not isinstance(config.kv_cache_memory,

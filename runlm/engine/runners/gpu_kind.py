@@ -20,7 +20,7 @@ class GPUKind:
     """The GPU runner (runlm.engine.runners.gpu): weights straight to the device in their stored dtype."""
     name = "gpu"
     torch_free = False
-    kv_cache_dtypes = ("auto",)
+    kv_cache_dtypes = ("auto", "fp8")  # (fp8: float8 e4m3, runlm.kernels.triton.kv_store)
 
     def applies(self, config: EngineConfig) -> bool:
         return use_gpu_runner(config)

@@ -84,9 +84,14 @@ def select_runner(spec: ModelSpec, config: EngineConfig) -> RunnerChoice:
         reason = kind.why_not(spec, config)
         if reason is None:
             if config.kv_cache_dtype not in kind.kv_cache_dtypes:
-                why = reasons[0] if reasons else f"the {kind.name} runner runs it"
-                raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype!r} needs the native runner, which does not "
-                                 f"run this model ({why}); use kv_cache_dtype 'auto' (--kv-cache-dtype auto)")
+                holders = [k for k in runner_kinds() if config.kv_cache_dtype in k.kv_cache_dtypes]
+                names = " or ".join(k.name for k in holders)
+                if not any(k.applies(config) for k in holders):  # (fp8: the GPU runner's, and this is no GPU run)
+                    why = f"which runs on a GPU (--device cuda), not on {config.device}"
+                else:
+                    why = f"which does not run this model ({reasons[0] if reasons else kind.name + ' runs it'})"
+                raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype!r} needs the {names} runner, {why}; use "
+                                 f"kv_cache_dtype 'auto' (--kv-cache-dtype auto)")
             return RunnerChoice(kind, tuple(reasons))
         log.info("%s runner not used for %s: %s", kind.name, spec.path.name, reason)
         reasons.append(reason)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class TPKind:
     name = "tensor-parallel torch"
     torch_free = False
-    kv_cache_dtypes = ("auto",)
+    kv_cache_dtypes: tuple[str, ...] = ("auto",)
 
     def applies(self, config: EngineConfig) -> bool:
         return config.tensor_parallel_size > 1 and not use_gpu_runner(config)
@@ -80,6 +80,7 @@ class TPKind:
 class GPUTPKind(TPKind):
     """Tensor parallelism on the GPU runner: a rank a GPU (on CUDA), NCCL between them (gloo on CPUs)."""
     name = "tensor-parallel gpu"
+    kv_cache_dtypes = ("auto", "fp8")
 
     def applies(self, config: EngineConfig) -> bool:
         return config.tensor_parallel_size > 1 and use_gpu_runner(config)

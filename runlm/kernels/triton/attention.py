@@ -61,6 +61,9 @@ import torch
 import triton
 import triton.language as tl
 
+from runlm.kernels.triton.fp8 import e4m3_value
+from runlm.kernels.triton.kv_store import is_fp8, kernel_view
+
 
 @triton.jit
 def _tanh(x):
@@ -79,6 +82,7 @@ def _unified_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     WINDOW: tl.constexpr, CHUNK: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, NUM_SEGMENTS: tl.constexpr, CAUSAL: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -147,6 +151,8 @@ def _unified_attention_kernel(
                     + dims[:, None], mask=dim_ok[:, None] & pos_ok[None, :], other=0.0)  # [D, TILE]
         v = tl.load(v_cache_ptr + block[:, None] * stride_vb + within[:, None] * stride_vs + kv_head * stride_vh
                     + dims[None, :], mask=pos_ok[:, None] & dim_ok[None, :], other=0.0)  # [TILE, D]
+        if FP8:  # (the cache's e4m3 bytes, decoded)
+            k, v = e4m3_value(k), e4m3_value(v)
         s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * scale
         if USE_SOFTCAP:
             s = softcap * _tanh(s / softcap)
@@ -250,6 +256,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if sinks is not None and sinks.shape != (num_heads,):
         raise ValueError(f"sinks of shape {tuple(sinks.shape)} for {num_heads} query heads")
     block_m, block_q = launch_shape(num_heads, num_kv_heads, block_rows)
+    fp8 = is_fp8(k_cache)  # (--kv-cache-dtype fp8: the kernel reads its bytes)
+    k_cache, v_cache = kernel_view(k_cache), kernel_view(v_cache)
     # Triton's interpreter computes wrongly on bf16 operands (numpy has no bf16): there, compute in fp32
     upcast = _INTERPRETED and q.dtype == torch.bfloat16
     if num_segments > 1:
@@ -271,7 +279,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         HEAD_DIM=head_dim, HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=k_cache.shape[1],
         TILE=tile, WINDOW=int(window or 0), CHUNK=int(chunk or 0), USE_SOFTCAP=bool(softcap),
         USE_SINKS=sinks is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
-        UPCAST=upcast, NUM_SEGMENTS=num_segments, CAUSAL=causal,
+        UPCAST=upcast, NUM_SEGMENTS=num_segments, CAUSAL=causal, FP8=fp8,
     )
     if num_segments > 1:
         _merge_segments_kernel[(num_tokens, num_heads)](

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from runlm.kernels.triton.kv_store import cache_value, is_fp8, kernel_view
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_y, stride_out, stride_sum, n, eps,
@@ -148,7 +150,7 @@ def _rope_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                        stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_c,
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_P: tl.constexpr, HEAD_DIM: tl.constexpr,
                        HEAD_DIM_P: tl.constexpr, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
-                       BLOCK_SIZE: tl.constexpr, NORM: tl.constexpr):
+                       BLOCK_SIZE: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr):
     """_rope_kernel, with the rotated K and V written into the paged caches at the token's slot (kv_store.py's
     layout; a slot below 0, a graph batch's padding row, writes nothing) instead of returned; with NORM, q's and k's
     heads RMS-normalized first (weights qw_ptr, kw_ptr: Qwen3's q/k norms, so they take no launches of their own)."""
@@ -172,11 +174,11 @@ def _rope_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                 y = _rotated(k_ptr + t * stride_kt, stride_kh, h, d, mask, pos, cos_ptr, sin_ptr, stride_c, ROTARY,
                              INTERLEAVED, kw_ptr, eps, HEAD_DIM, NORM)
                 tl.store(k_cache_ptr + block * stride_kcb + within * stride_kcs + h * stride_kch + d,
-                         y.to(k_cache_ptr.dtype.element_ty), mask=mask)
+                         cache_value(y, k_cache_ptr, FP8), mask=mask)
             else:
                 v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
                 tl.store(v_cache_ptr + block * stride_vcb + within * stride_vcs + h * stride_vch + d,
-                         v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+                         cache_value(v, v_cache_ptr, FP8), mask=mask)
 
 
 def _rope_shapes(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict:
@@ -214,6 +216,8 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: tor
     if v.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("rope_store needs a contiguous last (head_dim) dimension")
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    fp8 = is_fp8(k_cache)
+    k_cache, v_cache = kernel_view(k_cache), kernel_view(v_cache)
     if q.shape[0]:
         _rope_store_kernel[(q.shape[0], 3)](
             q, k, v, q_out, k_cache, v_cache, slot_mapping, cos, sin, positions, q_weight, k_weight, eps,
@@ -221,5 +225,5 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: tor
             k.stride(0), k.stride(1), v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2), cos.stride(0), INTERLEAVED=interleaved, BLOCK_SIZE=k_cache.shape[1],
-            NORM=norms is not None, **consts)
+            NORM=norms is not None, FP8=fp8, **consts)
     return q_out

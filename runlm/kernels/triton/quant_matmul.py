@@ -18,20 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
+from runlm.kernels.triton.fp8 import e4m3_value
 from runlm.kernels.triton.ggml_matmul import BLOCK_N, dot_add, store_tile, tile_rows, tiles
 
 INT4, FP8 = 0, 1
-
-
-@triton.jit
-def _e4m3(bits):
-    """e4m3 (fn) bits [uint8] as float32: normal values built as float32 bits, subnormals as m * 2^-9 (NaN, which no
-    checkpoint holds, reads as 480)."""
-    b = bits.to(tl.int32)
-    e = (b >> 3) & 0xF
-    normal = (((b & 0x80) << 24) | ((e + 120) << 23) | ((b & 7) << 20)).to(tl.float32, bitcast=True)
-    sub = (b & 7).to(tl.float32) * 0.001953125
-    return tl.where(e == 0, tl.where((b & 0x80) != 0, -sub, sub), normal)
 
 
 @triton.jit
@@ -58,7 +48,7 @@ def _quant_matmul_kernel(x_ptr, v_ptr, s_ptr, z_ptr, g_ptr, y_ptr, M, N, K, stri
         else:  # fp8: e4m3 times its tile's scale
             bits = tl.load(v_ptr + safe_n[:, None] * stride_vn + k[None, :], mask=m, other=0)
             scale = tl.load(s_ptr + (safe_n // BR)[:, None] * stride_sn + (k // BC)[None, :], mask=m, other=0.0)
-            w = _e4m3(bits) * scale
+            w = e4m3_value(bits) * scale
         acc = dot_add(acc, x, tl.where(m, w, 0.0).to(x.dtype), IEEE)
     store_tile(y_ptr, acc, rows_m, mask_m, rows_n, mask_n, stride_ym)
 

@@ -17,8 +17,11 @@ def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cach
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     rows = k_cache.shape[0] * k_cache.shape[1]
-    k_cache.view(rows, *k_cache.shape[2:]).index_copy_(0, slots, k[keep].to(k_cache.dtype))
-    v_cache.view(rows, *v_cache.shape[2:]).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+    for x, cache in ((k, k_cache), (v, v_cache)):
+        values = x[keep].to(cache.dtype)  # (an fp8 cache: torch's cast saturates at e4m3's +-448)
+        if cache.dtype == torch.float8_e4m3fn:  # (torch's CPU index_copy_ takes its bytes, not its fp8 values)
+            cache, values = cache.view(torch.uint8), values.view(torch.uint8)
+        cache.view(rows, *cache.shape[2:]).index_copy_(0, slots, values)
 
 
 def context_slots(block_table_row: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
