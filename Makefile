@@ -21,6 +21,10 @@ $(VENV)/.test-installed: $(VENV)/.installed
 	$(PIP) install -e '.[test]'
 	# llama.cpp's convert_hf_to_gguf.py (from llama-cpp-python's sdist) writes the tests' GGUF files
 	$(VENV)/bin/python -m tests.fixtures.gguf_convert
+	# the tests' generated models, transformers' readings of the built-in GGUFs and the GGUF files the default run
+	# converts, built once before the suite (about 6 minutes on 2 cores; tests build anything else on first use)
+	$(VENV)/bin/python -m tests.fixtures.models > /dev/null
+	$(VENV)/bin/python -m tests.fixtures.gguf_convert --prebuild > /dev/null
 	touch $@
 
 install: $(VENV)/.installed

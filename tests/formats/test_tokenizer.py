@@ -1,6 +1,6 @@
 """runlm.formats.tokenizer against transformers' own GGUF tokenizer conversion, on a varied corpus.
 
-The reference for each GGUF is ``AutoTokenizer.from_pretrained(dir, gguf_file=name)``. Our GGUF
+The reference for each GGUF is ``AutoTokenizer.from_pretrained(dir, gguf_file=name)`` (saved once). Our GGUF
 metadata comes from a tiny ``gguf.GGUFReader`` helper here, so these tests do not depend on
 runlm.formats.gguf.
 """
@@ -54,8 +54,10 @@ def reference(name: str) -> Any:
     if ("ref", name) not in _CACHE:
         from transformers import AutoTokenizer
 
-        path = _gguf_path(name)
-        _CACHE["ref", name] = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        from tests.fixtures.models import gguf_tokenizer_dir
+
+        # (transformers' reading of the GGUF, saved once: tests/fixtures/models.gguf_tokenizer_dir)
+        _CACHE["ref", name] = AutoTokenizer.from_pretrained(str(gguf_tokenizer_dir(_gguf_path(name))))
     return _CACHE["ref", name]
 
 

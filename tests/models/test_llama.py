@@ -17,7 +17,7 @@ from runlm.engine.llm import LLM
 from runlm.engine.types.sampling_params import SamplingParams
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.load import load_decoder
-from tests.fixtures.models import FAMILY_RECIPES, HYBRID_RECIPES, RECIPES
+from tests.fixtures.models import FAMILY_RECIPES, HYBRID_RECIPES, RECIPES, gguf_reference_dir
 
 GREEDY_TOKENS = 64
 RTOL = 1e-4
@@ -70,7 +70,8 @@ def test_generated_models_match_transformers(recipe: str, tiny_model) -> None:
 
 
 def _gguf_reference(path: Path):
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    """transformers on the GGUF file (read by its own GGUF loader once, kept as safetensors)."""
+    return AutoModelForCausalLM.from_pretrained(str(gguf_reference_dir(path)), dtype=torch.float32).eval()
 
 
 def test_tinycoder_gguf_matches_transformers(tinycoder_gguf: Path) -> None:

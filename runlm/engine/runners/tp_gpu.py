@@ -23,8 +23,7 @@ from runlm.engine.core.batch_plan import BatchPlan
 from runlm.engine.core.kv_groups import AnyBlockManager
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.gpu import GPURunner, PackedStep, gpu_kv_cache_blocks
-from runlm.engine.runners.tp_group import TPGroup, TPLoaded, rank_device
-from runlm.engine.sample.rejection import spec_rows
+from runlm.engine.runners.tp_group import TPGroup, TPLoaded, logit_rows, rank_device
 from runlm.engine.sample.sampler import SampledToken
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
@@ -33,16 +32,6 @@ from runlm.models.tp_comm import Communicator
 from runlm.models.tp_shard import Split
 
 log = logging.getLogger("runlm.engine")
-
-
-def logit_rows(plan: BatchPlan) -> list[list[int]]:
-    """The rows GPURunner.execute computes logits of, in its order (each a gather every rank joins): each prompt-
-    logprob span, then the sampled rows and the speculating sequences' rows."""
-    rows = [list(range(r.first_row, r.first_row + r.count)) for r in plan.prompt_logprob_rows]
-    sampled = plan.sample_rows + spec_rows(plan.spec_rows, plan.spec_seqs)
-    if sampled:
-        rows.append(sampled)
-    return rows
 
 
 def rank_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, split: Split, comm: Communicator,

@@ -20,8 +20,10 @@ from typing import Any
 import torch
 
 from runlm.dtypes import torch_dtype
+from runlm.engine.core.batch_plan import BatchPlan
 from runlm.engine.runners.gpu_select import keep_gguf_blocks, use_gpu_runner
 from runlm.engine.runners.torch_runner import KVCaches, States, allocate_caches, plan_context
+from runlm.engine.sample.rejection import spec_rows
 from runlm.engine.types.config import EngineConfig, physical_cores
 from runlm.models import lora
 from runlm.models.attention import forward_context
@@ -95,6 +97,16 @@ def _stop(comm: Communicator, processes: list[subprocess.Popen]) -> None:
             p.kill()
             p.wait()
     comm.close()
+
+
+def logit_rows(plan: BatchPlan) -> list[list[int]]:
+    """The rows a runner computes logits of, in its order (each a gather every rank joins): each prompt-
+    logprob span, then the sampled rows and the speculating sequences' rows."""
+    rows = [list(range(r.first_row, r.first_row + r.count)) for r in plan.prompt_logprob_rows]
+    sampled = plan.sample_rows + spec_rows(plan.spec_rows, plan.spec_seqs)
+    if sampled:
+        rows.append(sampled)
+    return rows
 
 
 def rank_threads(config: EngineConfig) -> int:

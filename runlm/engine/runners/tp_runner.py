@@ -12,8 +12,7 @@ from runlm.engine.core.kv_groups import AnyBlockManager
 from runlm.engine.core.lora_manager import LoRAManager
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.torch_runner import ModelRunner, PreparedBatch
-from runlm.engine.runners.tp_group import TPGroup, TPLoaded
-from runlm.engine.sample.rejection import spec_rows
+from runlm.engine.runners.tp_group import TPGroup, TPLoaded, logit_rows
 from runlm.engine.sample.sampler import SampledToken
 from runlm.engine.structured.backend import StructuredOutputManager
 from runlm.engine.types.config import EngineConfig
@@ -68,14 +67,8 @@ class TPRunner(ModelRunner):
 
     def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
         plan = plan_batch(sched, self.blocks)
-        # the rows execute() computes logits of, in its order: each prompt-logprob span, then the sampled rows and
-        # the speculating sequences' rows (verified)
-        rows = [list(range(r.first_row, r.first_row + r.count)) for r in plan.prompt_logprob_rows]
-        sampled = plan.sample_rows + spec_rows(plan.spec_rows, plan.spec_seqs)
-        if sampled:
-            rows.append(sampled)
         step = replace(plan, sample_seqs=[], spec_seqs=[], prompt_logprob_rows=[])
-        self.group.send(("step", step, rows, [s.lora_key for s in sched.seqs]))
+        self.group.send(("step", step, logit_rows(plan), [s.lora_key for s in sched.seqs]))
         return self.prepare_plan(plan, sched)
 
     def lora_manager(self, model: torch.nn.Module, cfg: ModelConfig, max_loras: int, max_lora_rank: int,
