@@ -20,7 +20,8 @@ from __future__ import annotations
 import copy
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from math import prod
 from typing import TYPE_CHECKING, Any
@@ -128,10 +129,12 @@ def plan_split(spec: ModelSpec, n_gpu_layers: int | None, sizes: Mapping[str, in
 
 @dataclass(slots=True)
 class _Crossing:
-    """What one model's CPU layers share within a step: the positions copied to the host once."""
+    """What one model's CPU layers share within a step: the positions copied to the host once; ``skip`` while the
+    GPU's memory is profiled (host_layers_skipped)."""
     device: torch.device
     dtype: torch.dtype
     positions: tuple[torch.Tensor, torch.Tensor] | None = field(default=None)  # (device tensor, its host copy)
+    skip: bool = False
 
     def host_positions(self, positions: torch.Tensor) -> torch.Tensor:
         if positions.device == HOST:
@@ -174,5 +177,29 @@ def offload_layers(model: Any, split: LayerSplit, device: torch.device, dtype: t
 
     for layer in layers:
         layer.register_forward_pre_hook(to_host)
+        layer.forward = _skippable(layer.forward, crossing)
     layers[-1].register_forward_hook(to_device)
     inner._carry = False  # (each layer called whole, so the hooks run: no residual carried across the crossing)
+    inner.crossing = crossing
+
+
+def _skippable(forward: Any, crossing: _Crossing) -> Any:
+    def run(positions: torch.Tensor, x: torch.Tensor, *rest: Any) -> torch.Tensor:
+        return x if crossing.skip else forward(positions, x, *rest)
+    return run
+
+
+@contextmanager
+def host_layers_skipped(model: Any) -> Iterator[None]:
+    """The CPU layers pass their input through unchanged: what the GPU runner's memory profile runs (one largest
+    step, whose peak on the GPU the CPU layers' arithmetic does not change; run on the CPU it would take minutes
+    for a 7B's thousands of tokens)."""
+    crossing: _Crossing | None = getattr(model.model, "crossing", None)
+    if crossing is None:
+        yield
+        return
+    crossing.skip = True
+    try:
+        yield
+    finally:
+        crossing.skip = False

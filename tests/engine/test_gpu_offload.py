@@ -134,3 +134,22 @@ def test_families_split_in_half_give_the_whole_models_tokens(tiny_model, monkeyp
     split = _llm(path, monkeypatch, max_num_batched_tokens=32, n_gpu_layers=half)
     assert split.engine.loaded.offload is not None
     assert _tokens(split.generate(prompts, GREEDY)) == _tokens(whole.generate(prompts, GREEDY))
+
+
+def test_the_memory_profile_skips_the_cpu_layers(tiny_model, monkeypatch) -> None:
+    """The GPU's memory profile (one largest step) runs the GPU layers alone: the CPU layers pass their input on."""
+    from runlm.models.attention import ForwardContext, forward_context
+    from runlm.models.offload import host_layers_skipped
+
+    split = _llm(tiny_model("smollm3"), monkeypatch, n_gpu_layers=2)
+    model, host = split.engine.loaded.model, split.engine.loaded.offload.host_layers
+    ids, positions = torch.tensor(prompt_ids(12, seed=2)), torch.arange(12)
+    with torch.inference_mode(), forward_context(ForwardContext.no_cache([12])):
+        whole = model(ids, positions)
+        with host_layers_skipped(model):
+            skipped = model(ids, positions)
+        x = model.model.embed(ids)
+        for layer in list(model.model.layers)[host:]:
+            x = layer(positions, x)
+        assert torch.equal(skipped, model.model.norm(x)) and not torch.equal(skipped, whole)
+        assert torch.equal(model(ids, positions), whole)  # (and back to the whole model after it)

@@ -66,6 +66,7 @@ from runlm.models import lora
 from runlm.models.attention import ForwardContext, forward_context
 from runlm.models.load import LoadedModel
 from runlm.models.moe import host_routed_experts
+from runlm.models.offload import host_layers_skipped
 
 log = logging.getLogger("runlm.gpu")
 
@@ -350,8 +351,9 @@ def gpu_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, bytes_per_tok
         host_blocks = kv_cache_blocks(config, host_kv_bytes_per_token(loaded.config, split), max_model_len)
         itemsize = 1 if config.kv_cache_dtype == "fp8" else torch_dtype(config.dtype).itemsize
         bytes_per_token = device_kv_bytes_per_token(loaded.config, split, bytes_per_token, itemsize)
-        return min(host_blocks, gpu_kv_cache_blocks(config, replace(loaded, offload=None), bytes_per_token,
-                                                    max_model_len))
+        with host_layers_skipped(loaded.model):  # (the profile's step on the GPU layers alone)
+            return min(host_blocks, gpu_kv_cache_blocks(config, replace(loaded, offload=None), bytes_per_token,
+                                                        max_model_len, device))
     if device.type != "cuda" or (config.kv_cache_memory is not None and not isinstance(config.kv_cache_memory,
                                                                                        float)):
         return kv_cache_blocks(config, bytes_per_token, max_model_len)
