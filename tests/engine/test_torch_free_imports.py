@@ -20,7 +20,8 @@ import runlm.engine
 TORCH_PATH = {"runlm.engine.runners.torch_runner", "runlm.engine.sample.sampler", "runlm.engine.spec_decode.draft_torch",
               "runlm.engine.sample.rejection", "runlm.engine.runners.pooling", "runlm.engine.runners.gpu",
               "runlm.engine.runners.gpu_sampler", "runlm.engine.runners.gpu_verify", "runlm.engine.runners.tp_group",
-              "runlm.engine.runners.tp_runner"}
+              "runlm.engine.runners.tp_runner", "runlm.engine.runners.gpu_offload", "runlm.engine.runners.tp_gpu",
+              "runlm.engine.runners.tp_worker"}
 
 _HOOK = textwrap.dedent("""
     import importlib.abc, os, sys, traceback

@@ -94,5 +94,5 @@ def test_where_the_torch_runner_would_run_q8_0_is_refused_with_the_reason() -> N
         LLM(path, kv_cache_dtype="q8_0", exact_numerics=True, **KW)
     with pytest.raises(ValueError, match="head_dim a multiple of 32, not 16"):
         LLM(str(converted_gguf("llama", "q8_0")), kv_cache_dtype="q8_0", **KW)
-    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp32, fp16, q8_0"):
-        LLM(path, kv_cache_dtype="fp8", **KW)
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp32, fp16, q8_0, fp8"):
+        LLM(path, kv_cache_dtype="fp4", **KW)

@@ -245,7 +245,8 @@ def test_a_q8_0_kv_cache_runtime_flag_is_checked_counted_and_shown(stored, tmp_p
     plain, q8 = BackendConfig(context_size=1024), BackendConfig(context_size=1024,
                                                                 runtime_flags=["--kv-cache-dtype", "q8_0"])
     assert native.check_flags(["--kv-cache-dtype", "q8_0"]) == ["--kv-cache-dtype", "q8_0"]
-    for bad in (["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "q8_0;rm"]):
+    assert native.check_flags(["--kv-cache-dtype", "fp8"]) == ["--kv-cache-dtype", "fp8"]  # (the GPU runner's)
+    for bad in (["--kv-cache-dtype", "fp4"], ["--kv-cache-dtype", "q8_0;rm"]):
         with pytest.raises(ConfigError):
             native.check_flags(bad)
     assert kv_cache_bytes(model, 1024, q8) * 64 == kv_cache_bytes(model, 1024, plain) * 34  # against fp16
