@@ -19,6 +19,9 @@ concurrent runs. vLLM: ``vllm.LLM`` where importable.
     python bench/gpu_bench.py [--models 0.5b 1.5b 7b] [--peers runlm hf vllm]   # needs CUDA (skips without)
     python bench/gpu_bench.py --smoke    # tiny shapes on the CPU: checks the script end to end, no figures
 
+``--waiting-steps`` adds runlm with async scheduling off (each step waited for before the next is scheduled), so
+the table shows what queuing the next step while the last one runs buys; ``--fp8-kv`` adds the fp8 KV cache.
+
 Writes bench/results/gpu_bench.json and gpu_bench.md (``--smoke``: gpu_bench_smoke.*).
 """
 from __future__ import annotations
@@ -129,7 +132,7 @@ def run_runlm(path: str, cfg: dict) -> dict:
     llm = LLM(path, device=cfg["device"], dtype=cfg["dtype"], max_num_seqs=max(cfg["concurrency"]),
               max_num_batched_tokens=cfg["batched_tokens"],
               max_model_len=max(cfg["prompt"], cfg["long_prompt"]) + cfg["output"] + 16,
-              kv_cache_dtype=cfg.get("kv_cache_dtype", "auto"),
+              kv_cache_dtype=cfg.get("kv_cache_dtype", "auto"), async_scheduling=cfg.get("async_scheduling", True),
               **({"kv_cache_memory": "64MiB"} if cfg["device"] == "cpu" else {}))
     _sync(cfg["device"])
     out: dict = {"load_s": time.perf_counter() - t0}
@@ -330,6 +333,8 @@ def main() -> int:
     ap.add_argument("--long-prompt", type=int, default=2048, help="the prompt of the second TTFT column")
     ap.add_argument("--gguf", default="Q4_K_M", help="runlm also on the shape as this GGUF type ('' for none)")
     ap.add_argument("--fp8-kv", action="store_true", help="runlm also with --kv-cache-dtype fp8 (the bf16 weights)")
+    ap.add_argument("--waiting-steps", action="store_true",
+                    help="runlm also with --no-async-scheduling (each step waited for: what the overlap buys)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per peer and model")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: the script end to end")
     ap.add_argument("--child", choices=list(PEERS))
@@ -368,10 +373,14 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001 - no gguf package or ggml quantizer on this machine
                 results.append({"model": model, "peer": f"runlm {args.gguf}",
                                 "figures": {"error": f"no {args.gguf} file: {exc}"[:300]}})
+        variants = {"runlm fp8 KV cache": dict(cfg, kv_cache_dtype="fp8"),
+                    "runlm waiting steps": dict(cfg, async_scheduling=False)}
         if args.fp8_kv and "runlm" in peers:
             runs.append(("runlm fp8 KV cache", path))
+        if args.waiting_steps and "runlm" in peers:
+            runs.append(("runlm waiting steps", path))
         for peer, weights in runs:
-            run_cfg = dict(cfg, kv_cache_dtype="fp8") if peer == "runlm fp8 KV cache" else cfg
+            run_cfg = variants.get(peer, cfg)
             figures = runlm_cold_and_warm(weights, run_cfg, args.timeout) if peer.startswith("runlm") else \
                 child(peer, weights, cfg, args.timeout)
             print(model, peer, json.dumps(figures), flush=True)

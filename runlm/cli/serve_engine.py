@@ -91,6 +91,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="on a GPU, the share of its memory for weights, activations and the KV cache (default 0.9)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="on a GPU, run every step eagerly (no CUDA graphs for decode)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="on a GPU, queue each step while the one before it runs and read its tokens after "
+                        "(default on; --no-async-scheduling waits for every step before scheduling the next)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                    help="split the model over N processes (tensor parallelism, gloo on CPUs; default 1)")
     p.add_argument("--n-gpu-layers", "-ngl", type=int, default=None, metavar="K",
@@ -278,6 +281,7 @@ def run_serve_engine(args: argparse.Namespace) -> int:
                        max_cpu_loras=args.max_cpu_loras, speculative_config=spec, mmproj=args.mmproj,
                        limit_mm_per_prompt=settings.media.limit_per_prompt,
                        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+                       async_scheduling=args.async_scheduling,
                        tensor_parallel_size=args.tensor_parallel_size, n_gpu_layers=args.n_gpu_layers)
     if args.device == "auto":
         engine_args["device"] = args.device = _auto_device()

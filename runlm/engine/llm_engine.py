@@ -17,6 +17,7 @@ from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import block_manager
 from runlm.engine.core.lora_manager import LoRAManager, LoRARequest, lora_salt
 from runlm.engine.core.mm_prompt import prompt_images
+from runlm.engine.core.overlap import drop_pending, mark_pending, overlap_safe
 from runlm.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from runlm.engine.core.sequence import Sequence
 from runlm.engine.core.thinking import ThinkingTracker
@@ -36,6 +37,7 @@ from runlm.models.spec import ModelSpec, read_spec
 from runlm.sizes import return_free_heap
 
 if TYPE_CHECKING:
+    from runlm.engine.runners.gpu_sampler import SampleLaunch
     from runlm.models.vision import VisionModel
 
 PromptType = str | Mapping[str, Any] | list[int]
@@ -96,6 +98,10 @@ class LLMEngine(EngineCore):
             self.lora = manager(self.loaded.model, mc, config.max_loras, config.max_lora_rank, config.max_cpu_loras)
             self.scheduler.max_loras = config.max_loras
         self.spec = spec_decoder(config, draft, self.blocks, self.max_seq_tokens)
+        # async scheduling: the runner's step still running, whose sampled sequences hold stand-in tokens
+        self.overlap = config.async_scheduling and getattr(self.runner, "overlaps", False) and self.spec is None
+        self.inflight: SampleLaunch | None = None
+        self.num_overlapped_steps = 0  # steps whose tokens were read while the next step ran
         self.requests: dict[str, RequestState] = {}
         self.num_preemptions = 0
         self.sleep_level = 0
@@ -196,6 +202,7 @@ class LLMEngine(EngineCore):
             if state is None:
                 continue
             for seq in state.seqs:
+                drop_pending(seq)  # (a token a running step draws for it: never handed out)
                 if not seq.is_finished:
                     seq.finish_reason = "abort"
                     self._finish(seq)
@@ -213,11 +220,14 @@ class LLMEngine(EngineCore):
 
     # ---- the loop -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """schedule -> run (forward + sample) -> process the tokens -> outputs."""
+        """schedule -> run (forward + sample) -> process the tokens -> outputs. With async scheduling the step is
+        queued and the previous step's tokens are processed while it runs (_step_overlapped)."""
         self.check_awake()
         sched = self._schedule()
         if not sched.seqs:
-            return []
+            return self._outputs(self._resolve())
+        if self.overlap:
+            return self._step_overlapped(sched)
         scheduled = sched.total_tokens  # (verification takes rejected draft tokens out of it)
         try:
             with self.lora.batch(s.lora_key for s in sched.seqs) if self.lora else nullcontext():
@@ -233,6 +243,39 @@ class LLMEngine(EngineCore):
         if self.spec is not None:
             self.spec.propose(self.scheduler.running, self.config.max_num_batched_tokens - scheduled)
         return self._outputs(touched)
+
+    def _step_overlapped(self, sched: SchedulerOutput) -> list[RequestOutput]:
+        """Queue this step (its stand-ins fed from the running step's draws on the device), then process the running
+        step's tokens while it computes. This step is left running when nothing in its sampling needs them on the
+        host; otherwise it is waited for now (runlm.engine.core.overlap.overlap_safe)."""
+        try:
+            with self.lora.batch(s.lora_key for s in sched.seqs) if self.lora else nullcontext():
+                launch = self.runner.launch(sched, self.inflight)
+        except Exception as exc:
+            if not out_of_memory(exc):
+                raise
+            return self._drop_for_memory(sched, exc)
+        touched = self._resolve()
+        self.scheduler.update(sched)  # (sequences the previous step just finished are skipped)
+        constrained = self.structured.seqs
+        if launch.tokens is None or not all(overlap_safe(s, constrained) for s in launch.seqs):
+            touched.update(self._process(launch.result()))
+            return self._outputs(touched)
+        outputs = self._outputs(touched)  # (built before this step's stand-ins join the sequences)
+        mark_pending(launch.seqs)
+        self.inflight = launch
+        return outputs
+
+    def _resolve(self) -> dict[str, RequestState]:
+        """The running step's tokens, waited for and processed in place of their stand-ins."""
+        launch, self.inflight = self.inflight, None
+        if launch is None:
+            return {}
+        sampled = launch.result()
+        for s in sampled:
+            drop_pending(s.seq)
+        self.num_overlapped_steps += 1
+        return self._process(sampled)
 
     def _drop_for_memory(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         """A step ran out of memory: nothing of it was kept (a sequence's computed tokens move on only after a step),
@@ -320,6 +363,7 @@ class LLMEngine(EngineCore):
 
     # ---- control: sleep drops what EngineCore.sleep asks, wake_up restores it -----------------
     def _drop(self, level: int) -> None:
+        self._resolve()  # (its sequences are all finished: sleep waits for no request)
         if level == 2 and self.config.tensor_parallel_size > 1:
             raise ValueError("sleep level 2 (dropping the weights) is not supported with tensor parallelism: the "
                              "ranks would load them again each in its own process; use level 1")

@@ -136,6 +136,8 @@ class Scheduler:
         """After the forward pass: the scheduled tokens are in the cache; share full blocks. (Accepted draft
         tokens are computed before they are appended: their blocks are shared a step later.)"""
         for seq, n in zip(out.seqs, out.num_new_tokens):
+            if seq.is_finished:  # (async scheduling: the step before this one ended it, its blocks are free)
+                continue
             seq.num_computed_tokens += n
             self.blocks.commit_full_blocks(seq.table, seq.token_ids, min(seq.num_computed_tokens, seq.num_tokens))
             self.blocks.release_outside_window(seq.table, seq.num_computed_tokens)

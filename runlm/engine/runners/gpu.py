@@ -46,6 +46,7 @@ from runlm.engine.core.batch_plan import BatchPlan, plan_batch
 from runlm.engine.core.encoder_cache import EncoderCache
 from runlm.engine.core.kv_groups import AnyBlockManager, HybridBlockManager
 from runlm.engine.core.mm_step import mrope_positions, step_images
+from runlm.engine.core.overlap import fed_rows
 from runlm.engine.core.scheduler import SchedulerOutput
 from runlm.engine.runners.gpu_graphs import StepLayout, graph_batch_sizes, is_decode_only, pack_step, padded_batch_size
 from runlm.engine.runners.gpu_offload import (
@@ -54,7 +55,7 @@ from runlm.engine.runners.gpu_offload import (
     host_kv_bytes_per_token,
     offload_backend,
 )
-from runlm.engine.runners.gpu_sampler import sample_on_device
+from runlm.engine.runners.gpu_sampler import SampleLaunch, launch_sample, to_device
 from runlm.engine.runners.gpu_verify import sample_and_verify_on_device
 from runlm.engine.runners.torch_runner import States, allocate_states, image_rows
 from runlm.engine.sample.rejection import spec_rows
@@ -70,6 +71,10 @@ from runlm.models.offload import host_layers_skipped
 
 log = logging.getLogger("runlm.gpu")
 
+
+
+# ids drawn by a step still running, for a step's stand-in tokens: (their rows, or None for the first rows; the ids)
+Fill = tuple[torch.Tensor | None, torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -211,27 +216,44 @@ class GPURunner:
         log.info("captured CUDA graphs for decode batches of %s sequences", sorted(self.graphs))
 
     # ---- a step -------------------------------------------------------------------------------
-    @torch.inference_mode()
+    overlaps = True  # the engine may queue the next step before this one's tokens are read (async scheduling)
+
     def execute(self, sched: SchedulerOutput) -> list[SampledToken]:
+        return self.launch(sched).result()
+
+    @torch.inference_mode()
+    def launch(self, sched: SchedulerOutput, fed: SampleLaunch | None = None) -> SampleLaunch:
+        """The step queued on the device: its forward pass and its draws (the SampleLaunch's result() waits for
+        them). ``fed``: the step still running, whose drawn ids this step's stand-in tokens take, on the device
+        (runlm.engine.core.overlap)."""
         plan = plan_batch(sched, self.blocks)
-        hidden = self.run_model(sched, plan)
+        fill: Fill | None = None
+        if fed is not None and fed.tokens is not None:
+            fed_at, sources = fed_rows(sched, plan.ids, fed.seqs)
+            if fed_at == list(range(len(plan.ids))) and sources == list(range(len(fed.seqs))):
+                fill = None, fed.tokens  # (a decode step of the same sequences: every row, in order)
+            elif fed_at:
+                fill = to_device(fed_at, self.device), fed.tokens[to_device(sources, self.device)]
+        hidden = self.run_model(sched, plan, fill)
         for rows in plan.prompt_logprob_rows:
             logits = self.loaded.model.compute_logits(hidden[rows.first_row:rows.first_row + rows.count])
             add_prompt_logprobs(rows.seq, logits.float().cpu().numpy(), rows.first_pos)
         if self.speculating:  # drafts verified on the device (gpu_verify; the host's verifier where it must)
             wanted = plan.sample_rows + spec_rows(plan.spec_rows, plan.spec_seqs)
             if not wanted:
-                return []
-            raw = self.loaded.model.compute_logits(hidden[torch.as_tensor(wanted, device=self.device)])
-            return sample_and_verify_on_device(raw, plan.sample_seqs, plan.spec_seqs, self.structured)
+                return SampleLaunch.done([])
+            raw = self.loaded.model.compute_logits(hidden[to_device(wanted, self.device)])
+            return SampleLaunch.done(sample_and_verify_on_device(raw, plan.sample_seqs, plan.spec_seqs,
+                                                                 self.structured))
         if not plan.sample_seqs:
-            return []
+            return SampleLaunch.done([])
         sample_rows = plan.sample_rows
         last = hidden[:len(sample_rows)] if sample_rows == list(range(len(sample_rows))) else \
-            hidden[torch.as_tensor(sample_rows, device=self.device)]
-        return sample_on_device(self.loaded.model.compute_logits(last), plan.sample_seqs, self.structured)
+            hidden[to_device(sample_rows, self.device)]
+        return launch_sample(self.loaded.model.compute_logits(last), plan.sample_seqs, self.structured)
 
-    def run_model(self, sched: SchedulerOutput, plan: BatchPlan) -> torch.Tensor:
+    def run_model(self, sched: SchedulerOutput, plan: BatchPlan, fill: Fill | None = None) -> torch.Tensor:
+        """``fill``: ids drawn by the step still running, for the stand-ins among this step's (forward_packed)."""
         assert self.backend is not None, "the KV cache was freed (sleep)"
         b = len(plan.query_lens)
         if self.uploaded is not None:
@@ -256,21 +278,30 @@ class GPURunner:
                 ctx.mm_embeds = image_rows(self.encoder_cache, images, vision, self.device)
                 ctx.bidirectional = images.bidirectional  # (Gemma 3: those rows again, with their spans' mask)
 
-        return self.forward_packed(step, mrope, lora_rows, configure)
+        return self.forward_packed(step, mrope, lora_rows, configure, fill)
 
     def share_step(self, step: PackedStep, plan: BatchPlan) -> None:
         """A packed step about to run (tensor parallelism's runner hands it to the other ranks)."""
 
     def forward_packed(self, step: PackedStep, mrope: np.ndarray | None = None, lora_rows: np.ndarray | None = None,
-                       configure: Callable[[ForwardContext], None] | None = None) -> torch.Tensor:
+                       configure: Callable[[ForwardContext], None] | None = None,
+                       fill: Fill | None = None) -> torch.Tensor:
         """The forward pass over the step packed in the host array: uploaded, spread into the model's and the
         backend's buffers, then a decode graph replayed or the model run eagerly (``configure``: what else the
-        step's context holds: states, images). [rows, hidden]."""
+        step's context holds: states, images). ``fill``: (rows, ids) written over the uploaded ids on the device,
+        the draws of the step still running (async scheduling); rows None: the ids are the step's first rows,
+        and the upload's are not needed. [rows, hidden]."""
         assert self.backend is not None, "the KV cache was freed (sleep)"
         layout, b, max_query_len = step.layout, len(step.query_lens), max(step.query_lens)
         parts = self.upload(layout)
         t, shape = layout.num_tokens, (layout.num_seqs, layout.width)
-        self.input_ids[:t].copy_(parts["ids"])
+        fed_at, drawn = fill if fill is not None else (None, None)
+        if drawn is not None and fed_at is None:  # every row a stand-in: the running step's draws in their place
+            self.input_ids[:drawn.shape[0]].copy_(drawn)
+        else:
+            self.input_ids[:t].copy_(parts["ids"])
+            if fed_at is not None and drawn is not None:  # stand-ins for what the running step draws
+                self.input_ids.index_copy_(0, fed_at, drawn)
         if mrope is not None:  # (padding rows at position 0)
             rows = np.zeros((3, t), dtype=np.int64)
             rows[:, :mrope.shape[1]] = mrope
@@ -289,7 +320,7 @@ class GPURunner:
         backend.set_step(parts["block_table"].view(shape), parts["cu_seqlens_q"], parts["seq_lens"],
                          parts["slot_mapping"], groups=groups, max_query_len=max_query_len)
         if self.lora_rows is not None and lora_rows is not None:  # each row's adapter slot (-1: none, padding)
-            self.lora_rows[:len(lora_rows)].copy_(torch.from_numpy(lora_rows))
+            self.lora_rows[:len(lora_rows)].copy_(torch.from_numpy(lora_rows), non_blocking=True)
             self.lora_rows[len(lora_rows):t].fill_(-1)
         if step.graph_size is not None:
             graph = self.graphs[step.graph_size]

@@ -24,6 +24,7 @@ name: logit bias, allowed token ids, min_tokens (stop ids masked), DRY.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ from runlm.engine.types.outputs import Logprob
 
 if TYPE_CHECKING:
     from runlm.engine.core.sequence import Sequence
+    from runlm.engine.core.thinking import ThinkingTracker
     from runlm.engine.structured.backend import StructuredOutputManager
     from runlm.engine.types.sampling_params import SamplingParams
 
@@ -56,6 +58,12 @@ def fallback_reason(seqs: Seq[Sequence], structured: StructuredOutputManager | N
         if p.dry_multiplier > 0.0:
             return "DRY"
     return None
+
+
+def to_device(values: Seq[int] | Seq[float], device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A small host list on the device without waiting for the stream: a plain ``torch.as_tensor(x, device=)``
+    copies and then syncs, which would stall the host behind the step it just queued (async scheduling)."""
+    return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def _log_once(reason: str) -> None:
@@ -241,18 +249,41 @@ def _row_logprobs(lps: torch.Tensor, chosen: torch.Tensor, k: int) -> tuple[torc
     return chosen_lp, rank, vals, ids
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
+class SampleLaunch:
+    """A step's draws queued on the device: ``tokens`` [B] (the drawn ids, on the device: the next step's inputs
+    may read them before the host does) and ``result()``, which waits for them (the step's one sync) and hands
+    out the SampledTokens. A step the numpy sampler took is done at once (``tokens`` None)."""
+
+    def __init__(self, seqs: list[Sequence], tokens: torch.Tensor | None,
+                 finish: Callable[[], list[SampledToken]]) -> None:
+        self.seqs, self.tokens, self._finish = seqs, tokens, finish
+        self._done: list[SampledToken] | None = None
+
+    @classmethod
+    def done(cls, sampled: list[SampledToken]) -> SampleLaunch:
+        launch = cls([s.seq for s in sampled], None, lambda: sampled)
+        return launch
+
+    def result(self) -> list[SampledToken]:
+        if self._done is None:
+            self._done = self._finish()
+        return self._done
 
 
 def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
                      structured: StructuredOutputManager | None) -> list[SampledToken]:
     """raw: [B, V] logits on the device (not written). The numpy sampler's results, computed on the device."""
+    return launch_sample(raw, seqs, structured).result()
+
+
+def launch_sample(raw: torch.Tensor, seqs: list[Sequence],
+                  structured: StructuredOutputManager | None) -> SampleLaunch:
+    """``sample_on_device``'s work queued on the device; its host half (the sync, mirostat's mu, forced tokens,
+    the grammar's accept, the logprob entries) runs when the launch's result is asked for."""
     reason = fallback_reason(seqs, structured)
     if reason is not None:
         _log_once(reason)
-        return np_sampler.sample_batch(raw.float().cpu().numpy(), seqs, structured)
+        return SampleLaunch.done(np_sampler.sample_batch(raw.float().cpu().numpy(), seqs, structured))
     dev = raw.device
     params = [s.params for s in seqs]
     trackers = [s.sync_thinking() for s in seqs]
@@ -265,7 +296,7 @@ def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     mirostat: tuple[list[Sequence], torch.Tensor] | None = None
     if sampled:
-        sel = torch.as_tensor(sampled, device=dev)
+        sel = to_device(sampled, dev)
         sp = [params[i] for i in sampled]
         coins, draws = [], []
         for i in sampled:  # each row's uniforms in the numpy sampler's order: XTC's coin, then the draw's
@@ -273,17 +304,17 @@ def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
             xtc = p.xtc_probability > 0.0 and not p.mirostat and p.xtc_threshold <= 0.5
             coins.append(np_sampler.uniform(gen) <= p.xtc_probability if xtc else False)
             draws.append(np_sampler.uniform(gen))
-        uniforms = torch.tensor(draws, dtype=torch.float64).to(dev, non_blocking=True)
+        uniforms = to_device(draws, dev, torch.float64)
         probs = request_probabilities(logits[sel], sp)
         xtc_rows = [j for j, c in enumerate(coins) if c]
         if xtc_rows:
-            xtc_idx = torch.as_tensor(xtc_rows, device=dev)
-            cut = torch.tensor([sp[j].xtc_threshold for j in xtc_rows], dtype=torch.float32).to(dev)
+            xtc_idx = to_device(xtc_rows, dev)
+            cut = to_device([sp[j].xtc_threshold for j in xtc_rows], dev, torch.float32)
             probs = probs.index_copy(0, xtc_idx, exclude_top_choices(probs[xtc_idx], cut))
         miro_rows = [j for j, p in enumerate(sp) if p.mirostat]
         final = probs.double()
         if miro_rows:
-            miro_idx = torch.as_tensor(miro_rows, device=dev)
+            miro_idx = to_device(miro_rows, dev)
             state = torch.tensor([[_mu(seqs[sampled[j]]), sp[j].mirostat] for j in miro_rows], dtype=torch.float64)
             state = state.to(dev, non_blocking=True)
             final = final.index_copy(0, miro_idx, mirostat_kept(probs[miro_idx], state[:, 0], state[:, 1]))
@@ -304,11 +335,27 @@ def sample_on_device(raw: torch.Tensor, seqs: list[Sequence],
             else:
                 rows.append(raw[i])
         lps = torch.log_softmax(torch.stack(rows), dim=-1)
-        lp_parts = _row_logprobs(lps, tokens[torch.as_tensor(want, device=dev)], kmax)
-    # the step's one sync: every result to the host
+        lp_parts = _row_logprobs(lps, tokens[to_device(want, dev)], kmax)
+    # every result on its way to the host; the step's one sync waits for them
     moved = (tokens, *lp_parts, *((mirostat[1],) if mirostat else ()))
     host = [t.to("cpu", non_blocking=dev.type == "cuda") for t in moved]
-    _sync(dev)
+    copied = torch.cuda.Event() if dev.type == "cuda" else None
+    if copied is not None:
+        copied.record()
+
+    def finish() -> list[SampledToken]:
+        if copied is not None:
+            copied.synchronize()
+        return _host_results(host, seqs, params, trackers, raw, logits, want, mirostat, structured)
+
+    return SampleLaunch(seqs, tokens, finish)
+
+
+def _host_results(host: list[torch.Tensor], seqs: list[Sequence], params: list[SamplingParams],
+                  trackers: list[ThinkingTracker | None], raw: torch.Tensor, logits: torch.Tensor, want: list[int],
+                  mirostat: tuple[list[Sequence], torch.Tensor] | None,
+                  structured: StructuredOutputManager | None) -> list[SampledToken]:
+    """The host half of a step's sampling, once its results have arrived."""
     if mirostat is not None:
         for seq, chosen in zip(mirostat[0], host[-1].tolist()):
             p = seq.params

@@ -46,6 +46,8 @@ def rank_kv_cache_blocks(config: EngineConfig, loaded: LoadedModel, split: Split
 class GPUTPRunner(GPURunner):
     """Rank 0's GPU runner: before each step's forward pass, the step to the other ranks."""
 
+    overlaps = False  # (a stand-in's draw is rank 0's alone: the other ranks would embed the stand-in)
+
     def __init__(self, config: EngineConfig, loaded: TPLoaded, blocks: AnyBlockManager,
                  structured: StructuredOutputManager | None = None) -> None:
         assert loaded.group is not None and loaded.split is not None

@@ -68,6 +68,9 @@ class EngineConfig:
     # cache gets what a profiled largest step leaves), and whether to run steps eagerly (no CUDA graphs)
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
+    # async scheduling (vLLM's name): the GPU runner queues step N+1 while step N runs, and reads N's tokens
+    # while N+1 computes (runlm.engine.core.overlap); off: every step is waited for before the next is scheduled
+    async_scheduling: bool = True
     # tensor parallelism (vLLM's name): the model split over this many processes (runlm.engine.runners.tp_group)
     tensor_parallel_size: int = 1
     # layer offload (llama.cpp's --n-gpu-layers): the GPU runner keeps this many of the model's last decoder

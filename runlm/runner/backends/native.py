@@ -157,6 +157,7 @@ class NativeBackend(ProcessBackend):
                      "--dtype": lambda v: v in ("float32", "bfloat16", "float16"),
                      "--gpu-memory-utilization": lambda v: is_float(v) and 0 < float(v) <= 1,
                      "--enforce-eager": None, "--context-shift": None,
+                     "--async-scheduling": None, "--no-async-scheduling": None,
                      "--limit-mm-per-prompt": lambda v: re.fullmatch(r"(image=)?\d{1,4}", v) is not None,
                      "--allowed-media-domains": lambda v: re.fullmatch(r"(\*\.)?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*", v)
                      is not None and len(v) <= 253,
