@@ -5,7 +5,9 @@ runner: the same tokens and text through stops, aborts mid-overlap, preemption, 
 caching, and steps that cannot overlap (grammars, penalties) beside ones that can."""
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import numpy as np
 import pytest
@@ -222,3 +224,9 @@ def test_queuing_the_draws_reads_nothing_back(engines, monkeypatch) -> None:
     drawn = launch.result()
     assert "tolist" in seen  # (the watch sees a read back where there is one)
     assert [s.token for s in drawn] == launch.tokens.tolist() and drawn[0].token == int(logits[0].argmax())
+    # a step left running holds its draws, not its [B, V] logits (the next step's sit beside them)
+    held = weakref.ref(logits)
+    launch = launch_sample(logits, seqs, engines[0].engine.structured)
+    del logits
+    gc.collect()
+    assert held() is None and len(launch.result()) == 3

@@ -343,17 +343,21 @@ def launch_sample(raw: torch.Tensor, seqs: list[Sequence],
     if copied is not None:
         copied.record()
 
+    # the step's [B, V] logits are kept only where a thinking budget may force a token (its logprobs come from
+    # them): a step left running must not hold a second step's worth of logits beside the next one's
+    kept = (raw, logits) if any(t is not None for t in trackers) else None
+
     def finish() -> list[SampledToken]:
         if copied is not None:
             copied.synchronize()
-        return _host_results(host, seqs, params, trackers, raw, logits, want, mirostat, structured)
+        return _host_results(host, seqs, params, trackers, kept, want, mirostat, structured)
 
     return SampleLaunch(seqs, tokens, finish)
 
 
 def _host_results(host: list[torch.Tensor], seqs: list[Sequence], params: list[SamplingParams],
-                  trackers: list[ThinkingTracker | None], raw: torch.Tensor, logits: torch.Tensor, want: list[int],
-                  mirostat: tuple[list[Sequence], torch.Tensor] | None,
+                  trackers: list[ThinkingTracker | None], kept: tuple[torch.Tensor, torch.Tensor] | None,
+                  want: list[int], mirostat: tuple[list[Sequence], torch.Tensor] | None,
                   structured: StructuredOutputManager | None) -> list[SampledToken]:
     """The host half of a step's sampling, once its results have arrived."""
     if mirostat is not None:
@@ -374,7 +378,8 @@ def _host_results(host: list[torch.Tensor], seqs: list[Sequence], params: list[S
         chosen_lp, rank, vals, ids = (h.tolist() for h in host[1:])
         for j, i in enumerate(want):
             if out_tokens[i] != drawn[i]:  # a token the thinking budget forced: its logprobs on the host
-                entries[i] = _forced_entry(raw, logits, i, params[i], out_tokens[i])
+                assert kept is not None  # (a forced token has a tracker)
+                entries[i] = _forced_entry(*kept, i, params[i], out_tokens[i])
                 continue
             entry = {out_tokens[i]: Logprob(chosen_lp[j], int(rank[j]))}
             k = params[i].logprobs or 0
