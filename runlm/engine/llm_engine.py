@@ -102,6 +102,8 @@ class LLMEngine(EngineCore):
         self.overlap = config.async_scheduling and getattr(self.runner, "overlaps", False) and self.spec is None
         self.inflight: SampleLaunch | None = None
         self.num_overlapped_steps = 0  # steps whose tokens were read while the next step ran
+        if self.overlap:
+            self.runner_desc += " (async scheduling)"
         self.requests: dict[str, RequestState] = {}
         self.num_preemptions = 0
         self.sleep_level = 0
