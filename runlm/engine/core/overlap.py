@@ -33,9 +33,7 @@ def overlap_safe(seq: Sequence, structured_ids: Iterable[int] = ()) -> bool:
     """Whether the next step may sample for ``seq`` before this step's token is known on the host: nothing in
     its sampling reads its previous tokens there."""
     p = seq.params
-    penalties = (p.repetition_penalty != 1.0 and p.penalty_last_n != 0) or p.presence_penalty \
-        or p.frequency_penalty or p.dry_multiplier > 0.0
-    return not (penalties or p.mirostat or seq.thinking is not None or seq.seq_id in structured_ids)
+    return not (p.reads_previous_tokens or p.mirostat or seq.thinking is not None or seq.seq_id in structured_ids)
 
 
 def mark_pending(seqs: Iterable[Sequence]) -> None:

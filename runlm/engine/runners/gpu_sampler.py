@@ -261,8 +261,7 @@ class SampleLaunch:
 
     @classmethod
     def done(cls, sampled: list[SampledToken]) -> SampleLaunch:
-        launch = cls([s.seq for s in sampled], None, lambda: sampled)
-        return launch
+        return cls([s.seq for s in sampled], None, lambda: sampled)
 
     def result(self) -> list[SampledToken]:
         if self._done is None:

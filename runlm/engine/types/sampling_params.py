@@ -81,6 +81,13 @@ class SamplingParams:
         running target): a speculative draft cannot be verified against them."""
         return not self.greedy and (self.mirostat > 0 or self.xtc_probability > 0.0)
 
+    @property
+    def reads_previous_tokens(self) -> bool:
+        """Whether the logits a row is sampled from depend on the tokens before it (repetition, presence, frequency
+        or DRY penalties): such a row's next draw must wait until its last token is known on the host."""
+        return (self.repetition_penalty != 1.0 and self.penalty_last_n != 0) or bool(self.presence_penalty) \
+            or bool(self.frequency_penalty) or self.dry_multiplier > 0.0
+
     def validate(self) -> None:
         def bad(param: str, message: str) -> None:
             raise SamplingParamsError(param, message)
