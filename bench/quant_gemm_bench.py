@@ -3,7 +3,7 @@
 int8-block kernel (exact mode's ``linear_q8``: weights dequantized in registers, fp32 activations)
 and the fp32 kernel, weights streamed from DRAM (enough copies to overflow the last-level cache).
 
-    .venv/bin/python bench/quant_gemm_bench.py [--types Q4_0 Q8_0 Q4_K Q6_K] [--m 1 8 64] [--threads 2]
+    .venv/bin/python bench/quant_gemm_bench.py [--types Q4_0 Q8_0 Q4_K Q6_K] [--m 1 8 64] [--threads 2] [--shapes 1.5b]
 
 us per call (median of passes); "bytes/w" is what each kernel reads per weight.
 """
@@ -23,7 +23,11 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 from runlm.formats.gguf import block_parts  # noqa: E402
 from runlm.kernels import ggml, linear, linear_q8  # noqa: E402
 
-SHAPES = [("qkv", 1152, 896), ("gate_up", 9728, 896), ("down", 896, 4864)]  # Qwen2.5-0.5B's layers
+SHAPES = {  # (layer, N, K) of Qwen2.5's layers
+    "0.5b": [("qkv", 1152, 896), ("gate_up", 9728, 896), ("down", 896, 4864)],
+    "1.5b": [("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960)],
+    "3b": [("qkv", 2560, 2048), ("gate_up", 22016, 2048), ("down", 2048, 11008)],
+}
 POOL_BYTES = 192 << 20
 
 
@@ -44,6 +48,7 @@ def main() -> None:
     ap.add_argument("--types", nargs="+", default=["Q4_0", "Q8_0", "Q4_1", "Q4_K", "Q6_K"])
     ap.add_argument("--m", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shapes", choices=list(SHAPES), default="0.5b", help="whose layer shapes")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if not ggml.available():
@@ -55,7 +60,7 @@ def main() -> None:
     with torch.inference_mode():
         for name in args.types:
             qtype = T[name]
-            for layer, n, k in SHAPES:
+            for layer, n, k in SHAPES[args.shapes]:
                 if k % ggml.block_size(qtype):
                     continue  # llama.cpp's quantizer picks another type for such rows
                 dense = torch.randn(n, k, generator=g) * k ** -0.5

@@ -50,6 +50,24 @@ def test_linear_is_the_extensions(qtype: T, threads: None) -> None:
     assert np.array_equal(nk.linear(x[11:12], w, np.empty((1, 69), np.float32)), ref[11:12])
 
 
+@pytest.mark.parametrize("n_threads", [2, 3, 5])
+def test_pieces_that_cut_through_segments_give_the_same_bits(n_threads: int, threads: None) -> None:
+    """Threads take a linear layer's work in pieces from a shared counter (parallel_pieces): a piece may end inside
+    one segment (q of a fused qkv) and the next begin there, and any thread may take any piece. Every output is
+    still the single-thread bits, for a decode row and for a prefill chunk."""
+    types = [T.Q4_K, T.Q6_K, T.Q8_0]
+    raws = [ggml.quantize(torch.from_numpy(_randn(rows, K, seed=i)), t) for i, (rows, t) in
+            enumerate(zip((200, 36, 44), types))]
+    w = nk.LinearWeights([r.numpy() for r in raws], types, K)
+    for m in (1, 9):
+        x = _randn(m, K, seed=7)
+        nk.set_threads(1)
+        ref = nk.linear(x, w, np.empty((m, 280), np.float32))
+        nk.set_threads(n_threads)
+        for _ in range(5):
+            assert np.array_equal(nk.linear(x, w, np.empty_like(ref)), ref)
+
+
 def test_calls_from_many_threads_and_from_a_forked_child_give_the_same_bits(threads: None) -> None:
     """The library's own workers: calls racing from Python threads (one runs split, the others on their own
     thread), and a forked child (which has none of the parent's workers) all compute the same outputs."""

@@ -243,7 +243,7 @@ inline void linear(const float* x, int64_t m, const Plan& p, const float* bias, 
   }
   const int64_t bytes_per_item = std::max<int64_t>(1, p.wbytes / static_cast<int64_t>(p.items.size()));
   const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread / (bytes_per_item * m));
-  parallel_for(0, static_cast<int64_t>(p.items.size()), grain, [&](int64_t b, int64_t e) {
+  parallel_pieces(0, static_cast<int64_t>(p.items.size()), grain, [&](int64_t b, int64_t e) {
     for (int64_t it = b; it < e; ++it) {
       const Plan::Item& item = p.items[it];
       const int s = item.seg;

@@ -238,7 +238,7 @@ struct Experts {
         total += cost;
       }
     }
-    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(threads_for(), total / gl::kMinBytesPerThread));
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(max_threads(), total / gl::kMinBytesPerThread));
     std::vector<size_t> cut(static_cast<size_t>(tasks) + 1, work.size());
     cut[0] = 0;
     for (int64_t i = 1, acc = 0, w = 0; i < tasks; ++i) {
@@ -252,14 +252,6 @@ struct Experts {
           run_item(plans[wk.e], plans[wk.e].items[wk.item], qx, s.start[wk.e], s.count[wk.e], y + s.start[wk.e] * n, n);
         }
     });
-  }
-
-  static int64_t threads_for() {
-#ifdef TORCH_EXTENSION_NAME
-    return at::get_num_threads();
-#else
-    return threads();
-#endif
   }
 
   // One work item of a plan (rows [lo, hi) of one segment) for x rows [row0, row0 + m) of qx.
