@@ -35,16 +35,34 @@ def mapping_of(array: np.ndarray) -> tuple[int, int] | None:
     return None
 
 
-def _madvise() -> Callable[[int, int], int] | None:
-    """libc's madvise(address, length, MADV_WILLNEED) through ctypes, which lets go of the GIL for the call
+def _madvise(advice: int | None = getattr(mmap, "MADV_WILLNEED", None)) -> Callable[[int, int], int] | None:
+    """libc's madvise(address, length, advice) through ctypes, which lets go of the GIL for the call
     (mmap.madvise holds it while the kernel queues the reads: the loading thread would wait on the disk)."""
+    if advice is None:
+        return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.madvise
     except (OSError, AttributeError):
         return None
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return lambda address, length: fn(address, length, mmap.MADV_WILLNEED)
+    return lambda address, length: fn(address, length, advice)
+
+
+def drop_mapped_pages(arrays: Iterable[np.ndarray]) -> None:
+    """Let go of this process's pages of the file mappings under ``arrays`` (views of a model file that nothing
+    reads again: a weight the native library holds repacked). MADV_DONTNEED on a read-only file mapping only
+    unmaps: the page cache keeps the pages, and a later read maps them again from it. Arrays on anything but a
+    file mapping are left alone (there it would zero them)."""
+    spans = [(a.ctypes.data, a.nbytes) for a in arrays if mapping_of(a) is not None and not a.flags.writeable]
+    advise = _madvise(getattr(mmap, "MADV_DONTNEED", None)) if spans else None
+    if advise is None:
+        return
+    page = mmap.PAGESIZE
+    for address, length in spans:  # whole pages inside the array only: its neighbours' bytes stay mapped
+        start, end = -(-address // page) * page, (address + length) // page * page
+        if end > start and advise(start, end - start) != 0:
+            log.debug("madvise(DONTNEED) failed (errno %d)", ctypes.get_errno())
 
 
 def read_ahead(arrays: Iterable[np.ndarray]) -> threading.Thread | None:
@@ -52,7 +70,7 @@ def read_ahead(arrays: Iterable[np.ndarray]) -> threading.Thread | None:
     None where there is none, the platform cannot advise, or they would take more than SHARE_OF_AVAILABLE of
     the memory available."""
     maps = [m for m in (mapping_of(a) for a in arrays) if m is not None]
-    advise = _madvise() if maps and hasattr(mmap, "MADV_WILLNEED") else None
+    advise = _madvise() if maps else None
     if advise is None:
         return None
     size, available = sum(length for _, length in maps), available_memory()

@@ -28,6 +28,7 @@ def _declare(library: ctypes.CDLL) -> None:
         "runlm_linear_new": (c_void_p, [c_int64, POINTER(c_void_p), POINTER(c_int64), POINTER(c_int64),
                                         POINTER(c_int64), c_int64, _P]),
         "runlm_linear_free": (None, [c_void_p]),
+        "runlm_linear_packed": (c_int, [c_void_p, c_int64]),
         "runlm_linear": (c_int, [c_void_p, _P, c_int64, _P]),
         "runlm_embedding": (c_int, [_P, c_int64, _P, c_int64, c_int64, c_int64, c_int64, _P]),
         "runlm_dequantize": (c_int, [_P, c_int64, c_int64, c_int64, c_int64, _P]),

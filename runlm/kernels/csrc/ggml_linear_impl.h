@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "block_gemm.h"
 #include "half_gemm.h"
 #include "kquant_gemm.h"
+#include "kquant_packed.h"
 #include "parallel.h"
 
 namespace runlm::ggml_linear {
@@ -126,13 +128,28 @@ struct Plan {
   std::vector<OurKernel> ours;
   std::vector<bool> x_sums;        // per activation type: some segment's kernel reads its block sums
   std::vector<std::vector<uint8_t>> zero_rows;  // per segment with our kernel: the row read past its end
+  // per segment: its rows repacked for its kernel (kquant_packed.h), or null (left uninitialised until packed: no
+  // zeroing pass over what the packing writes whole)
+  std::vector<std::shared_ptr<const uint8_t[]>> packed;  // (read-only once packed: copies of a plan share it)
   std::vector<Item> items;
   int64_t k = 0, wbytes = 0;
 };
 
+// Segment s's Q4_K rows repacked into panels (kquant_packed.h), and its kernel the packed one.
+inline void pack_segment(Plan& p, size_t s) {
+  const Segment& w = p.segs[s];
+  const int64_t nsb = p.k / kquant::QK_K, panels = kquant::packed::panels(w.rows);
+  std::shared_ptr<uint8_t[]> buf(new uint8_t[static_cast<size_t>(panels * nsb) * sizeof(kquant::packed::Q4_Kx8)]);
+  auto* out = reinterpret_cast<kquant::packed::Q4_Kx8*>(buf.get());
+  parallel_for(0, panels, 64, [&](int64_t b, int64_t e) { kquant::packed::pack_q4_k(w.data, w.row_bytes, w.rows, nsb, b, e, out); });
+  p.packed[s] = std::move(buf);
+  p.ours[s] = {kquant::packed::rows_q4_k, false};
+}
+
 // The plan for segments of K columns; an error message, or "" and the plan. vec_dot_only: none of
-// our kernels (the benchmark's comparison).
-inline std::string make_plan(std::vector<Segment> segs, int64_t k, bool vec_dot_only, Plan& p) {
+// our kernels (the benchmark's comparison). pack: Q4_K segments repacked for their kernel (a copy the plan owns,
+// made once: for a caller that keeps the plan, as the native runner does; the same bits either way).
+inline std::string make_plan(std::vector<Segment> segs, int64_t k, bool vec_dot_only, Plan& p, bool pack = false) {
   if (segs.empty()) return "one type per weight segment";
   p = Plan{};
   p.k = k;
@@ -164,6 +181,10 @@ inline std::string make_plan(std::vector<Segment> segs, int64_t k, bool vec_dot_
       p.items.push_back({static_cast<int>(s), r, std::min(segs[s].rows, r + step)});
   }
   p.segs = std::move(segs);
+  p.packed.resize(p.segs.size());
+  if (pack && !vec_dot_only)
+    for (size_t s = 0; s < p.segs.size(); ++s)
+      if (p.segs[s].type == GGML_TYPE_Q4_K) pack_segment(p, s);
   return "";
 }
 
@@ -253,7 +274,7 @@ inline void linear(const float* x, int64_t m, const Plan& p, const float* bias, 
       const Segment& w = p.segs[s];
       const QuantizedRows& xq = qx[p.seg_x[s]];
       if (const BlockRows kernel = p.ours[s].rows)
-        kernel(w.data, w.row_bytes, xq.data, xq.stride, xq.sums ? xq.block_sums.data() : nullptr, m,
+        kernel(p.packed[s] ? p.packed[s].get() : w.data, w.row_bytes, xq.data, xq.stride, xq.sums ? xq.block_sums.data() : nullptr, m,
                k / block_size(w.type), y + p.col0[s], n, item.lo, hi, p.zero_rows[s].data());
       else
         segment_rows(w.data, w.row_bytes, cpu_traits(w.type)->vec_dot, xq, m, k, y + p.col0[s], n, item.lo, hi);

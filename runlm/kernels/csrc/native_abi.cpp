@@ -67,7 +67,7 @@ void* runlm_linear_new(int64_t n, const uint8_t* const* data, const int64_t* row
   std::vector<gl::Segment> segs;
   for (int64_t s = 0; s < n; ++s) segs.push_back({data[s], rows[s], row_bytes[s], types[s]});
   auto* w = new Weights;
-  const std::string bad = gl::make_plan(std::move(segs), k, false, w->plan);
+  const std::string bad = gl::make_plan(std::move(segs), k, false, w->plan, /*pack=*/true);
   if (!bad.empty()) {
     delete w;
     fail(bad);
@@ -78,6 +78,12 @@ void* runlm_linear_new(int64_t n, const uint8_t* const* data, const int64_t* row
 }
 
 void runlm_linear_free(void* w) { delete static_cast<Weights*>(w); }
+
+// Whether segment s was repacked (its rows as given are not read again by the layer).
+int runlm_linear_packed(const void* w, int64_t s) {
+  const gl::Plan& p = static_cast<const Weights*>(w)->plan;
+  return s >= 0 && s < static_cast<int64_t>(p.packed.size()) && p.packed[static_cast<size_t>(s)] ? 1 : 0;
+}
 
 int runlm_linear(const void* handle, const float* x, int64_t m, float* y) {
   thread_local gl::Scratch scratch;

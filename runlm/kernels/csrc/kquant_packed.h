@@ -1,0 +1,145 @@
+// Q4_K weights repacked once at load into panels of 8 rows ("Q4_K x8"), for the native runner's decoder: the
+// layout kquant::panel() builds for every superblock on every call (8 rows' values transposed so that 32-bit lane
+// r holds row r's) is built once, so a call only loads, masks and multiplies. llama.cpp's CPU "repack" buffers
+// (block_q4_Kx8) do the same. On a 2-core AMD EPYC (AVX2, no VNNI) a decode row runs 2.3x as fast with the weights
+// in cache and ~1.3x from DRAM at 2 threads (bench/quant_gemm_bench.py), where the K-quant kernels were
+// compute-bound: Q8_0 streamed 17.5 GB/s, Q4_K ~12.
+//
+// A packed superblock (one per panel and superblock, panels in order, each panel's superblocks in order):
+//   d[8], dmin[8]   the 8 rows' fp16 scales, as stored
+//   sc[j][r], mn[j][r]  row r's 6-bit scale and min of 32-value sub-block j (ggml's get_scale_min_k4, decoded)
+//   qs[j][t][4r + i]    row r's values 32j + 8t + i (low nibble) and 32j + 8t + 4 + i (high nibble), i < 4
+// 1184 bytes for the 8 x 144 of the rows as stored (+2.8%). Rows past the weight's end are zero rows.
+//
+// Arithmetic: per (weight row, activation row) and superblock the same exact integers as kquant_gemm.h's Q4_K
+// (dot = sum_j scale_j * sum(q x), corr = sum_j min_j * bsum_j; int16 partial sums of one sub-block's 32 products
+// bounded by 8 x 2 x 15 x 128 < 2^15), then the same acc = fma(d_w d_x, dot, acc), fnmadd(dmin_w d_x, corr, acc)
+// in superblock order: every output is kquant::rows<Q4_K>'s bits, for any M, panel or thread count.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kquant_gemm.h"
+
+namespace kquant::packed {
+
+struct Q4_Kx8 {
+  uint16_t d[kPanel], dmin[kPanel];
+  uint8_t sc[8][kPanel], mn[8][kPanel];
+  uint8_t qs[8][4][32];
+};
+static_assert(sizeof(Q4_Kx8) == 1184, "packed Q4_K layout");
+
+// Superblocks a call looks ahead in its stream of packed superblocks (one linear run per thread: the hardware
+// prefetcher follows it, but not far enough ahead to keep two cores' loads in flight).
+constexpr int kAhead = 2;
+
+inline int64_t panels(int64_t rows) { return (rows + kPanel - 1) / kPanel; }
+
+// Rows [0, rows) of a [rows, nsb x 144] Q4_K weight into packed superblocks, panels [p0, p1) (out: the whole
+// packed weight, panels(rows) x nsb superblocks).
+inline void pack_q4_k(const uint8_t* w, int64_t ws, int64_t rows, int64_t nsb, int64_t p0, int64_t p1, Q4_Kx8* out) {
+  const __m256i low = _mm256_set1_epi8(0x0F), words = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      Q4_Kx8& o = out[p * nsb + sb];
+      const int nrows = static_cast<int>(std::min<int64_t>(kPanel, rows - p * kPanel));
+      if (nrows < kPanel) std::memset(&o, 0, sizeof(o));
+      for (int r = 0; r < nrows; ++r) {
+        const BlockQ4_K& b = reinterpret_cast<const BlockQ4_K*>(w + (p * kPanel + r) * ws)[sb];
+        o.d[r] = b.d;
+        o.dmin[r] = b.dmin;
+        alignas(16) uint8_t sm[16];  // scales 0..7, mins 0..7 (each < 64)
+        const __m256i sm16 = scales_mins16(b.scales);
+        _mm_store_si128(reinterpret_cast<__m128i*>(sm),
+                        _mm_packus_epi16(_mm256_castsi256_si128(sm16), _mm256_extracti128_si256(sm16, 1)));
+        for (int j = 0; j < 8; ++j) o.sc[j][r] = sm[j], o.mn[j][r] = sm[8 + j];
+        for (int u = 0; u < 4; ++u) {  // sub-blocks 2u (low nibbles of qs[32u ..]) and 2u + 1 (high)
+          const __m256i v = load32(b.qs + 32 * u);
+          const __m256i sub[2] = {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
+          for (int h = 0; h < 2; ++h) {
+            // 64-bit lane t = values 8t .. 8t + 7: word 2t | word 2t + 1 << 4 in its low 32 bits (every value < 16)
+            const __m256i pairs = _mm256_or_si256(sub[h], _mm256_srli_epi64(sub[h], 28));
+            const __m128i t4 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(pairs, words));
+            uint8_t(&qs)[4][32] = o.qs[2 * u + h];
+            const uint32_t w0 = static_cast<uint32_t>(_mm_extract_epi32(t4, 0)), w1 = static_cast<uint32_t>(_mm_extract_epi32(t4, 1)),
+                           w2 = static_cast<uint32_t>(_mm_extract_epi32(t4, 2)), w3 = static_cast<uint32_t>(_mm_extract_epi32(t4, 3));
+            std::memcpy(qs[0] + 4 * r, &w0, 4);
+            std::memcpy(qs[1] + 4 * r, &w1, 4);
+            std::memcpy(qs[2] + 4 * r, &w2, 4);
+            std::memcpy(qs[3] + 4 * r, &w3, 4);
+          }
+        }
+      }
+    }
+}
+
+// Lane r = (v[r], v[r]) as two int16 from 8 bytes.
+inline __m256i pairs8(const uint8_t* v) {
+  const __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v)));
+  return _mm256_or_si256(w, _mm256_slli_epi32(w, 16));
+}
+
+// The blockgemm::drive kernel signature, on packed superblocks (w: the packed weight; ws, zero_row unused): output
+// columns [n0, n1) of y for m activation rows (Q8_K), n0 a panel boundary.
+inline void rows_q4_k(const uint8_t* w, int64_t, const uint8_t* x, int64_t xs, const int32_t*, int64_t m, int64_t nsb,
+                      float* y, int64_t ldy, int64_t n0, int64_t n1, const uint8_t*) {
+  const Q4_Kx8* packed = reinterpret_cast<const Q4_Kx8*>(w);
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t m0 = 0; m0 < m; m0 += kChunk) {
+    const int mc = static_cast<int>(m - m0 < kChunk ? m - m0 : kChunk);
+    const uint8_t* xc = x + m0 * xs;
+    for (int64_t n = n0; n < n1; n += kPanel) {
+      const Q4_Kx8* panel = packed + n / kPanel * nsb;
+      __m256 acc[kChunk];
+      __m256i dots[kChunk];
+      for (int i = 0; i < mc; ++i) acc[i] = _mm256_setzero_ps();
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        const Q4_Kx8& b = panel[sb];
+        for (int l = 0; l < static_cast<int>(sizeof(Q4_Kx8)); l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(&b + kAhead) + l, _MM_HINT_T0);
+        for (int i = 0; i < mc; ++i) dots[i] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+          __m256i q[8];  // q[2t], q[2t + 1]: values 8t .. + 3 and 8t + 4 .. + 7 of sub-block j, lane r = row r
+          for (int t = 0; t < 4; ++t) {
+            const __m256i v = load32(b.qs[j][t]);
+            q[2 * t] = _mm256_and_si256(v, low);
+            q[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          }
+          const __m256i scale = pairs8(b.sc[j]);
+          for (int i = 0; i < mc; ++i) {
+            const int8_t* xq = reinterpret_cast<const BlockQ8_K*>(xc + i * xs)[sb].qs + 32 * j;
+            __m256i a = _mm256_maddubs_epi16(q[0], blockgemm::broadcast4(xq));
+            for (int s = 1; s < 8; ++s) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[s], blockgemm::broadcast4(xq + 4 * s)));
+            dots[i] = blockgemm::madd_add(dots[i], a, scale);
+          }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
+        const __m256 dminw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin)));
+        __m256i mins[4];  // lane r = (min_2u, min_2u+1) of row r
+        for (int u = 0; u < 4; ++u) mins[u] = _mm256_or_si256(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.mn[2 * u]))),
+            _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.mn[2 * u + 1]))), 16));
+        for (int i = 0; i < mc; ++i) {
+          const BlockQ8_K& xb = reinterpret_cast<const BlockQ8_K*>(xc + i * xs)[sb];
+          // the 8 sub-blocks' sums of x as int16 pairs (sub-block j: bsums 2j and 2j + 1; |sum| <= 32 x 128)
+          const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.bsums)),
+                                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.bsums + 8)));
+          __m256i corr = _mm256_setzero_si256();
+          for (int u = 0; u < 4; ++u) corr = blockgemm::madd_add(corr, mins[u], _mm256_set1_epi32(_mm_extract_epi32(bs, u)));
+          acc[i] = accumulate<Q4_K>(acc[i], dw, dminw, xb.d, dots[i], corr);
+        }
+      }
+      const int nvalid = static_cast<int>(n1 - n < kPanel ? n1 - n : kPanel);
+      for (int i = 0; i < mc; ++i) {
+        alignas(32) float lanes[kPanel];
+        _mm256_store_ps(lanes, acc[i]);
+        std::memcpy(y + (m0 + i) * ldy + n, lanes, sizeof(float) * nvalid);
+      }
+    }
+  }
+}
+
+}  // namespace kquant::packed
