@@ -13,7 +13,7 @@ class LinearWeights(Handle):
     """A linear layer's weights for ``linear``: segments (raw uint8 [rows_i, row_bytes_i] arrays, each of
     ggml type types[i]) whose outputs are concatenated, ``cols`` inputs, an optional fp32 bias [rows].
     Holds the arrays alive; the native handle is freed by ``close()`` or when collected. Segments the library
-    repacked (Q4_K: csrc/kquant_packed.h) are not read again: where they are a file's mapping, this process lets
+    repacked (Q4_K, Q6_K: csrc/kquant_packed.h) are not read again: where they are a file's mapping, this process lets
     go of their pages (the page cache keeps them), so a packed weight is not held twice in its memory."""
 
     def __init__(self, segments: list[np.ndarray], types: list[int], cols: int, bias: np.ndarray | None = None) -> None:

@@ -142,4 +142,124 @@ inline void rows_q4_k(const uint8_t* w, int64_t, const uint8_t* x, int64_t xs, c
   }
 }
 
+// Q6_K in the same panels ("Q6_K x8", 8 x 210 bytes: the rows' own size). Per panel and superblock:
+//   d[8]                the 8 rows' fp16 scales, as stored
+//   sc[g][r]            row r's int8 scale of 16-value group g
+//   ql[j][t][4r + i]    row r's low 4 bits of values 32j + 8t + i (low nibble) and 32j + 8t + 4 + i (high nibble)
+//   qh[j][k][4r + i]    row r's high 2 bits of values 32j + 16k + 4s + i at bits 2s, 2s + 1 (s < 4)
+// The arithmetic of kquant_gemm.h's Q6_K: dot = sum_g scale_g * sum(q x) with q in 0..63 (int16 sums of two
+// steps: 2 x 2 x 63 x 128 < 2^15), corr = 32 sum_g scale_g * bsum_g, acc = fma(d_w d_x, dot - corr, acc).
+struct Q6_Kx8 {
+  uint16_t d[kPanel];
+  int8_t sc[16][kPanel];
+  uint8_t ql[8][4][32];
+  uint8_t qh[8][2][32];
+};
+static_assert(sizeof(Q6_Kx8) == kPanel * sizeof(BlockQ6_K), "packed Q6_K layout");
+
+inline void pack_q6_k(const uint8_t* w, int64_t ws, int64_t rows, int64_t nsb, int64_t p0, int64_t p1, Q6_Kx8* out) {
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      Q6_Kx8& o = out[p * nsb + sb];
+      const int nrows = static_cast<int>(std::min<int64_t>(kPanel, rows - p * kPanel));
+      if (nrows < kPanel) std::memset(&o, 0, sizeof(o));
+      for (int r = 0; r < nrows; ++r) {
+        const BlockQ6_K& b = reinterpret_cast<const BlockQ6_K*>(w + (p * kPanel + r) * ws)[sb];
+        o.d[r] = b.d;
+        for (int g = 0; g < 16; ++g) o.sc[g][r] = b.scales[g];
+        Unpacked u;  // the 256 values in order, 0..63
+        Q6_K::unpack(b, u);
+        for (int j = 0; j < 8; ++j) {
+          uint32_t v[8];  // v[s]: values 32j + 4s .. + 3, one a byte
+          std::memcpy(v, u.q + 32 * j, 32);
+          for (int t = 0; t < 4; ++t) {
+            const uint32_t word = (v[2 * t] & 0x0F0F0F0F) | ((v[2 * t + 1] & 0x0F0F0F0F) << 4);
+            std::memcpy(o.ql[j][t] + 4 * r, &word, 4);
+          }
+          for (int k = 0; k < 2; ++k) {  // each byte's two high bits, four steps to a byte
+            uint32_t word = 0;
+            for (int st = 0; st < 4; ++st) word |= ((v[4 * k + st] >> 4) & 0x03030303) << (2 * st);
+            std::memcpy(o.qh[j][k] + 4 * r, &word, 4);
+          }
+        }
+      }
+    }
+}
+
+// Lane r = (v[r], v[r]) as two int16 from 8 signed bytes, times `times`.
+inline __m256i signed_pairs8(const int8_t* v, int times) {
+  const __m256i w = _mm256_mullo_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v))),
+                                       _mm256_set1_epi32(times));
+  return _mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(w, 16));
+}
+
+inline void rows_q6_k(const uint8_t* w, int64_t, const uint8_t* x, int64_t xs, const int32_t*, int64_t m, int64_t nsb,
+                      float* y, int64_t ldy, int64_t n0, int64_t n1, const uint8_t*) {
+  const Q6_Kx8* packed = reinterpret_cast<const Q6_Kx8*>(w);
+  const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+  for (int64_t m0 = 0; m0 < m; m0 += kChunk) {
+    const int mc = static_cast<int>(m - m0 < kChunk ? m - m0 : kChunk);
+    const uint8_t* xc = x + m0 * xs;
+    for (int64_t n = n0; n < n1; n += kPanel) {
+      const Q6_Kx8* panel = packed + n / kPanel * nsb;
+      __m256 acc[kChunk];
+      __m256i dots[kChunk];
+      for (int i = 0; i < mc; ++i) acc[i] = _mm256_setzero_ps();
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        const Q6_Kx8& b = panel[sb];
+        for (int l = 0; l < static_cast<int>(sizeof(Q6_Kx8)); l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(&b + kAhead) + l, _MM_HINT_T0);
+        for (int i = 0; i < mc; ++i) dots[i] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+          __m256i q[8];  // step s: values 32j + 4s .. + 3, lane r = row r, 0..63
+          for (int t = 0; t < 4; ++t) {
+            const __m256i v = load32(b.ql[j][t]);
+            q[2 * t] = _mm256_and_si256(v, low);
+            q[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          }
+          for (int k = 0; k < 2; ++k) {  // bits 2s, 2s + 1 of qh[j][k] to bits 4, 5 of step 4k + s
+            const __m256i h = load32(b.qh[j][k]);
+            q[4 * k] = _mm256_or_si256(q[4 * k], _mm256_and_si256(_mm256_slli_epi16(h, 4), two));
+            q[4 * k + 1] = _mm256_or_si256(q[4 * k + 1], _mm256_and_si256(_mm256_slli_epi16(h, 2), two));
+            q[4 * k + 2] = _mm256_or_si256(q[4 * k + 2], _mm256_and_si256(h, two));
+            q[4 * k + 3] = _mm256_or_si256(q[4 * k + 3], _mm256_and_si256(_mm256_srli_epi16(h, 2), two));
+          }
+          const __m256i scale[2] = {signed_pairs8(b.sc[2 * j], 1), signed_pairs8(b.sc[2 * j + 1], 1)};
+          for (int i = 0; i < mc; ++i) {
+            const int8_t* xq = reinterpret_cast<const BlockQ8_K*>(xc + i * xs)[sb].qs + 32 * j;
+            __m256i dot = dots[i];
+            for (int s = 0; s < 8; s += 2) {
+              const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(q[s], blockgemm::broadcast4(xq + 4 * s)),
+                                                 _mm256_maddubs_epi16(q[s + 1], blockgemm::broadcast4(xq + 4 * s + 4)));
+              dot = blockgemm::madd_add(dot, a, scale[s / 4]);
+            }
+            dots[i] = dot;
+          }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
+        __m256i sc32[8];  // lane r = 32 (scale_2u, scale_2u+1) of row r
+        for (int u = 0; u < 8; ++u)
+          sc32[u] = _mm256_or_si256(_mm256_and_si256(signed_pairs8(b.sc[2 * u], 32), _mm256_set1_epi32(0xFFFF)),
+                                    _mm256_slli_epi32(signed_pairs8(b.sc[2 * u + 1], 32), 16));
+        for (int i = 0; i < mc; ++i) {
+          const BlockQ8_K& xb = reinterpret_cast<const BlockQ8_K*>(xc + i * xs)[sb];
+          __m256i corr = _mm256_setzero_si256();
+          for (int u = 0; u < 8; ++u) {
+            int32_t pair;
+            std::memcpy(&pair, xb.bsums + 2 * u, 4);
+            corr = blockgemm::madd_add(corr, sc32[u], _mm256_set1_epi32(pair));
+          }
+          acc[i] = accumulate<Q6_K>(acc[i], dw, dw, xb.d, dots[i], corr);
+        }
+      }
+      const int nvalid = static_cast<int>(n1 - n < kPanel ? n1 - n : kPanel);
+      for (int i = 0; i < mc; ++i) {
+        alignas(32) float lanes[kPanel];
+        _mm256_store_ps(lanes, acc[i]);
+        std::memcpy(y + (m0 + i) * ldy + n, lanes, sizeof(float) * nvalid);
+      }
+    }
+  }
+}
+
 }  // namespace kquant::packed
