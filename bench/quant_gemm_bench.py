@@ -5,7 +5,8 @@ and the fp32 kernel, weights streamed from DRAM (enough copies to overflow the l
 
     .venv/bin/python bench/quant_gemm_bench.py [--types Q4_0 Q8_0 Q4_K Q6_K] [--m 1 8 64] [--threads 2] [--shapes 1.5b]
 
-us per call (median of passes); "bytes/w" is what each kernel reads per weight.
+us per call (median of passes); "bytes/w" is what each kernel reads per weight. "native us" is the torch-free
+runner's linear layer on the same weights (its plan made once: Q4_K and Q6_K repacked at load, csrc/kquant_packed.h).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -22,6 +24,7 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from runlm.formats.gguf import block_parts  # noqa: E402
 from runlm.kernels import ggml, linear, linear_q8  # noqa: E402
+from runlm.native import kernels as nk  # noqa: E402
 
 SHAPES = {  # (layer, N, K) of Qwen2.5's layers
     "0.5b": [("qkv", 1152, 896), ("gate_up", 9728, 896), ("down", 896, 4864)],
@@ -54,8 +57,10 @@ def main() -> None:
     if not ggml.available():
         sys.exit("ggml kernels unavailable")
     print(f"ggml CPU features: {ggml.cpu_features()}; {args.threads} threads\n")
-    print(f"{'type':5} {'layer':8} {'M':>4} | {'fast us':>8} {'vec_dot':>8} {'int8 us':>8} {'fp32 us':>8} | "
-          f"{'bytes/w':>8}")
+    if nk.available():
+        nk.set_threads(args.threads)
+    print(f"{'type':5} {'layer':8} {'M':>4} | {'fast us':>8} {'native':>8} {'vec_dot':>8} {'int8 us':>8} "
+          f"{'fp32 us':>8} | {'bytes/w':>8}")
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for name in args.types:
@@ -72,14 +77,19 @@ def main() -> None:
                 if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
                     q, d, m = (torch.from_numpy(a) for a in block_parts(raw.numpy(), name, (n, k)))
                     parts = [(q.clone(), d.clone(), m.clone()) for _ in range(max(2, copies // 2))]
+                native = [nk.LinearWeights([r.numpy()], [qtype], k) for r in raws] if nk.available() else None
                 for m_rows in args.m:
                     x = torch.randn(m_rows, k, generator=g)
                     t_fast = per_call(lambda i: ggml.linear(x, [raws[i]], [qtype]), len(raws))
                     t_vec_dot = per_call(lambda i: ggml.module().linear_vec_dot(x, [raws[i]], [qtype]), len(raws))
                     t_fp32 = per_call(lambda i: linear(x, fp32[i]), len(fp32))
+                    xn, out = x.numpy(), np.empty((m_rows, n), np.float32)
+                    t_native = (per_call(lambda i: nk.linear(xn, native[i], out), len(native)) if native
+                                else float("nan"))
                     t_int8 = per_call(lambda i: linear_q8(x, *parts[i]), len(parts)) if parts else float("nan")
-                    print(f"{name:5} {layer:8} {m_rows:4d} | {t_fast * 1e6:8.0f} {t_vec_dot * 1e6:8.0f} "
-                          f"{t_int8 * 1e6:8.0f} {t_fp32 * 1e6:8.0f} | {raw.numel() / (n * k):8.3f}", flush=True)
+                    print(f"{name:5} {layer:8} {m_rows:4d} | {t_fast * 1e6:8.0f} {t_native * 1e6:8.0f} "
+                          f"{t_vec_dot * 1e6:8.0f} {t_int8 * 1e6:8.0f} {t_fp32 * 1e6:8.0f} | "
+                          f"{raw.numel() / (n * k):8.3f}", flush=True)
 
 
 if __name__ == "__main__":
