@@ -1,9 +1,10 @@
 // Q4_K weights repacked once at load into panels of 8 rows ("Q4_K x8"), for the native runner's decoder: the
 // layout kquant::panel() builds for every superblock on every call (8 rows' values transposed so that 32-bit lane
 // r holds row r's) is built once, so a call only loads, masks and multiplies. llama.cpp's CPU "repack" buffers
-// (block_q4_Kx8) do the same. On a 2-core AMD EPYC (AVX2, no VNNI) a decode row runs 2.3x as fast with the weights
-// in cache and ~1.3x from DRAM at 2 threads (bench/quant_gemm_bench.py), where the K-quant kernels were
-// compute-bound: Q8_0 streamed 17.5 GB/s, Q4_K ~12.
+// (block_q4_Kx8) do the same. On a 2-core AMD EPYC (AVX2, no VNNI), against kquant::rows on the same Q4_K rows: a
+// decode row 2.3x as fast with the weights in cache, 1.3x from DRAM at 2 threads, where the K-quant kernels had been
+// compute-bound (a 1.5B-shaped file's Q8_0 matrices streamed 17.5 GB/s, its Q4_K_M's ~12). That file's decode went
+// from 10.1 to 14.0 tok/s with Q4_K and Q6_K packed (bench/quant_bench.py).
 //
 // A packed superblock (one per panel and superblock, panels in order, each panel's superblocks in order):
 //   d[8], dmin[8]   the 8 rows' fp16 scales, as stored
