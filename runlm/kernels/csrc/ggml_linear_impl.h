@@ -135,21 +135,22 @@ struct Plan {
   int64_t k = 0, wbytes = 0;
 };
 
-// Segment s's rows repacked into panels of Pack (kquant_packed.h) by pack(), and its kernel the packed one.
-template <class Pack, class PackFn>
-inline void pack_segment(Plan& p, size_t s, PackFn pack, BlockRows kernel) {
+// Segment s's rows repacked into panels of Pack (kquant_packed.h), and its kernel the packed one.
+template <class Pack>
+inline void pack_segment(Plan& p, size_t s) {
   const Segment& w = p.segs[s];
   const int64_t nsb = p.k / kquant::QK_K, panels = kquant::packed::panels(w.rows);
   std::shared_ptr<uint8_t[]> buf(new uint8_t[static_cast<size_t>(panels * nsb) * sizeof(Pack)]);
   auto* out = reinterpret_cast<Pack*>(buf.get());
-  parallel_for(0, panels, 64, [&](int64_t b, int64_t e) { pack(w.data, w.row_bytes, w.rows, nsb, b, e, out); });
+  parallel_for(0, panels, 64,
+               [&](int64_t b, int64_t e) { kquant::packed::pack(w.data, w.row_bytes, w.rows, nsb, b, e, out); });
   p.packed[s] = std::move(buf);
-  p.ours[s] = {kernel, false};
+  p.ours[s] = {kquant::packed::rows<Pack>, false};
 }
 
 // The plan for segments of K columns; an error message, or "" and the plan. vec_dot_only: none of
-// our kernels (the benchmark's comparison). pack: Q4_K and Q6_K segments repacked for their kernels (a copy the plan owns,
-// made once: for a caller that keeps the plan, as the native runner does; the same bits either way).
+// our kernels (the benchmark's comparison). pack: Q4_K and Q6_K segments repacked for their kernels (a copy the
+// plan owns, made once: for a caller that keeps the plan, as the native runner does; the same bits either way).
 inline std::string make_plan(std::vector<Segment> segs, int64_t k, bool vec_dot_only, Plan& p, bool pack = false) {
   if (segs.empty()) return "one type per weight segment";
   p = Plan{};
@@ -186,9 +187,9 @@ inline std::string make_plan(std::vector<Segment> segs, int64_t k, bool vec_dot_
   if (pack && !vec_dot_only)
     for (size_t s = 0; s < p.segs.size(); ++s)
       if (p.segs[s].type == GGML_TYPE_Q4_K)
-        pack_segment<kquant::packed::Q4_Kx8>(p, s, kquant::packed::pack_q4_k, kquant::packed::rows_q4_k);
+        pack_segment<kquant::packed::Q4_Kx8>(p, s);
       else if (p.segs[s].type == GGML_TYPE_Q6_K)
-        pack_segment<kquant::packed::Q6_Kx8>(p, s, kquant::packed::pack_q6_k, kquant::packed::rows_q6_k);
+        pack_segment<kquant::packed::Q6_Kx8>(p, s);
   return "";
 }
 
@@ -278,7 +279,8 @@ inline void linear(const float* x, int64_t m, const Plan& p, const float* bias, 
       const Segment& w = p.segs[s];
       const QuantizedRows& xq = qx[p.seg_x[s]];
       if (const BlockRows kernel = p.ours[s].rows)
-        kernel(p.packed[s] ? p.packed[s].get() : w.data, w.row_bytes, xq.data, xq.stride, xq.sums ? xq.block_sums.data() : nullptr, m,
+        kernel(p.packed[s] ? p.packed[s].get() : w.data, w.row_bytes, xq.data, xq.stride,
+               xq.sums ? xq.block_sums.data() : nullptr, m,
                k / block_size(w.type), y + p.col0[s], n, item.lo, hi, p.zero_rows[s].data());
       else
         segment_rows(w.data, w.row_bytes, cpu_traits(w.type)->vec_dot, xq, m, k, y + p.col0[s], n, item.lo, hi);

@@ -196,7 +196,8 @@ inline void parallel_pieces(int64_t begin, int64_t end, int64_t grain, const F& 
   const int64_t pieces = std::min(n, tasks * kPiecesPerThread), size = (n + pieces - 1) / pieces;
   std::atomic<int64_t> next{0};
   parallel_for(0, tasks, 1, [&](int64_t, int64_t) {  // (every call takes pieces until none is left)
-    for (int64_t b; (b = begin + size * next.fetch_add(1, std::memory_order_relaxed)) < end;) f(b, std::min(end, b + size));
+    for (int64_t b; (b = begin + size * next.fetch_add(1, std::memory_order_relaxed)) < end;)
+      f(b, std::min(end, b + size));
   });
 }
 
